@@ -1,0 +1,1 @@
+"""Code shared by both services (generated stubs live beside this, in agentstate/*/v1)."""

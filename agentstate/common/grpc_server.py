@@ -1,0 +1,75 @@
+"""gRPC server plumbing shared by both services: options, health, reflection, signals."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+# The asyncio health servicer; grpcio-health-checking ships no type hints for it.
+AsyncHealthServicer: Any = health.aio.HealthServicer  # type: ignore[attr-defined]
+
+log = logging.getLogger(__name__)
+
+
+def create_server(*, max_message_bytes: int, interceptors: Sequence[Any] = ()) -> grpc.aio.Server:
+    return grpc.aio.server(
+        interceptors=list(interceptors),
+        options=[
+            ("grpc.max_receive_message_length", max_message_bytes),
+            ("grpc.max_send_message_length", max_message_bytes),
+            ("grpc.so_reuseport", 0),
+        ],
+    )
+
+
+def bind(server: grpc.aio.Server, address: str) -> str:
+    """Listen on host:port (port 0 picks a free one) or unix:///path; return the real address."""
+    port = server.add_insecure_port(address)
+    if address.startswith("unix:"):
+        return address
+    if port == 0:
+        raise OSError(f"could not listen on {address}")
+    host = address.rsplit(":", 1)[0]
+    return f"{host}:{port}"
+
+
+def add_health_and_reflection(server: grpc.aio.Server, service_names: Iterable[str]) -> Any:
+    """Serve grpc.health.v1 (overall and per service) and server reflection."""
+    names = list(service_names)
+    health_servicer = AsyncHealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection(
+        [
+            *names,
+            health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+            reflection.SERVICE_NAME,
+        ],
+        server,
+    )
+    return health_servicer
+
+
+async def set_serving(health_servicer: Any, names: Iterable[str]) -> None:
+    for name in ["", *names]:
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+
+
+def install_stop_signals(stop: asyncio.Event) -> None:
+    """Set `stop` on SIGTERM or SIGINT (the first one; a second one is left to the default)."""
+    loop = asyncio.get_running_loop()
+
+    def on_signal(sig: signal.Signals) -> None:
+        log.info("received %s: shutting down gracefully", sig.name)
+        stop.set()
+        for s in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(s)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal, sig)

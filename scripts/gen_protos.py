@@ -1,0 +1,104 @@
+"""Generate the Python protobuf/gRPC code from protos/ into agentstate/<pkg>/v1/.
+
+    python scripts/gen_protos.py          # write the generated files
+    python scripts/gen_protos.py --check  # exit 1 if the committed files are stale
+
+Generated code lives only under agentstate/*/v1/ and is committed, so that
+`pip install .` needs no code generator; CI runs --check.
+"""
+
+from __future__ import annotations
+
+import argparse
+import filecmp
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+from grpc_tools import protoc
+
+ROOT = Path(__file__).resolve().parent.parent
+PROTO_ROOT = ROOT / "protos"
+GENERATED_SUFFIXES = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py", "_pb2_grpc.pyi")
+# mypy-protobuf's plugins sit beside this interpreter (pinned in pyproject's dev extra).
+BIN_DIR = Path(sys.executable).parent
+
+
+def proto_files() -> list[Path]:
+    return sorted(PROTO_ROOT.rglob("*.proto"))
+
+
+def generate(out_dir: Path) -> list[Path]:
+    """Run protoc for every .proto; return the generated paths relative to out_dir."""
+    include = str(Path(protoc.__file__).parent / "_proto")
+    files = [str(p.relative_to(PROTO_ROOT)) for p in proto_files()]
+    args = [
+        "protoc",
+        f"-I{PROTO_ROOT}",
+        f"-I{include}",
+        f"--plugin=protoc-gen-mypy={BIN_DIR / 'protoc-gen-mypy'}",
+        f"--plugin=protoc-gen-mypy_grpc={BIN_DIR / 'protoc-gen-mypy_grpc'}",
+        f"--python_out={out_dir}",
+        f"--grpc_python_out={out_dir}",
+        f"--mypy_out={out_dir}",
+        f"--mypy_grpc_out={out_dir}",
+        *files,
+    ]
+    if protoc.main(args) != 0:
+        raise SystemExit("protoc failed")
+    generated = [
+        p.relative_to(out_dir) for p in out_dir.rglob("*") if p.name.endswith(GENERATED_SUFFIXES)
+    ]
+    # Every generated directory is a regular package.
+    for rel in generated:
+        for parent in rel.parents:
+            if parent != Path("."):
+                (out_dir / parent / "__init__.py").touch()
+    return sorted(generated)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--check", action="store_true", help="fail if committed code is stale")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp)
+        generated = generate(out)
+        stale = [
+            rel
+            for rel in generated
+            if not (ROOT / rel).exists() or not filecmp.cmp(out / rel, ROOT / rel, shallow=False)
+        ]
+        committed = {
+            p.relative_to(ROOT)
+            for p in (ROOT / "agentstate").rglob("*")
+            if p.name.endswith(GENERATED_SUFFIXES)
+        }
+        orphans = sorted(committed - set(generated))
+        if args.check:
+            for rel in stale:
+                print(f"stale generated file: {rel}", file=sys.stderr)
+            for rel in orphans:
+                print(f"generated file without a .proto: {rel}", file=sys.stderr)
+            if stale or orphans:
+                print("run: python scripts/gen_protos.py", file=sys.stderr)
+                return 1
+            print(f"generated code is up to date ({len(generated)} files)")
+            return 0
+        for rel in generated:
+            (ROOT / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(out / rel, ROOT / rel)
+            for parent in rel.parents:
+                if parent != Path(".") and not (ROOT / parent / "__init__.py").exists():
+                    (ROOT / parent / "__init__.py").touch()
+        for rel in orphans:
+            (ROOT / rel).unlink()
+        print(f"wrote {len(generated)} files")
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

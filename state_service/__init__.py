@@ -1,0 +1,1 @@
+"""The state service: whole-AgentState storage, conversations and message records over gRPC."""

@@ -1,0 +1,241 @@
+"""The state service's domain: records, errors and input rules.
+
+Nothing here knows about gRPC or SQL. The servicer turns protobuf into these
+types (using the validators below) and the stores persist them.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Generic, TypeVar
+
+DEFAULT_STATE_KEY = "agent_state"
+DEFAULT_TITLE = "New conversation"
+MAX_TITLE_CHARS = 200
+MAX_USER_ID_CHARS = 128
+MAX_BATCH_DELETE = 1000
+MAX_ID = 2**63 - 1
+
+_STATE_KEY_RE = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
+_DECIMAL_ID_RE = re.compile(r"[1-9][0-9]{0,18}")
+# A JSON text whose value is an object starts with "{" after optional whitespace.
+_JSON_OBJECT_START = re.compile(rb"[ \t\r\n]*\{")
+_JSON_ARRAY_START = re.compile(rb"[ \t\r\n]*\[")
+
+
+# ---------------------------------------------------------------- errors
+
+
+class StateServiceError(Exception):
+    """Base class: every error a caller can act on."""
+
+
+class InvalidArgument(StateServiceError):
+    pass
+
+
+class NotFound(StateServiceError):
+    pass
+
+
+class VersionConflict(StateServiceError):
+    """Compare-and-set failed; `current_version` is 0 when no state exists."""
+
+    def __init__(self, expected: int, current_version: int) -> None:
+        self.expected = expected
+        self.current_version = current_version
+        current = (
+            "no state exists" if current_version == 0 else f"current version is {current_version}"
+        )
+        super().__init__(f"version conflict: expected version {expected}, {current}")
+
+
+class PayloadTooLarge(StateServiceError):
+    pass
+
+
+class FailedPrecondition(StateServiceError):
+    pass
+
+
+class StoreUnavailable(StateServiceError):
+    """The database could not be reached; the call may be retried."""
+
+
+# ---------------------------------------------------------------- records
+
+
+class MessageRole(enum.StrEnum):
+    USER = "USER"
+    ASSISTANT = "ASSISTANT"
+
+
+class MessageStatus(enum.StrEnum):
+    NORMAL = "NORMAL"
+    AWAITING_CONFIRM = "AWAITING_CONFIRM"
+    INTERRUPTED = "INTERRUPTED"
+    ERROR = "ERROR"
+    STREAMING = "STREAMING"
+
+
+@dataclass(frozen=True)
+class Conversation:
+    conversation_id: int
+    user_id: str
+    title: str
+    create_time: datetime
+    update_time: datetime
+
+
+@dataclass(frozen=True)
+class MessageRecord:
+    message_id: int
+    conversation_id: int
+    user_id: str
+    role: MessageRole
+    blocks_json: bytes
+    status: MessageStatus
+    metadata_json: bytes
+    create_time: datetime
+    update_time: datetime
+
+
+@dataclass(frozen=True)
+class NewMessage:
+    role: MessageRole
+    blocks_json: bytes = b"[]"
+    status: MessageStatus = MessageStatus.NORMAL
+    metadata_json: bytes = b"{}"
+
+
+@dataclass(frozen=True)
+class MessageUpdate:
+    message_id: int
+    status: MessageStatus | None = None
+    blocks_json: bytes | None = None
+    metadata_json: bytes | None = None
+    expected_status: MessageStatus | None = None
+
+
+MessageWrite = NewMessage | MessageUpdate
+
+
+@dataclass(frozen=True)
+class StoredState:
+    payload: bytes
+    version: int
+    update_time: datetime
+
+
+@dataclass(frozen=True)
+class UpsertResult:
+    version: int
+    update_time: datetime
+    messages: list[MessageRecord] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class DeleteCounts:
+    conversations: int
+    messages: int
+    states: int
+
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Page(Generic[T]):
+    items: list[T]
+    next_page_token: str
+
+
+# ---------------------------------------------------------------- input rules
+
+
+def validate_user_id(user_id: str) -> str:
+    if not user_id:
+        raise InvalidArgument("user_id is required")
+    if len(user_id) > MAX_USER_ID_CHARS:
+        raise InvalidArgument(f"user_id is longer than {MAX_USER_ID_CHARS} characters")
+    if not user_id.isprintable():
+        raise InvalidArgument("user_id must contain only printable characters")
+    return user_id
+
+
+def parse_id(value: str, what: str) -> int:
+    """Parse a server-generated id written as a positive decimal 64-bit integer."""
+    if not value:
+        raise InvalidArgument(f"{what} is required")
+    if not _DECIMAL_ID_RE.fullmatch(value) or int(value) > MAX_ID:
+        raise InvalidArgument(f"{what} {value[:40]!r} is not a positive 64-bit decimal id")
+    return int(value)
+
+
+def validate_state_key(state_key: str) -> str:
+    if not state_key:
+        return DEFAULT_STATE_KEY
+    if not _STATE_KEY_RE.fullmatch(state_key):
+        raise InvalidArgument("state_key must be 1..64 characters of [A-Za-z0-9_.:-]")
+    return state_key
+
+
+def normalize_title(title: str, *, default: str | None = None) -> str:
+    cleaned = " ".join(title.split())
+    if not cleaned:
+        if default is None:
+            raise InvalidArgument("title must not be empty")
+        return default
+    if len(cleaned) > MAX_TITLE_CHARS:
+        raise InvalidArgument(f"title is longer than {MAX_TITLE_CHARS} characters")
+    return cleaned
+
+
+def check_state_payload(payload: bytes, max_bytes: int) -> None:
+    """Cheap checks done before the database parses the JSON itself.
+
+    The payload is not decoded here: PostgreSQL's JSONB input is the parser of
+    record, so large states cross the service without a Python round trip.
+    """
+    if len(payload) > max_bytes:
+        raise PayloadTooLarge(
+            f"payload is {len(payload)} bytes, over the limit of {max_bytes} bytes"
+        )
+    if not _JSON_OBJECT_START.match(payload):
+        raise InvalidArgument("payload must be a JSON object (it must start with '{')")
+
+
+def check_blocks_json(blocks: bytes) -> bytes:
+    if not blocks:
+        return b"[]"
+    if not _JSON_ARRAY_START.match(blocks):
+        raise InvalidArgument("blocks_json must be a JSON array")
+    return blocks
+
+
+def check_metadata_json(metadata: bytes) -> bytes:
+    if not metadata:
+        return b"{}"
+    if not _JSON_OBJECT_START.match(metadata):
+        raise InvalidArgument("metadata_json must be a JSON object")
+    return metadata
+
+
+def page_size(requested: int, *, default: int, maximum: int) -> int:
+    if requested < 0:
+        raise InvalidArgument("page_size must not be negative")
+    if requested == 0:
+        return default
+    return min(requested, maximum)
+
+
+def parse_page_token(token: str) -> int | None:
+    if not token:
+        return None
+    try:
+        return parse_id(token, "page_token")
+    except InvalidArgument:
+        raise InvalidArgument("page_token is malformed: pass back a next_page_token") from None

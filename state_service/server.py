@@ -1,0 +1,100 @@
+"""Assemble and run the state service: store, gRPC server, health, shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import grpc
+
+from agentstate.common.embedded_postgres import EmbeddedPostgres
+from agentstate.common.grpc_server import (
+    add_health_and_reflection,
+    bind,
+    create_server,
+    install_stop_signals,
+    set_serving,
+)
+from agentstate.state.v1 import state_service_pb2 as pb
+from agentstate.state.v1 import state_service_pb2_grpc as pb_grpc
+from state_service.config import StateServiceSettings
+from state_service.servicer import StateServicer
+from state_service.storage.base import StateStore
+from state_service.storage.memory import MemoryStore
+from state_service.storage.postgres import PostgresStore
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["StateService"].full_name
+
+
+class StateServiceApp:
+    """The running service. `start()` returns the address it listens on."""
+
+    def __init__(self, settings: StateServiceSettings) -> None:
+        self.settings = settings
+        self.store: StateStore | None = None
+        self._embedded: EmbeddedPostgres | None = None
+        self._server: grpc.aio.Server | None = None
+        self._health: Any = None
+
+    async def start(self) -> str:
+        self.store = await self._open_store()
+        server = create_server(max_message_bytes=self.settings.grpc_max_message_bytes)
+        pb_grpc.add_StateServiceServicer_to_server(
+            StateServicer(self.store, max_payload_bytes=self.settings.max_payload_bytes), server
+        )
+        self._health = add_health_and_reflection(server, [SERVICE_NAME])
+        address = bind(server, self.settings.listen_address)
+        await server.start()
+        self._server = server
+        await set_serving(self._health, [SERVICE_NAME])
+        log.info("state service listening on %s (store: %s)", address, self.settings.store)
+        return address
+
+    async def stop(self) -> None:
+        """Stop taking RPCs, give in-flight ones the grace period, then release everything."""
+        if self._health is not None:
+            await self._health.enter_graceful_shutdown()
+        if self._server is not None:
+            await self._server.stop(self.settings.shutdown_grace_seconds)
+        if self.store is not None:
+            await self.store.close()
+        if self._embedded is not None:
+            await asyncio.to_thread(self._embedded.stop)
+        log.info("state service stopped")
+
+    async def _open_store(self) -> StateStore:
+        settings = self.settings
+        if settings.store == "memory":
+            return MemoryStore()
+        dsn = settings.database_url
+        if not dsn:
+            self._embedded = EmbeddedPostgres(settings.embedded_pg_dir)
+            dsn = await asyncio.to_thread(self._embedded.start)
+        store = PostgresStore(
+            dsn,
+            min_size=settings.pool_min_size,
+            max_size=settings.pool_max_size,
+            timeout=settings.pool_timeout_seconds,
+            migrate=settings.migrate_on_start,
+        )
+        try:
+            await store.open()
+        except BaseException:
+            await store.close()
+            if self._embedded is not None:
+                await asyncio.to_thread(self._embedded.stop)
+            raise
+        return store
+
+
+async def serve(settings: StateServiceSettings) -> None:
+    """Run until SIGTERM or SIGINT, then shut down gracefully."""
+    stop = asyncio.Event()
+    install_stop_signals(stop)
+    app = StateServiceApp(settings)
+    await app.start()
+    await stop.wait()
+    await app.stop()

@@ -1,0 +1,312 @@
+"""StateService servicer: translates between protobuf and the domain, nothing more."""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+from typing import Any, TypeVar
+
+import grpc
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from agentstate.state.v1 import state_service_pb2 as pb
+from agentstate.state.v1 import state_service_pb2_grpc as pb_grpc
+from state_service import domain as d
+from state_service.storage.base import StateStore
+
+log = logging.getLogger(__name__)
+
+CURRENT_VERSION_TRAILER = "agentstate-current-version"
+
+_STATUS_CODES: dict[type[d.StateServiceError], grpc.StatusCode] = {
+    d.InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
+    d.NotFound: grpc.StatusCode.NOT_FOUND,
+    d.VersionConflict: grpc.StatusCode.ABORTED,
+    d.PayloadTooLarge: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    d.FailedPrecondition: grpc.StatusCode.FAILED_PRECONDITION,
+    d.StoreUnavailable: grpc.StatusCode.UNAVAILABLE,
+}
+
+_ROLE_TO_DOMAIN = {
+    pb.MESSAGE_ROLE_USER: d.MessageRole.USER,
+    pb.MESSAGE_ROLE_ASSISTANT: d.MessageRole.ASSISTANT,
+}
+_ROLE_TO_PB = {v: k for k, v in _ROLE_TO_DOMAIN.items()}
+_STATUS_TO_DOMAIN = {
+    pb.MESSAGE_STATUS_NORMAL: d.MessageStatus.NORMAL,
+    pb.MESSAGE_STATUS_AWAITING_CONFIRM: d.MessageStatus.AWAITING_CONFIRM,
+    pb.MESSAGE_STATUS_INTERRUPTED: d.MessageStatus.INTERRUPTED,
+    pb.MESSAGE_STATUS_ERROR: d.MessageStatus.ERROR,
+    pb.MESSAGE_STATUS_STREAMING: d.MessageStatus.STREAMING,
+}
+_STATUS_TO_PB = {v: k for k, v in _STATUS_TO_DOMAIN.items()}
+
+Request = TypeVar("Request")
+Response = TypeVar("Response")
+Handler = Callable[[Any, Request, grpc.aio.ServicerContext[Any, Any]], Awaitable[Response]]
+
+
+def _grpc_errors(handler: Handler[Request, Response]) -> Handler[Request, Response]:
+    """Turn domain errors into gRPC statuses with the domain's message."""
+
+    @functools.wraps(handler)
+    async def wrapper(
+        self: Any, request: Request, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> Response:
+        try:
+            return await handler(self, request, context)
+        except d.StateServiceError as exc:
+            if isinstance(exc, d.VersionConflict):
+                context.set_trailing_metadata(
+                    ((CURRENT_VERSION_TRAILER, str(exc.current_version)),)
+                )
+            code = _STATUS_CODES.get(type(exc), grpc.StatusCode.INTERNAL)
+            if code is grpc.StatusCode.UNAVAILABLE:
+                log.warning("%s: %s", handler.__name__, exc)
+            await context.abort(code, str(exc))
+            raise  # unreachable: abort raises
+
+    return wrapper
+
+
+def _timestamp(value: datetime) -> Timestamp:
+    ts = Timestamp()
+    ts.FromDatetime(value)
+    return ts
+
+
+def conversation_to_pb(conversation: d.Conversation) -> pb.Conversation:
+    return pb.Conversation(
+        conversation_id=str(conversation.conversation_id),
+        user_id=conversation.user_id,
+        title=conversation.title,
+        create_time=_timestamp(conversation.create_time),
+        update_time=_timestamp(conversation.update_time),
+    )
+
+
+def message_to_pb(record: d.MessageRecord) -> pb.MessageRecord:
+    return pb.MessageRecord(
+        message_id=str(record.message_id),
+        conversation_id=str(record.conversation_id),
+        user_id=record.user_id,
+        role=_ROLE_TO_PB[record.role],
+        blocks_json=record.blocks_json,
+        status=_STATUS_TO_PB[record.status],
+        metadata_json=record.metadata_json,
+        create_time=_timestamp(record.create_time),
+        update_time=_timestamp(record.update_time),
+    )
+
+
+def _status(value: pb.MessageStatus.ValueType, what: str) -> d.MessageStatus | None:
+    if value == pb.MESSAGE_STATUS_UNSPECIFIED:
+        return None
+    try:
+        return _STATUS_TO_DOMAIN[value]
+    except KeyError:
+        raise d.InvalidArgument(f"{what} {value} is not a known MessageStatus") from None
+
+
+def new_message_from_pb(message: pb.NewMessage, what: str) -> d.NewMessage:
+    role = _ROLE_TO_DOMAIN.get(message.role)
+    if role is None:
+        raise d.InvalidArgument(f"{what}.role must be MESSAGE_ROLE_USER or MESSAGE_ROLE_ASSISTANT")
+    return d.NewMessage(
+        role=role,
+        blocks_json=d.check_blocks_json(message.blocks_json),
+        status=_status(message.status, f"{what}.status") or d.MessageStatus.NORMAL,
+        metadata_json=d.check_metadata_json(message.metadata_json),
+    )
+
+
+def message_update_from_pb(update: pb.MessageUpdate, what: str) -> d.MessageUpdate:
+    return d.MessageUpdate(
+        message_id=d.parse_id(update.message_id, f"{what}.message_id"),
+        status=_status(update.status, f"{what}.status"),
+        blocks_json=(
+            d.check_blocks_json(update.blocks_json) if update.HasField("blocks_json") else None
+        ),
+        metadata_json=(
+            d.check_metadata_json(update.metadata_json)
+            if update.HasField("metadata_json")
+            else None
+        ),
+        expected_status=_status(update.expected_status, f"{what}.expected_status"),
+    )
+
+
+def message_write_from_pb(write: pb.MessageWrite, index: int) -> d.MessageWrite:
+    what = f"message_writes[{index}]"
+    kind = write.WhichOneof("write")
+    if kind == "insert":
+        return new_message_from_pb(write.insert, f"{what}.insert")
+    if kind == "update":
+        return message_update_from_pb(write.update, f"{what}.update")
+    raise d.InvalidArgument(f"{what} must set insert or update")
+
+
+class StateServicer(pb_grpc.StateServiceServicer):
+    def __init__(self, store: StateStore, *, max_payload_bytes: int) -> None:
+        self._store = store
+        self._max_payload_bytes = max_payload_bytes
+
+    @_grpc_errors
+    async def GetState(
+        self, request: pb.GetStateRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.GetStateResponse:
+        state = await self._store.get_state(
+            d.validate_user_id(request.user_id),
+            d.parse_id(request.conversation_id, "conversation_id"),
+            d.validate_state_key(request.state_key),
+        )
+        return pb.GetStateResponse(
+            payload=state.payload, version=state.version, update_time=_timestamp(state.update_time)
+        )
+
+    @_grpc_errors
+    async def UpsertState(
+        self, request: pb.UpsertStateRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.UpsertStateResponse:
+        user_id = d.validate_user_id(request.user_id)
+        conversation_id = d.parse_id(request.conversation_id, "conversation_id")
+        state_key = d.validate_state_key(request.state_key)
+        expected: int | None = None
+        if request.HasField("expected_version"):
+            expected = request.expected_version
+            if expected < 0:
+                raise d.InvalidArgument("expected_version must not be negative")
+        d.check_state_payload(request.payload, self._max_payload_bytes)
+        writes = [message_write_from_pb(w, i) for i, w in enumerate(request.message_writes)]
+        result = await self._store.upsert_state(
+            user_id, conversation_id, state_key, request.payload, expected, writes
+        )
+        return pb.UpsertStateResponse(
+            version=result.version,
+            update_time=_timestamp(result.update_time),
+            messages=[message_to_pb(m) for m in result.messages],
+        )
+
+    @_grpc_errors
+    async def CreateConversation(
+        self, request: pb.CreateConversationRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.CreateConversationResponse:
+        conversation = await self._store.create_conversation(
+            d.validate_user_id(request.user_id),
+            d.normalize_title(request.title, default=d.DEFAULT_TITLE),
+        )
+        return pb.CreateConversationResponse(conversation=conversation_to_pb(conversation))
+
+    @_grpc_errors
+    async def GetConversation(
+        self, request: pb.GetConversationRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.GetConversationResponse:
+        conversation = await self._store.get_conversation(
+            d.validate_user_id(request.user_id),
+            d.parse_id(request.conversation_id, "conversation_id"),
+        )
+        return pb.GetConversationResponse(conversation=conversation_to_pb(conversation))
+
+    @_grpc_errors
+    async def ListConversations(
+        self, request: pb.ListConversationsRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.ListConversationsResponse:
+        page = await self._store.list_conversations(
+            d.validate_user_id(request.user_id),
+            d.page_size(request.page_size, default=50, maximum=500),
+            d.parse_page_token(request.page_token),
+        )
+        return pb.ListConversationsResponse(
+            conversations=[conversation_to_pb(c) for c in page.items],
+            next_page_token=page.next_page_token,
+        )
+
+    @_grpc_errors
+    async def RenameConversation(
+        self, request: pb.RenameConversationRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.RenameConversationResponse:
+        conversation = await self._store.rename_conversation(
+            d.validate_user_id(request.user_id),
+            d.parse_id(request.conversation_id, "conversation_id"),
+            d.normalize_title(request.title),
+        )
+        return pb.RenameConversationResponse(conversation=conversation_to_pb(conversation))
+
+    @_grpc_errors
+    async def DeleteConversation(
+        self, request: pb.DeleteConversationRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.DeleteConversationResponse:
+        counts = await self._store.delete_conversations(
+            d.validate_user_id(request.user_id),
+            [d.parse_id(request.conversation_id, "conversation_id")],
+        )
+        return pb.DeleteConversationResponse(
+            conversations_deleted=counts.conversations,
+            messages_deleted=counts.messages,
+            states_deleted=counts.states,
+        )
+
+    @_grpc_errors
+    async def BatchDeleteConversations(
+        self,
+        request: pb.BatchDeleteConversationsRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> pb.BatchDeleteConversationsResponse:
+        user_id = d.validate_user_id(request.user_id)
+        if not request.conversation_ids:
+            raise d.InvalidArgument("conversation_ids must not be empty")
+        if len(request.conversation_ids) > d.MAX_BATCH_DELETE:
+            raise d.InvalidArgument(f"at most {d.MAX_BATCH_DELETE} conversation_ids per batch")
+        ids = [
+            d.parse_id(cid, f"conversation_ids[{i}]")
+            for i, cid in enumerate(request.conversation_ids)
+        ]
+        counts = await self._store.delete_conversations(user_id, ids)
+        return pb.BatchDeleteConversationsResponse(
+            conversations_deleted=counts.conversations,
+            messages_deleted=counts.messages,
+            states_deleted=counts.states,
+        )
+
+    @_grpc_errors
+    async def AppendMessage(
+        self, request: pb.AppendMessageRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.AppendMessageResponse:
+        if not request.HasField("message"):
+            raise d.InvalidArgument("message is required")
+        record = await self._store.append_message(
+            d.validate_user_id(request.user_id),
+            d.parse_id(request.conversation_id, "conversation_id"),
+            new_message_from_pb(request.message, "message"),
+        )
+        return pb.AppendMessageResponse(message=message_to_pb(record))
+
+    @_grpc_errors
+    async def UpdateMessage(
+        self, request: pb.UpdateMessageRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.UpdateMessageResponse:
+        if not request.HasField("update"):
+            raise d.InvalidArgument("update is required")
+        record = await self._store.update_message(
+            d.validate_user_id(request.user_id),
+            d.parse_id(request.conversation_id, "conversation_id"),
+            message_update_from_pb(request.update, "update"),
+        )
+        return pb.UpdateMessageResponse(message=message_to_pb(record))
+
+    @_grpc_errors
+    async def ListMessages(
+        self, request: pb.ListMessagesRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.ListMessagesResponse:
+        page = await self._store.list_messages(
+            d.validate_user_id(request.user_id),
+            d.parse_id(request.conversation_id, "conversation_id"),
+            d.page_size(request.page_size, default=100, maximum=1000),
+            d.parse_page_token(request.page_token),
+        )
+        return pb.ListMessagesResponse(
+            messages=[message_to_pb(m) for m in page.items],
+            next_page_token=page.next_page_token,
+        )

@@ -1,0 +1,96 @@
+"""The store interface: the only way the state service reaches its data.
+
+Implementations: `PostgresStore` (production) and `MemoryStore` (demos and
+fast tests). Both pass the same behavioural test suite. Every method is
+scoped by user_id; another user's rows behave as if they did not exist.
+Arguments arrive already validated (see state_service.domain).
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+
+from state_service.domain import (
+    Conversation,
+    DeleteCounts,
+    MessageRecord,
+    MessageUpdate,
+    MessageWrite,
+    NewMessage,
+    Page,
+    StoredState,
+    UpsertResult,
+)
+
+
+class StateStore(abc.ABC):
+    @abc.abstractmethod
+    async def get_state(self, user_id: str, conversation_id: int, state_key: str) -> StoredState:
+        """Raise NotFound when the conversation or the state is absent."""
+
+    @abc.abstractmethod
+    async def upsert_state(
+        self,
+        user_id: str,
+        conversation_id: int,
+        state_key: str,
+        payload: bytes,
+        expected_version: int | None,
+        message_writes: Sequence[MessageWrite] = (),
+    ) -> UpsertResult:
+        """Replace the whole state and apply message writes atomically.
+
+        expected_version: None = unconditional, 0 = create only, N = only if the
+        stored version is N (else VersionConflict). NotFound when the
+        conversation does not exist. Nothing changes on any error.
+        """
+
+    @abc.abstractmethod
+    async def create_conversation(self, user_id: str, title: str) -> Conversation: ...
+
+    @abc.abstractmethod
+    async def get_conversation(self, user_id: str, conversation_id: int) -> Conversation: ...
+
+    @abc.abstractmethod
+    async def list_conversations(
+        self, user_id: str, page_size: int, before_id: int | None
+    ) -> Page[Conversation]:
+        """Newest first; `before_id` is the last id of the previous page."""
+
+    @abc.abstractmethod
+    async def rename_conversation(
+        self, user_id: str, conversation_id: int, title: str
+    ) -> Conversation: ...
+
+    @abc.abstractmethod
+    async def delete_conversations(
+        self, user_id: str, conversation_ids: Sequence[int]
+    ) -> DeleteCounts:
+        """Delete conversations, their messages and states in one transaction.
+
+        All or nothing: NotFound naming the first absent id, and nothing deleted.
+        """
+
+    @abc.abstractmethod
+    async def append_message(
+        self, user_id: str, conversation_id: int, message: NewMessage
+    ) -> MessageRecord: ...
+
+    @abc.abstractmethod
+    async def update_message(
+        self, user_id: str, conversation_id: int, update: MessageUpdate
+    ) -> MessageRecord:
+        """FailedPrecondition when `expected_status` is set and differs."""
+
+    @abc.abstractmethod
+    async def list_messages(
+        self, user_id: str, conversation_id: int, page_size: int, after_id: int | None
+    ) -> Page[MessageRecord]:
+        """Oldest first; NotFound when the conversation is absent."""
+
+    async def open(self) -> None:  # noqa: B027 - optional hook
+        """Prepare resources (connections, schema). Default: nothing."""
+
+    async def close(self) -> None:  # noqa: B027 - optional hook
+        """Release resources. Default: nothing."""

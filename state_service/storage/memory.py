@@ -1,0 +1,310 @@
+"""An in-memory store for demos and fast tests. Data dies with the process.
+
+It keeps the PostgreSQL store's rules, including which JSON PostgreSQL's JSONB
+rejects, so the shared behavioural suite holds for both. One asyncio lock
+makes every operation atomic; each write validates everything before it
+changes anything, so a failed call leaves no trace.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from typing import Any
+
+from state_service.domain import (
+    Conversation,
+    DeleteCounts,
+    FailedPrecondition,
+    InvalidArgument,
+    MessageRecord,
+    MessageUpdate,
+    MessageWrite,
+    NewMessage,
+    NotFound,
+    Page,
+    StoredState,
+    UpsertResult,
+    VersionConflict,
+)
+from state_service.storage.base import StateStore
+
+_EPOCH_MS = 1288834974657  # the same id layout as the database's agentstate_next_id()
+
+
+class IdGenerator:
+    """Time-ordered 64-bit ids: milliseconds in the high bits, a counter in the low 22."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._last = 0
+
+    def next_id(self) -> int:
+        with self._lock:
+            candidate = (int(time.time() * 1000) - _EPOCH_MS) << 22
+            self._last = max(candidate, self._last + 1)
+            return self._last
+
+
+def _contains_unstorable(value: Any) -> str | None:
+    """Return why PostgreSQL JSONB would reject this decoded value, if it would."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if "\x00" in item:
+                return "unsupported Unicode escape sequence: \\u0000 cannot be converted to text"
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return "invalid Unicode surrogate escape"
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return None
+
+
+def _check_json(data: bytes, expected: type, what: str) -> None:
+    try:
+        value = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise InvalidArgument(f"{what} is not JSON that PostgreSQL can store: {exc}") from exc
+    if not isinstance(value, expected):
+        kind = "object" if expected is dict else "array"
+        raise InvalidArgument(f"{what} must be a JSON {kind}")
+    problem = _contains_unstorable(value)
+    if problem:
+        raise InvalidArgument(f"{what} is not JSON that PostgreSQL can store: {problem}")
+
+
+@dataclass
+class _StateRow:
+    payload: bytes
+    version: int
+    update_time: datetime
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+class MemoryStore(StateStore):
+    def __init__(self) -> None:
+        self._lock = asyncio.Lock()
+        self._ids = IdGenerator()
+        self._conversations: dict[int, Conversation] = {}
+        self._messages: dict[int, dict[int, MessageRecord]] = {}  # conversation -> id -> record
+        self._states: dict[tuple[int, str], _StateRow] = {}
+
+    def _conversation(self, user_id: str, conversation_id: int) -> Conversation:
+        conversation = self._conversations.get(conversation_id)
+        if conversation is None or conversation.user_id != user_id:
+            raise NotFound(f"conversation {conversation_id} not found")
+        return conversation
+
+    def _touch(self, conversation: Conversation) -> None:
+        self._conversations[conversation.conversation_id] = replace(
+            conversation, update_time=_now()
+        )
+
+    # ------------------------------------------------------------------ state
+
+    async def get_state(self, user_id: str, conversation_id: int, state_key: str) -> StoredState:
+        async with self._lock:
+            self._conversation(user_id, conversation_id)
+            row = self._states.get((conversation_id, state_key))
+            if row is None:
+                raise NotFound(f"conversation {conversation_id} has no state {state_key!r} yet")
+            return StoredState(row.payload, row.version, row.update_time)
+
+    async def upsert_state(
+        self,
+        user_id: str,
+        conversation_id: int,
+        state_key: str,
+        payload: bytes,
+        expected_version: int | None,
+        message_writes: Sequence[MessageWrite] = (),
+    ) -> UpsertResult:
+        async with self._lock:
+            conversation = self._conversation(user_id, conversation_id)
+            _check_json(payload, dict, "payload")
+            current = self._states.get((conversation_id, state_key))
+            current_version = current.version if current else 0
+            if expected_version is not None and expected_version != current_version:
+                raise VersionConflict(expected_version, current_version)
+            staged = self._stage_messages(user_id, conversation_id, message_writes)
+            # Everything is valid: apply.
+            now = _now()
+            row = _StateRow(payload, current_version + 1, now)
+            self._states[(conversation_id, state_key)] = row
+            records = self._messages.setdefault(conversation_id, {})
+            for record in staged:
+                records[record.message_id] = record
+            self._touch(conversation)
+            return UpsertResult(row.version, row.update_time, staged)
+
+    def _stage_messages(
+        self,
+        user_id: str,
+        conversation_id: int,
+        writes: Sequence[MessageWrite],
+        *,
+        single: bool = False,
+    ) -> list[MessageRecord]:
+        staged: dict[int, MessageRecord] = {}
+        written: list[MessageRecord] = []
+        existing = self._messages.get(conversation_id, {})
+        for index, write in enumerate(writes):
+            where = "message" if single else f"message_writes[{index}]"
+            if isinstance(write, NewMessage):
+                _check_json(write.blocks_json, list, f"{where}.blocks_json")
+                _check_json(write.metadata_json, dict, f"{where}.metadata_json")
+                now = _now()
+                record = MessageRecord(
+                    message_id=self._ids.next_id(),
+                    conversation_id=conversation_id,
+                    user_id=user_id,
+                    role=write.role,
+                    blocks_json=write.blocks_json,
+                    status=write.status,
+                    metadata_json=write.metadata_json,
+                    create_time=now,
+                    update_time=now,
+                )
+            else:
+                found = staged.get(write.message_id) or existing.get(write.message_id)
+                if found is None:
+                    raise NotFound(
+                        f"{where}: message {write.message_id} not found "
+                        f"in conversation {conversation_id}"
+                    )
+                if write.expected_status and found.status != write.expected_status:
+                    raise FailedPrecondition(
+                        f"{where}: message {write.message_id} has status {found.status}, "
+                        f"expected {write.expected_status}"
+                    )
+                if write.blocks_json is not None:
+                    _check_json(write.blocks_json, list, f"{where}.blocks_json")
+                if write.metadata_json is not None:
+                    _check_json(write.metadata_json, dict, f"{where}.metadata_json")
+                record = replace(
+                    found,
+                    status=write.status or found.status,
+                    blocks_json=(
+                        found.blocks_json if write.blocks_json is None else write.blocks_json
+                    ),
+                    metadata_json=(
+                        found.metadata_json if write.metadata_json is None else write.metadata_json
+                    ),
+                    update_time=_now(),
+                )
+            staged[record.message_id] = record
+            written.append(record)
+        return written
+
+    # ---------------------------------------------------------- conversations
+
+    async def create_conversation(self, user_id: str, title: str) -> Conversation:
+        async with self._lock:
+            now = _now()
+            conversation = Conversation(self._ids.next_id(), user_id, title, now, now)
+            self._conversations[conversation.conversation_id] = conversation
+            return conversation
+
+    async def get_conversation(self, user_id: str, conversation_id: int) -> Conversation:
+        async with self._lock:
+            return self._conversation(user_id, conversation_id)
+
+    async def list_conversations(
+        self, user_id: str, page_size: int, before_id: int | None
+    ) -> Page[Conversation]:
+        async with self._lock:
+            mine = sorted(
+                (
+                    c
+                    for c in self._conversations.values()
+                    if c.user_id == user_id and (before_id is None or c.conversation_id < before_id)
+                ),
+                key=lambda c: c.conversation_id,
+                reverse=True,
+            )
+        items = mine[:page_size]
+        token = str(items[-1].conversation_id) if len(mine) > page_size else ""
+        return Page(items, token)
+
+    async def rename_conversation(
+        self, user_id: str, conversation_id: int, title: str
+    ) -> Conversation:
+        async with self._lock:
+            conversation = self._conversation(user_id, conversation_id)
+            renamed = replace(conversation, title=title, update_time=_now())
+            self._conversations[conversation_id] = renamed
+            return renamed
+
+    async def delete_conversations(
+        self, user_id: str, conversation_ids: Sequence[int]
+    ) -> DeleteCounts:
+        async with self._lock:
+            wanted = sorted(set(conversation_ids))
+            for conversation_id in wanted:
+                try:
+                    self._conversation(user_id, conversation_id)
+                except NotFound:
+                    raise NotFound(
+                        f"conversation {conversation_id} not found; nothing was deleted"
+                    ) from None
+            messages = states = 0
+            for conversation_id in wanted:
+                del self._conversations[conversation_id]
+                messages += len(self._messages.pop(conversation_id, {}))
+                for key in [k for k in self._states if k[0] == conversation_id]:
+                    del self._states[key]
+                    states += 1
+            return DeleteCounts(conversations=len(wanted), messages=messages, states=states)
+
+    # --------------------------------------------------------------- messages
+
+    async def append_message(
+        self, user_id: str, conversation_id: int, message: NewMessage
+    ) -> MessageRecord:
+        return await self._write_one(user_id, conversation_id, message)
+
+    async def update_message(
+        self, user_id: str, conversation_id: int, update: MessageUpdate
+    ) -> MessageRecord:
+        return await self._write_one(user_id, conversation_id, update)
+
+    async def _write_one(
+        self, user_id: str, conversation_id: int, write: MessageWrite
+    ) -> MessageRecord:
+        async with self._lock:
+            conversation = self._conversation(user_id, conversation_id)
+            (record,) = self._stage_messages(user_id, conversation_id, [write], single=True)
+            self._messages.setdefault(conversation_id, {})[record.message_id] = record
+            self._touch(conversation)
+            return record
+
+    async def list_messages(
+        self, user_id: str, conversation_id: int, page_size: int, after_id: int | None
+    ) -> Page[MessageRecord]:
+        async with self._lock:
+            self._conversation(user_id, conversation_id)
+            records = sorted(
+                (
+                    m
+                    for m in self._messages.get(conversation_id, {}).values()
+                    if after_id is None or m.message_id > after_id
+                ),
+                key=lambda m: m.message_id,
+            )
+        items = records[:page_size]
+        token = str(items[-1].message_id) if len(records) > page_size else ""
+        return Page(items, token)

@@ -1,0 +1,372 @@
+"""The PostgreSQL store: psycopg 3 with an async connection pool.
+
+Transactions are explicit (`conn.transaction()`); every write that touches a
+conversation first takes its row lock (TOUCH_CONVERSATION), which is what makes
+compare-and-set, no-resurrection and atomic delete hold across replicas.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import psycopg
+import psycopg.errors
+from psycopg.adapt import Buffer, Dumper, Loader
+from psycopg.rows import tuple_row
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
+
+from state_service.domain import (
+    Conversation,
+    DeleteCounts,
+    FailedPrecondition,
+    InvalidArgument,
+    MessageRecord,
+    MessageRole,
+    MessageStatus,
+    MessageUpdate,
+    MessageWrite,
+    NewMessage,
+    NotFound,
+    Page,
+    StoredState,
+    StoreUnavailable,
+    UpsertResult,
+    VersionConflict,
+)
+from state_service.storage import sql
+from state_service.storage.base import StateStore
+from state_service.storage.migrations import apply_migrations
+
+log = logging.getLogger(__name__)
+
+Conn = psycopg.AsyncConnection[tuple[Any, ...]]
+
+
+class RawJson:
+    """JSON text passed to PostgreSQL as-is, as a jsonb parameter."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+
+_JSONB_OID = psycopg.postgres.types["jsonb"].oid
+
+
+class _RawJsonbDumper(Dumper):
+    oid = _JSONB_OID
+
+    def dump(self, obj: RawJson) -> Buffer:
+        return obj.data
+
+
+class _RawJsonbLoader(Loader):
+    """Return jsonb columns as the UTF-8 bytes PostgreSQL sends, undecoded."""
+
+    def load(self, data: Buffer) -> bytes:
+        return bytes(data)
+
+
+async def _configure_connection(conn: Conn) -> None:
+    conn.adapters.register_dumper(RawJson, _RawJsonbDumper)
+    conn.adapters.register_loader(_JSONB_OID, _RawJsonbLoader)
+    await conn.set_autocommit(False)
+
+
+def _conversation(row: tuple[Any, ...]) -> Conversation:
+    return Conversation(int(row[0]), row[1], row[2], row[3], row[4])
+
+
+def _message(row: tuple[Any, ...]) -> MessageRecord:
+    return MessageRecord(
+        message_id=int(row[0]),
+        conversation_id=int(row[1]),
+        user_id=row[2],
+        role=MessageRole(row[3]),
+        blocks_json=row[4],
+        status=MessageStatus(row[5]),
+        metadata_json=row[6],
+        create_time=row[7],
+        update_time=row[8],
+    )
+
+
+def _pg_reason(exc: psycopg.Error) -> str:
+    """PostgreSQL's own words for what it rejected, with its detail when it gives one."""
+    primary = (exc.diag.message_primary or str(exc)).strip()
+    detail = (exc.diag.message_detail or "").strip()
+    return f"{primary} ({detail})" if detail else primary
+
+
+class PostgresStore(StateStore):
+    def __init__(
+        self,
+        conninfo: str,
+        *,
+        min_size: int = 1,
+        max_size: int = 10,
+        timeout: float = 5.0,
+        migrate: bool = True,
+    ) -> None:
+        self._migrate = migrate
+        self._pool: AsyncConnectionPool[Conn] = AsyncConnectionPool(
+            conninfo,
+            min_size=min_size,
+            max_size=max_size,
+            timeout=timeout,
+            open=False,
+            configure=_configure_connection,
+            kwargs={"row_factory": tuple_row},
+            name="agentstate-state",
+        )
+
+    @property
+    def pool(self) -> AsyncConnectionPool[Conn]:
+        return self._pool
+
+    async def open(self) -> None:
+        await self._pool.open(wait=True, timeout=30)
+        if self._migrate:
+            async with self._pool.connection() as conn:
+                applied = await apply_migrations(conn)
+            if applied:
+                log.info("applied schema migrations %s", applied)
+
+    async def close(self) -> None:
+        await self._pool.close()
+
+    @contextlib.asynccontextmanager
+    async def _connection(self) -> AsyncIterator[Conn]:
+        """A pooled connection; database outages become StoreUnavailable."""
+        try:
+            async with self._pool.connection() as conn:
+                yield conn
+        except PoolTimeout as exc:
+            raise StoreUnavailable(f"no database connection available: {exc}") from exc
+        except psycopg.OperationalError as exc:
+            raise StoreUnavailable(f"database unavailable: {_pg_reason(exc)}") from exc
+
+    # ------------------------------------------------------------------ state
+
+    async def get_state(self, user_id: str, conversation_id: int, state_key: str) -> StoredState:
+        params = {"user_id": user_id, "conversation_id": conversation_id, "state_key": state_key}
+        async with self._connection() as conn:
+            cur = await conn.execute(sql.SELECT_STATE, params)
+            row = await cur.fetchone()
+            if row is None:
+                await self._require_conversation(conn, user_id, conversation_id)
+                raise NotFound(f"conversation {conversation_id} has no state {state_key!r} yet")
+        return StoredState(payload=row[0], version=int(row[1]), update_time=row[2])
+
+    async def upsert_state(
+        self,
+        user_id: str,
+        conversation_id: int,
+        state_key: str,
+        payload: bytes,
+        expected_version: int | None,
+        message_writes: Sequence[MessageWrite] = (),
+    ) -> UpsertResult:
+        params = {
+            "user_id": user_id,
+            "conversation_id": conversation_id,
+            "state_key": state_key,
+            "payload": RawJson(payload),
+            "expected_version": expected_version,
+        }
+        async with self._connection() as conn, conn.transaction():
+            await self._touch_conversation(conn, user_id, conversation_id)
+            if expected_version is None:
+                statement = sql.UPSERT_STATE
+            elif expected_version == 0:
+                statement = sql.INSERT_STATE_IF_ABSENT
+            else:
+                statement = sql.UPDATE_STATE_IF_VERSION
+            try:
+                cur = await conn.execute(statement, params)
+            except (psycopg.DataError, psycopg.errors.CheckViolation) as exc:
+                raise InvalidArgument(
+                    f"payload is not JSON that PostgreSQL can store: {_pg_reason(exc)}"
+                ) from exc
+            row = await cur.fetchone()
+            if row is None:
+                assert expected_version is not None
+                cur = await conn.execute(sql.SELECT_STATE_VERSION, params)
+                current = await cur.fetchone()
+                raise VersionConflict(expected_version, int(current[0]) if current else 0)
+            messages = [
+                await self._write_message(conn, user_id, conversation_id, write, index)
+                for index, write in enumerate(message_writes)
+            ]
+        return UpsertResult(version=int(row[0]), update_time=row[1], messages=messages)
+
+    # ---------------------------------------------------------- conversations
+
+    async def create_conversation(self, user_id: str, title: str) -> Conversation:
+        async with self._connection() as conn, conn.transaction():
+            cur = await conn.execute(sql.INSERT_CONVERSATION, {"user_id": user_id, "title": title})
+            row = await cur.fetchone()
+        assert row is not None
+        return _conversation(row)
+
+    async def get_conversation(self, user_id: str, conversation_id: int) -> Conversation:
+        async with self._connection() as conn:
+            return await self._require_conversation(conn, user_id, conversation_id)
+
+    async def list_conversations(
+        self, user_id: str, page_size: int, before_id: int | None
+    ) -> Page[Conversation]:
+        params = {"user_id": user_id, "before_id": before_id, "limit": page_size + 1}
+        async with self._connection() as conn:
+            cur = await conn.execute(sql.LIST_CONVERSATIONS, params)
+            rows = await cur.fetchall()
+        items = [_conversation(r) for r in rows[:page_size]]
+        token = str(items[-1].conversation_id) if len(rows) > page_size else ""
+        return Page(items, token)
+
+    async def rename_conversation(
+        self, user_id: str, conversation_id: int, title: str
+    ) -> Conversation:
+        params = {"user_id": user_id, "conversation_id": conversation_id, "title": title}
+        async with self._connection() as conn, conn.transaction():
+            cur = await conn.execute(sql.RENAME_CONVERSATION, params)
+            row = await cur.fetchone()
+        if row is None:
+            raise NotFound(f"conversation {conversation_id} not found")
+        return _conversation(row)
+
+    async def delete_conversations(
+        self, user_id: str, conversation_ids: Sequence[int]
+    ) -> DeleteCounts:
+        wanted = sorted(set(conversation_ids))
+        params = {"user_id": user_id, "conversation_ids": wanted}
+        async with self._connection() as conn, conn.transaction():
+            cur = await conn.execute(sql.LOCK_CONVERSATIONS_FOR_DELETE, params)
+            found = {int(r[0]) for r in await cur.fetchall()}
+            missing = [cid for cid in wanted if cid not in found]
+            if missing:
+                raise NotFound(f"conversation {missing[0]} not found; nothing was deleted")
+            states = (await conn.execute(sql.DELETE_STATES, params)).rowcount
+            messages = (await conn.execute(sql.DELETE_MESSAGES, params)).rowcount
+            conversations = (await conn.execute(sql.DELETE_CONVERSATIONS, params)).rowcount
+        return DeleteCounts(conversations=conversations, messages=messages, states=states)
+
+    # --------------------------------------------------------------- messages
+
+    async def append_message(
+        self, user_id: str, conversation_id: int, message: NewMessage
+    ) -> MessageRecord:
+        async with self._connection() as conn, conn.transaction():
+            await self._touch_conversation(conn, user_id, conversation_id)
+            return await self._write_message(conn, user_id, conversation_id, message, None)
+
+    async def update_message(
+        self, user_id: str, conversation_id: int, update: MessageUpdate
+    ) -> MessageRecord:
+        async with self._connection() as conn, conn.transaction():
+            await self._touch_conversation(conn, user_id, conversation_id)
+            return await self._write_message(conn, user_id, conversation_id, update, None)
+
+    async def list_messages(
+        self, user_id: str, conversation_id: int, page_size: int, after_id: int | None
+    ) -> Page[MessageRecord]:
+        params = {
+            "user_id": user_id,
+            "conversation_id": conversation_id,
+            "after_id": after_id,
+            "limit": page_size + 1,
+        }
+        async with self._connection() as conn:
+            await self._require_conversation(conn, user_id, conversation_id)
+            cur = await conn.execute(sql.LIST_MESSAGES, params)
+            rows = await cur.fetchall()
+        items = [_message(r) for r in rows[:page_size]]
+        token = str(items[-1].message_id) if len(rows) > page_size else ""
+        return Page(items, token)
+
+    # ---------------------------------------------------------------- helpers
+
+    async def _require_conversation(
+        self, conn: Conn, user_id: str, conversation_id: int
+    ) -> Conversation:
+        cur = await conn.execute(
+            sql.SELECT_CONVERSATION, {"user_id": user_id, "conversation_id": conversation_id}
+        )
+        row = await cur.fetchone()
+        if row is None:
+            raise NotFound(f"conversation {conversation_id} not found")
+        return _conversation(row)
+
+    async def _touch_conversation(self, conn: Conn, user_id: str, conversation_id: int) -> None:
+        cur = await conn.execute(
+            sql.TOUCH_CONVERSATION, {"user_id": user_id, "conversation_id": conversation_id}
+        )
+        if await cur.fetchone() is None:
+            raise NotFound(f"conversation {conversation_id} not found")
+
+    async def _write_message(
+        self,
+        conn: Conn,
+        user_id: str,
+        conversation_id: int,
+        write: MessageWrite,
+        index: int | None,
+    ) -> MessageRecord:
+        where = "message" if index is None else f"message_writes[{index}]"
+        base = {"user_id": user_id, "conversation_id": conversation_id}
+        try:
+            if isinstance(write, NewMessage):
+                cur = await conn.execute(
+                    sql.INSERT_MESSAGE,
+                    {
+                        **base,
+                        "role": write.role.value,
+                        "blocks": RawJson(write.blocks_json),
+                        "status": write.status.value,
+                        "metadata": RawJson(write.metadata_json),
+                    },
+                )
+            else:
+                cur = await conn.execute(
+                    sql.UPDATE_MESSAGE,
+                    {
+                        **base,
+                        "message_id": write.message_id,
+                        "status": write.status.value if write.status else None,
+                        "blocks": _optional_json(write.blocks_json),
+                        "metadata": _optional_json(write.metadata_json),
+                        "expected_status": (
+                            write.expected_status.value if write.expected_status else None
+                        ),
+                    },
+                )
+        except psycopg.errors.ForeignKeyViolation as exc:
+            raise NotFound(f"conversation {conversation_id} not found") from exc
+        except (psycopg.DataError, psycopg.errors.CheckViolation) as exc:
+            raise InvalidArgument(
+                f"{where} holds JSON that PostgreSQL cannot store: {_pg_reason(exc)}"
+            ) from exc
+        row = await cur.fetchone()
+        if row is not None:
+            return _message(row)
+        assert isinstance(write, MessageUpdate)
+        cur = await conn.execute(
+            sql.SELECT_MESSAGE_STATUS, {**base, "message_id": write.message_id}
+        )
+        current = await cur.fetchone()
+        if current is None:
+            raise NotFound(
+                f"{where}: message {write.message_id} not found in conversation {conversation_id}"
+            )
+        raise FailedPrecondition(
+            f"{where}: message {write.message_id} has status {current[0]}, "
+            f"expected {write.expected_status}"
+        )
+
+
+def _optional_json(data: bytes | None) -> RawJson | None:
+    return None if data is None else RawJson(data)

@@ -1,0 +1,99 @@
+"""Test fixtures: a real PostgreSQL started for the run, real gRPC servers on loopback."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import grpc
+import psycopg
+import pytest
+
+from agentstate.common.embedded_postgres import EmbeddedPostgres
+from agentstate.common.grpc_server import bind, create_server
+from agentstate.state.v1 import state_service_pb2_grpc as pb_grpc
+from state_service.servicer import StateServicer
+from state_service.storage.base import StateStore
+from state_service.storage.memory import MemoryStore
+from state_service.storage.postgres import PostgresStore
+
+TEST_MAX_PAYLOAD_BYTES = 1024 * 1024
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[EmbeddedPostgres]:
+    """One throwaway PostgreSQL server for the whole run."""
+    root = Path(tempfile.mkdtemp(prefix="agentstate-test-"))
+    root.chmod(0o755)  # the server may run as the unprivileged postgres user
+    server = EmbeddedPostgres(root / "pgdata")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def create_database(postgres: EmbeddedPostgres, name: str) -> str:
+    """(Re)create an empty database and return its connection string."""
+    with psycopg.connect(postgres.dsn, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{name}"')
+    return postgres.dsn.replace("dbname=postgres", f"dbname={name}")
+
+
+@pytest.fixture(scope="session")
+def database_url(postgres: EmbeddedPostgres) -> str:
+    return create_database(postgres, "agentstate_test")
+
+
+@pytest.fixture
+async def pg_store(database_url: str) -> AsyncIterator[PostgresStore]:
+    store = PostgresStore(database_url, min_size=1, max_size=30)
+    await store.open()
+    yield store
+    await store.close()
+
+
+@pytest.fixture(params=["memory", "postgres"])
+async def store(request: pytest.FixtureRequest, database_url: str) -> AsyncIterator[StateStore]:
+    """Each behavioural test runs against both stores."""
+    if request.param == "memory":
+        yield MemoryStore()
+        return
+    pg = PostgresStore(database_url, min_size=1, max_size=30)
+    await pg.open()
+    yield pg
+    await pg.close()
+
+
+async def start_state_server(store: StateStore) -> tuple[grpc.aio.Server, str]:
+    server = create_server(max_message_bytes=4 * TEST_MAX_PAYLOAD_BYTES)
+    pb_grpc.add_StateServiceServicer_to_server(
+        StateServicer(store, max_payload_bytes=TEST_MAX_PAYLOAD_BYTES), server
+    )
+    address = bind(server, "127.0.0.1:0")
+    await server.start()
+    return server, address
+
+
+@pytest.fixture
+async def state_stub(store: StateStore) -> AsyncIterator[pb_grpc.StateServiceAsyncStub]:
+    """A real StateService on 127.0.0.1 over the parametrised store."""
+    server, address = await start_state_server(store)
+    async with grpc.aio.insecure_channel(address) as channel:
+        yield pb_grpc.StateServiceStub(channel)
+    await server.stop(None)
+
+
+@pytest.fixture
+def user_id() -> str:
+    return f"user-{uuid.uuid4()}"
+
+
+@pytest.fixture
+def other_user_id() -> str:
+    return f"other-{uuid.uuid4()}"
