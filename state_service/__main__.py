@@ -16,6 +16,7 @@ import sys
 from agentstate.common.config import ConfigError
 from agentstate.common.embedded_postgres import EmbeddedPostgres, EmbeddedPostgresError
 from state_service.config import StateServiceSettings
+from state_service.domain import StoreUnavailable
 from state_service.server import serve
 from state_service.storage.postgres import PostgresStore
 
@@ -26,7 +27,9 @@ async def _migrate(settings: StateServiceSettings) -> None:
     if not dsn:
         embedded = EmbeddedPostgres(settings.embedded_pg_dir)
         dsn = embedded.start()
-    store = PostgresStore(dsn, min_size=1, max_size=1, migrate=True)
+    store = PostgresStore(
+        dsn, min_size=1, max_size=1, connect_timeout=settings.connect_timeout_seconds
+    )
     try:
         await store.open()
         print("schema is up to date")
@@ -53,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
             asyncio.run(_migrate(settings))
         else:
             asyncio.run(serve(settings))
-    except (ConfigError, EmbeddedPostgresError) as exc:
+    except (ConfigError, EmbeddedPostgresError, StoreUnavailable) as exc:
         print(f"agentstate-state: {exc}", file=sys.stderr)
         return 2
     return 0

@@ -33,6 +33,8 @@ class StateServiceSettings:
     pool_max_size: int = 10
     # STATE_DB_POOL_TIMEOUT_SECONDS: wait for a free connection before UNAVAILABLE.
     pool_timeout_seconds: float = 5.0
+    # STATE_DB_CONNECT_TIMEOUT_SECONDS: how long start-up waits for the database.
+    connect_timeout_seconds: float = 30.0
     # STATE_MAX_PAYLOAD_BYTES: largest AgentState accepted (RESOURCE_EXHAUSTED above).
     max_payload_bytes: int = 8 * MIB
     # STATE_GRPC_MAX_MESSAGE_BYTES: gRPC receive/send limit; keep above the payload limit.
@@ -55,6 +57,9 @@ class StateServiceSettings:
             pool_max_size=env_int(env, "STATE_DB_POOL_MAX_SIZE", d.pool_max_size, minimum=1),
             pool_timeout_seconds=env_float(
                 env, "STATE_DB_POOL_TIMEOUT_SECONDS", d.pool_timeout_seconds, minimum=0.1
+            ),
+            connect_timeout_seconds=env_float(
+                env, "STATE_DB_CONNECT_TIMEOUT_SECONDS", d.connect_timeout_seconds, minimum=0.1
             ),
             max_payload_bytes=env_int(
                 env, "STATE_MAX_PAYLOAD_BYTES", d.max_payload_bytes, minimum=2

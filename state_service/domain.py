@@ -61,6 +61,10 @@ class FailedPrecondition(StateServiceError):
     pass
 
 
+class StoreError(StateServiceError):
+    """The database failed the operation for a reason the caller cannot fix."""
+
+
 class StoreUnavailable(StateServiceError):
     """The database could not be reached; the call may be retried."""
 

@@ -78,6 +78,7 @@ class StateServiceApp:
             min_size=settings.pool_min_size,
             max_size=settings.pool_max_size,
             timeout=settings.pool_timeout_seconds,
+            connect_timeout=settings.connect_timeout_seconds,
             migrate=settings.migrate_on_start,
         )
         try:

@@ -27,6 +27,7 @@ _STATUS_CODES: dict[type[d.StateServiceError], grpc.StatusCode] = {
     d.PayloadTooLarge: grpc.StatusCode.RESOURCE_EXHAUSTED,
     d.FailedPrecondition: grpc.StatusCode.FAILED_PRECONDITION,
     d.StoreUnavailable: grpc.StatusCode.UNAVAILABLE,
+    d.StoreError: grpc.StatusCode.INTERNAL,
 }
 
 _ROLE_TO_DOMAIN = {

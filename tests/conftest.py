@@ -23,11 +23,20 @@ from state_service.storage.postgres import PostgresStore
 TEST_MAX_PAYLOAD_BYTES = 1024 * 1024
 
 
+@pytest.fixture
+def world_traversable_dir() -> Iterator[Path]:
+    """A temporary directory the unprivileged `postgres` user can reach (pytest's are 0700)."""
+    root = Path(tempfile.mkdtemp(prefix="agentstate-test-"))
+    root.chmod(0o755)
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
 def postgres() -> Iterator[EmbeddedPostgres]:
     """One throwaway PostgreSQL server for the whole run."""
     root = Path(tempfile.mkdtemp(prefix="agentstate-test-"))
-    root.chmod(0o755)  # the server may run as the unprivileged postgres user
+    root.chmod(0o755)
     server = EmbeddedPostgres(root / "pgdata")
     server.start()
     try:

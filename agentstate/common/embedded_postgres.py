@@ -88,9 +88,14 @@ class EmbeddedPostgres:
         self._binaries = binaries
         self.data_dir.parent.mkdir(parents=True, exist_ok=True)
         self.data_dir.mkdir(mode=0o700, exist_ok=True)
-        # A short path: unix socket paths are limited to about 107 bytes.
-        self._socket_dir = Path(tempfile.mkdtemp(prefix="agentstate-pg-"))
+        # A short path: unix socket paths are limited to about 107 bytes. A restart
+        # keeps the same path, so connection strings handed out stay valid.
+        if self._socket_dir is None:
+            self._socket_dir = Path(tempfile.mkdtemp(prefix="agentstate-pg-"))
+        else:
+            self._socket_dir.mkdir(mode=0o700, exist_ok=True)
         if binaries.run_as is not None:
+            self._check_reachable_by(binaries.run_as)
             self._chown_to(binaries.run_as, self.data_dir)
             self._chown_to(binaries.run_as, self._socket_dir)
         if not (self.data_dir / "PG_VERSION").exists():
@@ -137,7 +142,6 @@ class EmbeddedPostgres:
             self._run("pg_ctl", "-D", str(self.data_dir), "-m", "fast", "-w", "stop")
         if self._socket_dir is not None:
             shutil.rmtree(self._socket_dir, ignore_errors=True)
-            self._socket_dir = None
         self._dsn = None
 
     def __enter__(self) -> EmbeddedPostgres:
@@ -169,6 +173,19 @@ class EmbeddedPostgres:
                 log_tail = (self.data_dir / "server.log").read_text()[-2000:]
             raise EmbeddedPostgresError(
                 f"{tool} failed ({result.returncode}): {result.stderr.strip()}\n{log_tail}"
+            )
+
+    def _check_reachable_by(self, user: str) -> None:
+        probe = subprocess.run(
+            ["runuser", "-u", user, "--", "test", "-x", str(self.data_dir.parent)],
+            check=False,
+            capture_output=True,
+        )
+        if probe.returncode != 0:
+            raise EmbeddedPostgresError(
+                f"the embedded PostgreSQL runs as the user '{user}', which cannot reach "
+                f"{self.data_dir}: put its data directory (STATE_EMBEDDED_PG_DIR) under "
+                "directories that every user may traverse, such as /var/tmp"
             )
 
     @staticmethod

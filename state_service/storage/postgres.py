@@ -32,6 +32,7 @@ from state_service.domain import (
     NotFound,
     Page,
     StoredState,
+    StoreError,
     StoreUnavailable,
     UpsertResult,
     VersionConflict,
@@ -110,9 +111,11 @@ class PostgresStore(StateStore):
         min_size: int = 1,
         max_size: int = 10,
         timeout: float = 5.0,
+        connect_timeout: float = 30.0,
         migrate: bool = True,
     ) -> None:
         self._migrate = migrate
+        self._connect_timeout = connect_timeout
         self._pool: AsyncConnectionPool[Conn] = AsyncConnectionPool(
             conninfo,
             min_size=min_size,
@@ -129,7 +132,12 @@ class PostgresStore(StateStore):
         return self._pool
 
     async def open(self) -> None:
-        await self._pool.open(wait=True, timeout=30)
+        try:
+            await self._pool.open(wait=True, timeout=self._connect_timeout)
+        except PoolTimeout as exc:
+            raise StoreUnavailable(
+                f"could not connect to the database within {self._connect_timeout:g}s"
+            ) from exc
         if self._migrate:
             async with self._pool.connection() as conn:
                 applied = await apply_migrations(conn)
@@ -149,6 +157,10 @@ class PostgresStore(StateStore):
             raise StoreUnavailable(f"no database connection available: {exc}") from exc
         except psycopg.OperationalError as exc:
             raise StoreUnavailable(f"database unavailable: {_pg_reason(exc)}") from exc
+        except psycopg.Error as exc:
+            # Anything else the database refused: the transaction was rolled back.
+            log.exception("database error")
+            raise StoreError(f"database error, nothing was changed: {_pg_reason(exc)}") from exc
 
     # ------------------------------------------------------------------ state
 
