@@ -55,7 +55,9 @@ def timed(calls: int, fn: Callable[[], object]) -> list[float]:
     return samples
 
 
-def run(address: str, calls: int, sizes: list[int]) -> list[tuple[str, int, int, float, float, float]]:
+def run(
+    address: str, calls: int, sizes: list[int]
+) -> list[tuple[str, int, int, float, float, float]]:
     rows = []
     with grpc.insecure_channel(address) as channel:
         stub = pb_grpc.StateServiceStub(channel)
@@ -111,9 +113,11 @@ def main() -> None:
         service.terminate()
         shutil.rmtree(data_root, ignore_errors=True)
     print(f"store={args.store} calls={args.calls} (fewer for large states), sequential, 127.0.0.1")
-    print(f"{'RPC':<18} {'messages':>8} {'payload B':>10} {'p50 ms':>8} {'p90 ms':>8} {'p99 ms':>8}")
+    print(
+        f"{'RPC':<18} {'messages':>8} {'payload B':>10} {'p50 ms':>8} {'p90 ms':>8} {'p99 ms':>8}"
+    )
     for name, messages, size, p50, p90, p99 in rows:
-        print(f"{name:<18} {messages:>8} {size:>10} {p50:>8.2f} {p90:>8.2f} {p99:>8.2f}")
+        print(f"{name:<18} {messages:>10} {size:>10} {p50:>10.2f} {p90:>10.2f} {p99:>10.2f}")
 
 
 if __name__ == "__main__":

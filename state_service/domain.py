@@ -18,6 +18,9 @@ MAX_TITLE_CHARS = 200
 MAX_USER_ID_CHARS = 128
 MAX_BATCH_DELETE = 1000
 MAX_ID = 2**63 - 1
+MIN_LEASE_TTL_MS = 100
+MAX_LEASE_TTL_MS = 3_600_000
+MAX_HOLDER_CHARS = 200
 
 _STATE_KEY_RE = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
 _DECIMAL_ID_RE = re.compile(r"[1-9][0-9]{0,18}")
@@ -38,7 +41,11 @@ class InvalidArgument(StateServiceError):
 
 
 class NotFound(StateServiceError):
-    pass
+    """`missing` says what is absent: "conversation", "state", "message" or "task"."""
+
+    def __init__(self, message: str, missing: str = "conversation") -> None:
+        super().__init__(message)
+        self.missing = missing
 
 
 class VersionConflict(StateServiceError):
@@ -53,7 +60,11 @@ class VersionConflict(StateServiceError):
         super().__init__(f"version conflict: expected version {expected}, {current}")
 
 
-class PayloadTooLarge(StateServiceError):
+class ResourceExhausted(StateServiceError):
+    """A size or count limit was reached."""
+
+
+class PayloadTooLarge(ResourceExhausted):
     pass
 
 
@@ -125,6 +136,16 @@ class MessageUpdate:
 
 
 MessageWrite = NewMessage | MessageUpdate
+
+
+@dataclass(frozen=True)
+class Lease:
+    task_id: int
+    conversation_id: int
+    user_id: str
+    holder: str
+    expire_time: datetime
+    stop_requested: bool
 
 
 @dataclass(frozen=True)
@@ -243,3 +264,24 @@ def parse_page_token(token: str) -> int | None:
         return parse_id(token, "page_token")
     except InvalidArgument:
         raise InvalidArgument("page_token is malformed: pass back a next_page_token") from None
+
+
+def validate_ttl_ms(ttl_ms: int) -> int:
+    if not MIN_LEASE_TTL_MS <= ttl_ms <= MAX_LEASE_TTL_MS:
+        raise InvalidArgument(
+            f"ttl_ms must be between {MIN_LEASE_TTL_MS} and {MAX_LEASE_TTL_MS}, got {ttl_ms}"
+        )
+    return ttl_ms
+
+
+def validate_holder(holder: str) -> str:
+    if not holder or len(holder) > MAX_HOLDER_CHARS or not holder.isprintable():
+        raise InvalidArgument(f"holder must be 1..{MAX_HOLDER_CHARS} printable characters")
+    return holder
+
+
+def lease_conflict_message(lease: Lease) -> str:
+    return (
+        f"conversation {lease.conversation_id} has a running turn "
+        f"(task {lease.task_id}, held by {lease.holder} until {lease.expire_time.isoformat()})"
+    )

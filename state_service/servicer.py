@@ -19,12 +19,14 @@ from state_service.storage.base import StateStore
 log = logging.getLogger(__name__)
 
 CURRENT_VERSION_TRAILER = "agentstate-current-version"
+MISSING_TRAILER = "agentstate-missing"
 
 _STATUS_CODES: dict[type[d.StateServiceError], grpc.StatusCode] = {
     d.InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
     d.NotFound: grpc.StatusCode.NOT_FOUND,
     d.VersionConflict: grpc.StatusCode.ABORTED,
     d.PayloadTooLarge: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    d.ResourceExhausted: grpc.StatusCode.RESOURCE_EXHAUSTED,
     d.FailedPrecondition: grpc.StatusCode.FAILED_PRECONDITION,
     d.StoreUnavailable: grpc.StatusCode.UNAVAILABLE,
     d.StoreError: grpc.StatusCode.INTERNAL,
@@ -63,6 +65,8 @@ def _grpc_errors(handler: Handler[Request, Response]) -> Handler[Request, Respon
                 context.set_trailing_metadata(
                     ((CURRENT_VERSION_TRAILER, str(exc.current_version)),)
                 )
+            elif isinstance(exc, d.NotFound):
+                context.set_trailing_metadata(((MISSING_TRAILER, exc.missing),))
             code = _STATUS_CODES.get(type(exc), grpc.StatusCode.INTERNAL)
             if code is grpc.StatusCode.UNAVAILABLE:
                 log.warning("%s: %s", handler.__name__, exc)
@@ -99,6 +103,17 @@ def message_to_pb(record: d.MessageRecord) -> pb.MessageRecord:
         metadata_json=record.metadata_json,
         create_time=_timestamp(record.create_time),
         update_time=_timestamp(record.update_time),
+    )
+
+
+def lease_to_pb(lease: d.Lease) -> pb.Lease:
+    return pb.Lease(
+        task_id=str(lease.task_id),
+        conversation_id=str(lease.conversation_id),
+        user_id=lease.user_id,
+        holder=lease.holder,
+        expire_time=_timestamp(lease.expire_time),
+        stop_requested=lease.stop_requested,
     )
 
 
@@ -311,3 +326,58 @@ class StateServicer(pb_grpc.StateServiceServicer):
             messages=[message_to_pb(m) for m in page.items],
             next_page_token=page.next_page_token,
         )
+
+    @_grpc_errors
+    async def GetMessage(
+        self, request: pb.GetMessageRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.GetMessageResponse:
+        record = await self._store.get_message(
+            d.validate_user_id(request.user_id),
+            d.parse_id(request.conversation_id, "conversation_id"),
+            d.parse_id(request.message_id, "message_id"),
+        )
+        return pb.GetMessageResponse(message=message_to_pb(record))
+
+    @_grpc_errors
+    async def AcquireLease(
+        self, request: pb.AcquireLeaseRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.AcquireLeaseResponse:
+        if request.max_user_leases < 0:
+            raise d.InvalidArgument("max_user_leases must not be negative")
+        lease = await self._store.acquire_lease(
+            d.validate_user_id(request.user_id),
+            d.parse_id(request.conversation_id, "conversation_id"),
+            d.validate_holder(request.holder),
+            d.validate_ttl_ms(request.ttl_ms),
+            request.max_user_leases,
+        )
+        return pb.AcquireLeaseResponse(lease=lease_to_pb(lease))
+
+    @_grpc_errors
+    async def RenewLease(
+        self, request: pb.RenewLeaseRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.RenewLeaseResponse:
+        lease = await self._store.renew_lease(
+            d.validate_user_id(request.user_id),
+            d.parse_id(request.task_id, "task_id"),
+            d.validate_ttl_ms(request.ttl_ms),
+        )
+        return pb.RenewLeaseResponse(lease=lease_to_pb(lease))
+
+    @_grpc_errors
+    async def ReleaseLease(
+        self, request: pb.ReleaseLeaseRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.ReleaseLeaseResponse:
+        released = await self._store.release_lease(
+            d.validate_user_id(request.user_id), d.parse_id(request.task_id, "task_id")
+        )
+        return pb.ReleaseLeaseResponse(released=released)
+
+    @_grpc_errors
+    async def RequestStop(
+        self, request: pb.RequestStopRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.RequestStopResponse:
+        lease = await self._store.request_stop(
+            d.validate_user_id(request.user_id), d.parse_id(request.task_id, "task_id")
+        )
+        return pb.RequestStopResponse(lease=lease_to_pb(lease))

@@ -16,6 +16,7 @@ from agentstate.common.embedded_postgres import EmbeddedPostgres
 from agentstate.common.grpc_server import bind, create_server
 from agentstate.state.v1 import state_service_pb2_grpc as pb_grpc
 from state_service.servicer import StateServicer
+from tests.agent_harness import Stack
 from state_service.storage.base import StateStore
 from state_service.storage.memory import MemoryStore
 from state_service.storage.postgres import PostgresStore
@@ -106,3 +107,19 @@ def user_id() -> str:
 @pytest.fixture
 def other_user_id() -> str:
     return f"other-{uuid.uuid4()}"
+
+
+@pytest.fixture(scope="session")
+def orders_database_url(postgres: EmbeddedPostgres) -> str:
+    """The demo order system's own database (never the state service's)."""
+    return create_database(postgres, "orders_agent_test")
+
+
+@pytest.fixture
+async def stack(database_url: str, orders_database_url: str) -> AsyncIterator[Stack]:
+    """A state service on PostgreSQL and one agent replica, in this process, on loopback."""
+    running = Stack(database_url, orders_database_url)
+    await running.start_state()
+    await running.start_agent()
+    yield running
+    await running.close()

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Iterable
-from typing import Any, cast
+from collections.abc import Awaitable
+from typing import Any
 
 import grpc
 
@@ -23,16 +23,6 @@ async def expect_rpc_error(
         assert contains.lower() in (exc.details() or "").lower(), exc.details()
         return exc
     raise AssertionError(f"expected {code}, but the call succeeded")
-
-
-def trailer(error: grpc.aio.AioRpcError, key: str) -> str | None:
-    """The value of one trailing-metadata key of a failed call."""
-    # grpc.aio yields (key, value) pairs; grpc-stubs types them as _Metadatum.
-    pairs = cast(Iterable[tuple[str, str | bytes]], error.trailing_metadata() or ())
-    for item_key, value in pairs:
-        if item_key == key:
-            return str(value)
-    return None
 
 
 async def new_conversation(

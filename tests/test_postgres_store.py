@@ -143,8 +143,8 @@ async def test_delete_racing_late_writes_never_resurrects(
             pb.DeleteConversationRequest(user_id=user_id, conversation_id=cid)
         )
         writes = [late_write(i) for i in range(10)]
-        results = await asyncio.gather(delete, *writes)
-        assert results[0].conversations_deleted == 1
+        deleted, *_ = await asyncio.gather(delete, *writes)
+        assert deleted is not None and deleted.conversations_deleted == 1
         # Writes that won the race were deleted with it; later ones found nothing.
         assert await _row_counts(database_url, cid) == (0, 0, 0)
 

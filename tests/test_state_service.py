@@ -12,9 +12,10 @@ from typing import TypeAlias
 import grpc
 import pytest
 
+from agentstate.common.grpc_metadata import trailer
 from agentstate.state.v1 import state_service_pb2 as pb
 from agentstate.state.v1 import state_service_pb2_grpc as pb_grpc
-from state_service.servicer import CURRENT_VERSION_TRAILER
+from state_service.servicer import CURRENT_VERSION_TRAILER, MISSING_TRAILER
 from tests.conftest import TEST_MAX_PAYLOAD_BYTES
 from tests.helpers import (
     all_messages,
@@ -22,7 +23,6 @@ from tests.helpers import (
     get_state,
     new_conversation,
     put_state,
-    trailer,
     user_text,
 )
 from tests.source_example import source_agent_state, source_state_bytes
@@ -786,3 +786,22 @@ async def test_users_are_isolated(state_stub: Stub, user_id: str, other_user_id:
     assert conversation.conversation.title == "test"
     records = await all_messages(state_stub, user_id, cid)
     assert len(records) == 3 and records[0].status == pb.MESSAGE_STATUS_NORMAL
+
+
+async def test_not_found_says_what_is_missing(state_stub: Stub, user_id: str) -> None:
+    cid = await new_conversation(state_stub, user_id)
+    no_state = await expect_rpc_error(
+        state_stub.GetState(pb.GetStateRequest(user_id=user_id, conversation_id=cid)), NOT_FOUND
+    )
+    assert trailer(no_state, MISSING_TRAILER) == "state"
+    no_conversation = await expect_rpc_error(
+        state_stub.GetState(pb.GetStateRequest(user_id=user_id, conversation_id="5")), NOT_FOUND
+    )
+    assert trailer(no_conversation, MISSING_TRAILER) == "conversation"
+    no_message = await expect_rpc_error(
+        state_stub.GetMessage(
+            pb.GetMessageRequest(user_id=user_id, conversation_id=cid, message_id="5")
+        ),
+        NOT_FOUND,
+    )
+    assert trailer(no_message, MISSING_TRAILER) == "message"

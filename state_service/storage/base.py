@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from state_service.domain import (
     Conversation,
     DeleteCounts,
+    Lease,
     MessageRecord,
     MessageUpdate,
     MessageWrite,
@@ -88,6 +89,39 @@ class StateStore(abc.ABC):
         self, user_id: str, conversation_id: int, page_size: int, after_id: int | None
     ) -> Page[MessageRecord]:
         """Oldest first; NotFound when the conversation is absent."""
+
+    @abc.abstractmethod
+    async def get_message(
+        self, user_id: str, conversation_id: int, message_id: int
+    ) -> MessageRecord: ...
+
+    # ------------------------------------------------------------ run leases
+
+    @abc.abstractmethod
+    async def acquire_lease(
+        self,
+        user_id: str,
+        conversation_id: int,
+        holder: str,
+        ttl_ms: int,
+        max_user_leases: int,
+    ) -> Lease:
+        """Take the conversation's run lease with a new task id.
+
+        NotFound (conversation absent), FailedPrecondition (another unexpired
+        lease), ResourceExhausted (the user holds `max_user_leases` others; 0 = no limit).
+        """
+
+    @abc.abstractmethod
+    async def renew_lease(self, user_id: str, task_id: int, ttl_ms: int) -> Lease:
+        """FailedPrecondition when the lease is gone (released or taken over)."""
+
+    @abc.abstractmethod
+    async def release_lease(self, user_id: str, task_id: int) -> bool: ...
+
+    @abc.abstractmethod
+    async def request_stop(self, user_id: str, task_id: int) -> Lease:
+        """NotFound when no unexpired lease has this task id."""
 
     async def open(self) -> None:  # noqa: B027 - optional hook
         """Prepare resources (connections, schema). Default: nothing."""

@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from state_service.domain import (
@@ -22,15 +22,18 @@ from state_service.domain import (
     DeleteCounts,
     FailedPrecondition,
     InvalidArgument,
+    Lease,
     MessageRecord,
     MessageUpdate,
     MessageWrite,
     NewMessage,
     NotFound,
     Page,
+    ResourceExhausted,
     StoredState,
     UpsertResult,
     VersionConflict,
+    lease_conflict_message,
 )
 from state_service.storage.base import StateStore
 
@@ -102,6 +105,7 @@ class MemoryStore(StateStore):
         self._conversations: dict[int, Conversation] = {}
         self._messages: dict[int, dict[int, MessageRecord]] = {}  # conversation -> id -> record
         self._states: dict[tuple[int, str], _StateRow] = {}
+        self._leases: dict[int, Lease] = {}  # conversation -> lease
 
     def _conversation(self, user_id: str, conversation_id: int) -> Conversation:
         conversation = self._conversations.get(conversation_id)
@@ -121,7 +125,9 @@ class MemoryStore(StateStore):
             self._conversation(user_id, conversation_id)
             row = self._states.get((conversation_id, state_key))
             if row is None:
-                raise NotFound(f"conversation {conversation_id} has no state {state_key!r} yet")
+                raise NotFound(
+                    f"conversation {conversation_id} has no state {state_key!r} yet", "state"
+                )
             return StoredState(row.payload, row.version, row.update_time)
 
     async def upsert_state(
@@ -184,7 +190,8 @@ class MemoryStore(StateStore):
                 if found is None:
                     raise NotFound(
                         f"{where}: message {write.message_id} not found "
-                        f"in conversation {conversation_id}"
+                        f"in conversation {conversation_id}",
+                        "message",
                     )
                 if write.expected_status and found.status != write.expected_status:
                     raise FailedPrecondition(
@@ -264,6 +271,7 @@ class MemoryStore(StateStore):
             messages = states = 0
             for conversation_id in wanted:
                 del self._conversations[conversation_id]
+                self._leases.pop(conversation_id, None)
                 messages += len(self._messages.pop(conversation_id, {}))
                 for key in [k for k in self._states if k[0] == conversation_id]:
                     del self._states[key]
@@ -308,3 +316,89 @@ class MemoryStore(StateStore):
         items = records[:page_size]
         token = str(items[-1].message_id) if len(records) > page_size else ""
         return Page(items, token)
+
+    async def get_message(
+        self, user_id: str, conversation_id: int, message_id: int
+    ) -> MessageRecord:
+        async with self._lock:
+            self._conversation(user_id, conversation_id)
+            record = self._messages.get(conversation_id, {}).get(message_id)
+            if record is None:
+                raise NotFound(
+                    f"message {message_id} not found in conversation {conversation_id}", "message"
+                )
+            return record
+
+    # ------------------------------------------------------------ run leases
+
+    async def acquire_lease(
+        self,
+        user_id: str,
+        conversation_id: int,
+        holder: str,
+        ttl_ms: int,
+        max_user_leases: int,
+    ) -> Lease:
+        async with self._lock:
+            self._conversation(user_id, conversation_id)
+            now = _now()
+            if max_user_leases > 0:
+                running = sum(
+                    1
+                    for lease in self._leases.values()
+                    if lease.user_id == user_id
+                    and lease.expire_time > now
+                    and lease.conversation_id != conversation_id
+                )
+                if running >= max_user_leases:
+                    raise ResourceExhausted(
+                        f"user already has {running} running turns (limit {max_user_leases}); "
+                        "retry when one finishes"
+                    )
+            held = self._leases.get(conversation_id)
+            if held is not None and held.expire_time > now:
+                raise FailedPrecondition(lease_conflict_message(held))
+            lease = Lease(
+                task_id=self._ids.next_id(),
+                conversation_id=conversation_id,
+                user_id=user_id,
+                holder=holder,
+                expire_time=now + timedelta(milliseconds=ttl_ms),
+                stop_requested=False,
+            )
+            self._leases[conversation_id] = lease
+            return lease
+
+    def _lease_of_task(self, user_id: str, task_id: int) -> Lease | None:
+        for lease in self._leases.values():
+            if lease.task_id == task_id and lease.user_id == user_id:
+                return lease
+        return None
+
+    async def renew_lease(self, user_id: str, task_id: int, ttl_ms: int) -> Lease:
+        async with self._lock:
+            lease = self._lease_of_task(user_id, task_id)
+            if lease is None:
+                raise FailedPrecondition(
+                    f"lease of task {task_id} was lost (released or taken over)"
+                )
+            renewed = replace(lease, expire_time=_now() + timedelta(milliseconds=ttl_ms))
+            self._leases[lease.conversation_id] = renewed
+            return renewed
+
+    async def release_lease(self, user_id: str, task_id: int) -> bool:
+        async with self._lock:
+            lease = self._lease_of_task(user_id, task_id)
+            if lease is None:
+                return False
+            del self._leases[lease.conversation_id]
+            return True
+
+    async def request_stop(self, user_id: str, task_id: int) -> Lease:
+        async with self._lock:
+            lease = self._lease_of_task(user_id, task_id)
+            if lease is None or lease.expire_time <= _now():
+                raise NotFound(f"no running task {task_id}", "task")
+            stopped = replace(lease, stop_requested=True)
+            self._leases[lease.conversation_id] = stopped
+            return stopped

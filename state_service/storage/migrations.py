@@ -89,6 +89,25 @@ CREATE TABLE t_agent_state (
 );
 """,
     ),
+    Migration(
+        2,
+        "run leases: one turn at a time per conversation",
+        """
+CREATE TABLE t_run_lease (
+    conversation_id bigint PRIMARY KEY,
+    user_id         text NOT NULL,
+    task_id         bigint NOT NULL UNIQUE,
+    holder          text NOT NULL,
+    expire_time     timestamptz NOT NULL,
+    stop_requested  boolean NOT NULL DEFAULT false,
+    create_time     timestamptz NOT NULL DEFAULT now(),
+    CONSTRAINT t_run_lease_conversation_fkey FOREIGN KEY (user_id, conversation_id)
+        REFERENCES t_conversation (user_id, id)
+);
+-- Counting a user's running turns (the per-user limit).
+CREATE INDEX t_run_lease_user_idx ON t_run_lease (user_id, expire_time);
+""",
+    ),
 ]
 
 

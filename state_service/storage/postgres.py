@@ -23,6 +23,7 @@ from state_service.domain import (
     DeleteCounts,
     FailedPrecondition,
     InvalidArgument,
+    Lease,
     MessageRecord,
     MessageRole,
     MessageStatus,
@@ -31,11 +32,13 @@ from state_service.domain import (
     NewMessage,
     NotFound,
     Page,
+    ResourceExhausted,
     StoredState,
     StoreError,
     StoreUnavailable,
     UpsertResult,
     VersionConflict,
+    lease_conflict_message,
 )
 from state_service.storage import sql
 from state_service.storage.base import StateStore
@@ -94,6 +97,10 @@ def _message(row: tuple[Any, ...]) -> MessageRecord:
         create_time=row[7],
         update_time=row[8],
     )
+
+
+def _lease(row: tuple[Any, ...]) -> Lease:
+    return Lease(int(row[0]), int(row[1]), row[2], row[3], row[4], bool(row[5]))
 
 
 def _pg_reason(exc: psycopg.Error) -> str:
@@ -171,7 +178,9 @@ class PostgresStore(StateStore):
             row = await cur.fetchone()
             if row is None:
                 await self._require_conversation(conn, user_id, conversation_id)
-                raise NotFound(f"conversation {conversation_id} has no state {state_key!r} yet")
+                raise NotFound(
+                    f"conversation {conversation_id} has no state {state_key!r} yet", "state"
+                )
         return StoredState(payload=row[0], version=int(row[1]), update_time=row[2])
 
     async def upsert_state(
@@ -262,6 +271,7 @@ class PostgresStore(StateStore):
             missing = [cid for cid in wanted if cid not in found]
             if missing:
                 raise NotFound(f"conversation {missing[0]} not found; nothing was deleted")
+            await conn.execute(sql.DELETE_LEASES, params)
             states = (await conn.execute(sql.DELETE_STATES, params)).rowcount
             messages = (await conn.execute(sql.DELETE_MESSAGES, params)).rowcount
             conversations = (await conn.execute(sql.DELETE_CONVERSATIONS, params)).rowcount
@@ -299,6 +309,80 @@ class PostgresStore(StateStore):
         items = [_message(r) for r in rows[:page_size]]
         token = str(items[-1].message_id) if len(rows) > page_size else ""
         return Page(items, token)
+
+    async def get_message(
+        self, user_id: str, conversation_id: int, message_id: int
+    ) -> MessageRecord:
+        params = {"user_id": user_id, "conversation_id": conversation_id, "message_id": message_id}
+        async with self._connection() as conn:
+            cur = await conn.execute(sql.SELECT_MESSAGE, params)
+            row = await cur.fetchone()
+        if row is None:
+            raise NotFound(
+                f"message {message_id} not found in conversation {conversation_id}", "message"
+            )
+        return _message(row)
+
+    # ------------------------------------------------------------ run leases
+
+    async def acquire_lease(
+        self,
+        user_id: str,
+        conversation_id: int,
+        holder: str,
+        ttl_ms: int,
+        max_user_leases: int,
+    ) -> Lease:
+        params = {
+            "user_id": user_id,
+            "conversation_id": conversation_id,
+            "holder": holder,
+            "ttl_ms": ttl_ms,
+        }
+        async with self._connection() as conn, conn.transaction():
+            await conn.execute(sql.LOCK_USER_LEASES, params)
+            cur = await conn.execute(sql.LOCK_CONVERSATION_SHARED, params)
+            if await cur.fetchone() is None:
+                raise NotFound(f"conversation {conversation_id} not found")
+            if max_user_leases > 0:
+                cur = await conn.execute(sql.COUNT_OTHER_ACTIVE_LEASES, params)
+                row = await cur.fetchone()
+                running = int(row[0]) if row else 0
+                if running >= max_user_leases:
+                    raise ResourceExhausted(
+                        f"user already has {running} running turns (limit {max_user_leases}); "
+                        "retry when one finishes"
+                    )
+            cur = await conn.execute(sql.ACQUIRE_LEASE, params)
+            row = await cur.fetchone()
+            if row is None:
+                cur = await conn.execute(sql.SELECT_LEASE_OF_CONVERSATION, params)
+                held = await cur.fetchone()
+                assert held is not None
+                raise FailedPrecondition(lease_conflict_message(_lease(held)))
+        return _lease(row)
+
+    async def renew_lease(self, user_id: str, task_id: int, ttl_ms: int) -> Lease:
+        params = {"user_id": user_id, "task_id": task_id, "ttl_ms": ttl_ms}
+        async with self._connection() as conn, conn.transaction():
+            cur = await conn.execute(sql.RENEW_LEASE, params)
+            row = await cur.fetchone()
+        if row is None:
+            raise FailedPrecondition(f"lease of task {task_id} was lost (released or taken over)")
+        return _lease(row)
+
+    async def release_lease(self, user_id: str, task_id: int) -> bool:
+        async with self._connection() as conn, conn.transaction():
+            cur = await conn.execute(sql.RELEASE_LEASE, {"user_id": user_id, "task_id": task_id})
+            return cur.rowcount > 0
+
+    async def request_stop(self, user_id: str, task_id: int) -> Lease:
+        async with self._connection() as conn, conn.transaction():
+            cur = await conn.execute(sql.REQUEST_STOP, {"user_id": user_id, "task_id": task_id})
+            row = await cur.fetchone()
+        if row is None:
+            raise NotFound(f"no running task {task_id}", "task")
+        return _lease(row)
 
     # ---------------------------------------------------------------- helpers
 
@@ -372,7 +456,8 @@ class PostgresStore(StateStore):
         current = await cur.fetchone()
         if current is None:
             raise NotFound(
-                f"{where}: message {write.message_id} not found in conversation {conversation_id}"
+                f"{where}: message {write.message_id} not found in conversation {conversation_id}",
+                "message",
             )
         raise FailedPrecondition(
             f"{where}: message {write.message_id} has status {current[0]}, "

@@ -130,6 +130,10 @@ ORDER BY id
 FOR UPDATE
 """
 
+DELETE_LEASES: Final = """
+DELETE FROM t_run_lease WHERE user_id = %(user_id)s AND conversation_id = ANY(%(conversation_ids)s)
+"""
+
 DELETE_STATES: Final = """
 DELETE FROM t_agent_state WHERE user_id = %(user_id)s AND session_id = ANY(%(conversation_ids)s)
 """
@@ -141,4 +145,61 @@ WHERE user_id = %(user_id)s AND conversation_id = ANY(%(conversation_ids)s)
 
 DELETE_CONVERSATIONS: Final = """
 DELETE FROM t_conversation WHERE user_id = %(user_id)s AND id = ANY(%(conversation_ids)s)
+"""
+
+SELECT_MESSAGE: Final = f"""
+SELECT {_MESSAGE_COLUMNS}
+FROM t_agent_message
+WHERE user_id = %(user_id)s AND conversation_id = %(conversation_id)s AND id = %(message_id)s
+"""
+
+# ---------------------------------------------------------------------- leases
+
+_LEASE_COLUMNS = "task_id, conversation_id, user_id, holder, expire_time, stop_requested"
+
+# Serialises one user's lease acquisitions, so the per-user limit holds under races.
+LOCK_USER_LEASES: Final = "SELECT pg_advisory_xact_lock(hashtextextended(%(user_id)s, 7))"
+
+LOCK_CONVERSATION_SHARED: Final = """
+SELECT id FROM t_conversation
+WHERE user_id = %(user_id)s AND id = %(conversation_id)s
+FOR KEY SHARE
+"""
+
+COUNT_OTHER_ACTIVE_LEASES: Final = """
+SELECT count(*) FROM t_run_lease
+WHERE user_id = %(user_id)s AND expire_time > now() AND conversation_id <> %(conversation_id)s
+"""
+
+# Takes the lease if there is none or the current one has lapsed.
+ACQUIRE_LEASE: Final = f"""
+INSERT INTO t_run_lease (conversation_id, user_id, task_id, holder, expire_time)
+VALUES (%(conversation_id)s, %(user_id)s, agentstate_next_id(), %(holder)s,
+        now() + %(ttl_ms)s * interval '1 millisecond')
+ON CONFLICT (conversation_id) DO UPDATE
+SET task_id = EXCLUDED.task_id, holder = EXCLUDED.holder, expire_time = EXCLUDED.expire_time,
+    stop_requested = false, create_time = now()
+WHERE t_run_lease.expire_time <= now()
+RETURNING {_LEASE_COLUMNS}
+"""
+
+SELECT_LEASE_OF_CONVERSATION: Final = f"""
+SELECT {_LEASE_COLUMNS} FROM t_run_lease
+WHERE user_id = %(user_id)s AND conversation_id = %(conversation_id)s
+"""
+
+RENEW_LEASE: Final = f"""
+UPDATE t_run_lease SET expire_time = now() + %(ttl_ms)s * interval '1 millisecond'
+WHERE user_id = %(user_id)s AND task_id = %(task_id)s
+RETURNING {_LEASE_COLUMNS}
+"""
+
+RELEASE_LEASE: Final = """
+DELETE FROM t_run_lease WHERE user_id = %(user_id)s AND task_id = %(task_id)s
+"""
+
+REQUEST_STOP: Final = f"""
+UPDATE t_run_lease SET stop_requested = true
+WHERE user_id = %(user_id)s AND task_id = %(task_id)s AND expire_time > now()
+RETURNING {_LEASE_COLUMNS}
 """

@@ -16,6 +16,8 @@ Conventions that hold for every RPC:
   except as PostgreSQL JSONB does (key order and whitespace may change; the
   JSON value is the same).
 - UNAVAILABLE means the database could not be reached; the call may be retried.
+- NOT_FOUND carries the trailing metadata key `agentstate-missing`: what is
+  absent, one of "conversation", "state", "message" or "task".
 """
 
 from collections import abc as _abc
@@ -962,3 +964,317 @@ class ListMessagesResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ListMessagesResponse: _TypeAlias = ListMessagesResponse  # noqa: Y015
+
+@_typing.final
+class GetMessageRequest(_message.Message):
+    """Request for GetMessage."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    USER_ID_FIELD_NUMBER: _builtins.int
+    CONVERSATION_ID_FIELD_NUMBER: _builtins.int
+    MESSAGE_ID_FIELD_NUMBER: _builtins.int
+    user_id: _builtins.str
+    """The owner. Required."""
+    conversation_id: _builtins.str
+    """The conversation. Required."""
+    message_id: _builtins.str
+    """The record. Required."""
+    def __init__(
+        self,
+        *,
+        user_id: _builtins.str = ...,
+        conversation_id: _builtins.str = ...,
+        message_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "message_id", b"message_id", "user_id", b"user_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetMessageRequest: _TypeAlias = GetMessageRequest  # noqa: Y015
+
+@_typing.final
+class GetMessageResponse(_message.Message):
+    """Response of GetMessage."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def message(self) -> Global___MessageRecord:
+        """The record."""
+
+    def __init__(
+        self,
+        *,
+        message: Global___MessageRecord | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["message", b"message"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["message", b"message"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetMessageResponse: _TypeAlias = GetMessageResponse  # noqa: Y015
+
+@_typing.final
+class Lease(_message.Message):
+    """A run lease: who may run the conversation's current turn, and until when."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    CONVERSATION_ID_FIELD_NUMBER: _builtins.int
+    USER_ID_FIELD_NUMBER: _builtins.int
+    HOLDER_FIELD_NUMBER: _builtins.int
+    EXPIRE_TIME_FIELD_NUMBER: _builtins.int
+    STOP_REQUESTED_FIELD_NUMBER: _builtins.int
+    task_id: _builtins.str
+    """Server-generated id of the turn (a 64-bit decimal string); Stop uses it."""
+    conversation_id: _builtins.str
+    """The conversation."""
+    user_id: _builtins.str
+    """The owner."""
+    holder: _builtins.str
+    """Free text naming the holder (for example the agent replica's pod name)."""
+    stop_requested: _builtins.bool
+    """True once RequestStop was called for this task."""
+    @_builtins.property
+    def expire_time(self) -> _timestamp_pb2.Timestamp:
+        """When the lease lapses unless renewed."""
+
+    def __init__(
+        self,
+        *,
+        task_id: _builtins.str = ...,
+        conversation_id: _builtins.str = ...,
+        user_id: _builtins.str = ...,
+        holder: _builtins.str = ...,
+        expire_time: _timestamp_pb2.Timestamp | None = ...,
+        stop_requested: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["expire_time", b"expire_time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "expire_time", b"expire_time", "holder", b"holder", "stop_requested", b"stop_requested", "task_id", b"task_id", "user_id", b"user_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Lease: _TypeAlias = Lease  # noqa: Y015
+
+@_typing.final
+class AcquireLeaseRequest(_message.Message):
+    """Request for AcquireLease."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    USER_ID_FIELD_NUMBER: _builtins.int
+    CONVERSATION_ID_FIELD_NUMBER: _builtins.int
+    HOLDER_FIELD_NUMBER: _builtins.int
+    TTL_MS_FIELD_NUMBER: _builtins.int
+    MAX_USER_LEASES_FIELD_NUMBER: _builtins.int
+    user_id: _builtins.str
+    """The owner. Required."""
+    conversation_id: _builtins.str
+    """The conversation. Required."""
+    holder: _builtins.str
+    """Free text naming the holder, 1..200 characters. Required."""
+    ttl_ms: _builtins.int
+    """Lifetime in milliseconds, 100..3600000."""
+    max_user_leases: _builtins.int
+    """When > 0: RESOURCE_EXHAUSTED if the user already holds this many unexpired
+    leases on other conversations. 0: no limit.
+    """
+    def __init__(
+        self,
+        *,
+        user_id: _builtins.str = ...,
+        conversation_id: _builtins.str = ...,
+        holder: _builtins.str = ...,
+        ttl_ms: _builtins.int = ...,
+        max_user_leases: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "holder", b"holder", "max_user_leases", b"max_user_leases", "ttl_ms", b"ttl_ms", "user_id", b"user_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AcquireLeaseRequest: _TypeAlias = AcquireLeaseRequest  # noqa: Y015
+
+@_typing.final
+class AcquireLeaseResponse(_message.Message):
+    """Response of AcquireLease."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LEASE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def lease(self) -> Global___Lease:
+        """The lease now held."""
+
+    def __init__(
+        self,
+        *,
+        lease: Global___Lease | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["lease", b"lease"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["lease", b"lease"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AcquireLeaseResponse: _TypeAlias = AcquireLeaseResponse  # noqa: Y015
+
+@_typing.final
+class RenewLeaseRequest(_message.Message):
+    """Request for RenewLease."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    USER_ID_FIELD_NUMBER: _builtins.int
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    TTL_MS_FIELD_NUMBER: _builtins.int
+    user_id: _builtins.str
+    """The owner. Required."""
+    task_id: _builtins.str
+    """The lease's task id. Required."""
+    ttl_ms: _builtins.int
+    """New lifetime from now in milliseconds, 100..3600000."""
+    def __init__(
+        self,
+        *,
+        user_id: _builtins.str = ...,
+        task_id: _builtins.str = ...,
+        ttl_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["task_id", b"task_id", "ttl_ms", b"ttl_ms", "user_id", b"user_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RenewLeaseRequest: _TypeAlias = RenewLeaseRequest  # noqa: Y015
+
+@_typing.final
+class RenewLeaseResponse(_message.Message):
+    """Response of RenewLease."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LEASE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def lease(self) -> Global___Lease:
+        """The lease after renewal; check `stop_requested`."""
+
+    def __init__(
+        self,
+        *,
+        lease: Global___Lease | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["lease", b"lease"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["lease", b"lease"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RenewLeaseResponse: _TypeAlias = RenewLeaseResponse  # noqa: Y015
+
+@_typing.final
+class ReleaseLeaseRequest(_message.Message):
+    """Request for ReleaseLease."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    USER_ID_FIELD_NUMBER: _builtins.int
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    user_id: _builtins.str
+    """The owner. Required."""
+    task_id: _builtins.str
+    """The lease's task id. Required."""
+    def __init__(
+        self,
+        *,
+        user_id: _builtins.str = ...,
+        task_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["task_id", b"task_id", "user_id", b"user_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReleaseLeaseRequest: _TypeAlias = ReleaseLeaseRequest  # noqa: Y015
+
+@_typing.final
+class ReleaseLeaseResponse(_message.Message):
+    """Response of ReleaseLease."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RELEASED_FIELD_NUMBER: _builtins.int
+    released: _builtins.bool
+    """False when there was no such lease any more."""
+    def __init__(
+        self,
+        *,
+        released: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["released", b"released"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReleaseLeaseResponse: _TypeAlias = ReleaseLeaseResponse  # noqa: Y015
+
+@_typing.final
+class RequestStopRequest(_message.Message):
+    """Request for RequestStop."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    USER_ID_FIELD_NUMBER: _builtins.int
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    user_id: _builtins.str
+    """The owner. Required."""
+    task_id: _builtins.str
+    """The running turn's task id. Required."""
+    def __init__(
+        self,
+        *,
+        user_id: _builtins.str = ...,
+        task_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["task_id", b"task_id", "user_id", b"user_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RequestStopRequest: _TypeAlias = RequestStopRequest  # noqa: Y015
+
+@_typing.final
+class RequestStopResponse(_message.Message):
+    """Response of RequestStop."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LEASE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def lease(self) -> Global___Lease:
+        """The lease that was asked to stop."""
+
+    def __init__(
+        self,
+        *,
+        lease: Global___Lease | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["lease", b"lease"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["lease", b"lease"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RequestStopResponse: _TypeAlias = RequestStopResponse  # noqa: Y015

@@ -91,6 +91,31 @@ class StateServiceStub:
                 request_serializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.ListMessagesRequest.SerializeToString,
                 response_deserializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.ListMessagesResponse.FromString,
                 _registered_method=True)
+        self.GetMessage = channel.unary_unary(
+                '/agentstate.state.v1.StateService/GetMessage',
+                request_serializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.GetMessageRequest.SerializeToString,
+                response_deserializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.GetMessageResponse.FromString,
+                _registered_method=True)
+        self.AcquireLease = channel.unary_unary(
+                '/agentstate.state.v1.StateService/AcquireLease',
+                request_serializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.AcquireLeaseRequest.SerializeToString,
+                response_deserializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.AcquireLeaseResponse.FromString,
+                _registered_method=True)
+        self.RenewLease = channel.unary_unary(
+                '/agentstate.state.v1.StateService/RenewLease',
+                request_serializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.RenewLeaseRequest.SerializeToString,
+                response_deserializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.RenewLeaseResponse.FromString,
+                _registered_method=True)
+        self.ReleaseLease = channel.unary_unary(
+                '/agentstate.state.v1.StateService/ReleaseLease',
+                request_serializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.ReleaseLeaseRequest.SerializeToString,
+                response_deserializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.ReleaseLeaseResponse.FromString,
+                _registered_method=True)
+        self.RequestStop = channel.unary_unary(
+                '/agentstate.state.v1.StateService/RequestStop',
+                request_serializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.RequestStopRequest.SerializeToString,
+                response_deserializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.RequestStopResponse.FromString,
+                _registered_method=True)
 
 
 class StateServiceServicer:
@@ -197,6 +222,54 @@ class StateServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetMessage(self, request, context):
+        """GetMessage returns one message record of a conversation. NOT_FOUND when
+        it is not in that conversation of that user.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AcquireLease(self, request, context):
+        """AcquireLease gives the caller the right to run the one turn a conversation
+        may have at a time, until `expire_time` (extend it with RenewLease). It
+        returns a new server-generated task id.
+
+        Errors: NOT_FOUND (conversation absent), FAILED_PRECONDITION (another turn
+        holds an unexpired lease; the message names its task and expiry),
+        RESOURCE_EXHAUSTED (the user already holds `max_user_leases` unexpired
+        leases on other conversations), INVALID_ARGUMENT (ttl out of range).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RenewLease(self, request, context):
+        """RenewLease extends a lease the caller holds and reports whether a stop was
+        requested. FAILED_PRECONDITION when the lease was lost (released, or
+        expired and taken by another turn).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReleaseLease(self, request, context):
+        """ReleaseLease ends a lease. Releasing a lease that is already gone is not
+        an error (`released` is false).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RequestStop(self, request, context):
+        """RequestStop asks the holder of a running turn's lease to stop; the holder
+        sees it on its next RenewLease, whichever replica it runs on. NOT_FOUND
+        when no unexpired lease has that task id for that user.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_StateServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -254,6 +327,31 @@ def add_StateServiceServicer_to_server(servicer, server):
                     servicer.ListMessages,
                     request_deserializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.ListMessagesRequest.FromString,
                     response_serializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.ListMessagesResponse.SerializeToString,
+            ),
+            'GetMessage': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetMessage,
+                    request_deserializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.GetMessageRequest.FromString,
+                    response_serializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.GetMessageResponse.SerializeToString,
+            ),
+            'AcquireLease': grpc.unary_unary_rpc_method_handler(
+                    servicer.AcquireLease,
+                    request_deserializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.AcquireLeaseRequest.FromString,
+                    response_serializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.AcquireLeaseResponse.SerializeToString,
+            ),
+            'RenewLease': grpc.unary_unary_rpc_method_handler(
+                    servicer.RenewLease,
+                    request_deserializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.RenewLeaseRequest.FromString,
+                    response_serializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.RenewLeaseResponse.SerializeToString,
+            ),
+            'ReleaseLease': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReleaseLease,
+                    request_deserializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.ReleaseLeaseRequest.FromString,
+                    response_serializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.ReleaseLeaseResponse.SerializeToString,
+            ),
+            'RequestStop': grpc.unary_unary_rpc_method_handler(
+                    servicer.RequestStop,
+                    request_deserializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.RequestStopRequest.FromString,
+                    response_serializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.RequestStopResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -555,6 +653,141 @@ class StateService:
             '/agentstate.state.v1.StateService/ListMessages',
             agentstate_dot_state_dot_v1_dot_state__service__pb2.ListMessagesRequest.SerializeToString,
             agentstate_dot_state_dot_v1_dot_state__service__pb2.ListMessagesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetMessage(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agentstate.state.v1.StateService/GetMessage',
+            agentstate_dot_state_dot_v1_dot_state__service__pb2.GetMessageRequest.SerializeToString,
+            agentstate_dot_state_dot_v1_dot_state__service__pb2.GetMessageResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AcquireLease(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agentstate.state.v1.StateService/AcquireLease',
+            agentstate_dot_state_dot_v1_dot_state__service__pb2.AcquireLeaseRequest.SerializeToString,
+            agentstate_dot_state_dot_v1_dot_state__service__pb2.AcquireLeaseResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RenewLease(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agentstate.state.v1.StateService/RenewLease',
+            agentstate_dot_state_dot_v1_dot_state__service__pb2.RenewLeaseRequest.SerializeToString,
+            agentstate_dot_state_dot_v1_dot_state__service__pb2.RenewLeaseResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReleaseLease(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agentstate.state.v1.StateService/ReleaseLease',
+            agentstate_dot_state_dot_v1_dot_state__service__pb2.ReleaseLeaseRequest.SerializeToString,
+            agentstate_dot_state_dot_v1_dot_state__service__pb2.ReleaseLeaseResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RequestStop(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agentstate.state.v1.StateService/RequestStop',
+            agentstate_dot_state_dot_v1_dot_state__service__pb2.RequestStopRequest.SerializeToString,
+            agentstate_dot_state_dot_v1_dot_state__service__pb2.RequestStopResponse.FromString,
             options,
             channel_credentials,
             insecure,

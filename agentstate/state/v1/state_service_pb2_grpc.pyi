@@ -16,6 +16,8 @@ Conventions that hold for every RPC:
   except as PostgreSQL JSONB does (key order and whitespace may change; the
   JSON value is the same).
 - UNAVAILABLE means the database could not be reached; the call may be retried.
+- NOT_FOUND carries the trailing metadata key `agentstate-missing`: what is
+  absent, one of "conversation", "state", "message" or "task".
 """
 
 from agentstate.state.v1 import state_service_pb2 as _state_service_pb2
@@ -102,6 +104,34 @@ class StateServiceStub:
     were appended, in pages (for UI replay). Context management never
     rewrites these records.
     """
+    GetMessage: _grpc.UnaryUnaryMultiCallable[_state_service_pb2.GetMessageRequest, _state_service_pb2.GetMessageResponse]
+    """GetMessage returns one message record of a conversation. NOT_FOUND when
+    it is not in that conversation of that user.
+    """
+    AcquireLease: _grpc.UnaryUnaryMultiCallable[_state_service_pb2.AcquireLeaseRequest, _state_service_pb2.AcquireLeaseResponse]
+    """AcquireLease gives the caller the right to run the one turn a conversation
+    may have at a time, until `expire_time` (extend it with RenewLease). It
+    returns a new server-generated task id.
+
+    Errors: NOT_FOUND (conversation absent), FAILED_PRECONDITION (another turn
+    holds an unexpired lease; the message names its task and expiry),
+    RESOURCE_EXHAUSTED (the user already holds `max_user_leases` unexpired
+    leases on other conversations), INVALID_ARGUMENT (ttl out of range).
+    """
+    RenewLease: _grpc.UnaryUnaryMultiCallable[_state_service_pb2.RenewLeaseRequest, _state_service_pb2.RenewLeaseResponse]
+    """RenewLease extends a lease the caller holds and reports whether a stop was
+    requested. FAILED_PRECONDITION when the lease was lost (released, or
+    expired and taken by another turn).
+    """
+    ReleaseLease: _grpc.UnaryUnaryMultiCallable[_state_service_pb2.ReleaseLeaseRequest, _state_service_pb2.ReleaseLeaseResponse]
+    """ReleaseLease ends a lease. Releasing a lease that is already gone is not
+    an error (`released` is false).
+    """
+    RequestStop: _grpc.UnaryUnaryMultiCallable[_state_service_pb2.RequestStopRequest, _state_service_pb2.RequestStopResponse]
+    """RequestStop asks the holder of a running turn's lease to stop; the holder
+    sees it on its next RenewLease, whichever replica it runs on. NOT_FOUND
+    when no unexpired lease has that task id for that user.
+    """
 
 @_typing.type_check_only
 class StateServiceAsyncStub(StateServiceStub):
@@ -161,6 +191,34 @@ class StateServiceAsyncStub(StateServiceStub):
     """ListMessages returns a conversation's message records in the order they
     were appended, in pages (for UI replay). Context management never
     rewrites these records.
+    """
+    GetMessage: _aio.UnaryUnaryMultiCallable[_state_service_pb2.GetMessageRequest, _state_service_pb2.GetMessageResponse]  # type: ignore[assignment]
+    """GetMessage returns one message record of a conversation. NOT_FOUND when
+    it is not in that conversation of that user.
+    """
+    AcquireLease: _aio.UnaryUnaryMultiCallable[_state_service_pb2.AcquireLeaseRequest, _state_service_pb2.AcquireLeaseResponse]  # type: ignore[assignment]
+    """AcquireLease gives the caller the right to run the one turn a conversation
+    may have at a time, until `expire_time` (extend it with RenewLease). It
+    returns a new server-generated task id.
+
+    Errors: NOT_FOUND (conversation absent), FAILED_PRECONDITION (another turn
+    holds an unexpired lease; the message names its task and expiry),
+    RESOURCE_EXHAUSTED (the user already holds `max_user_leases` unexpired
+    leases on other conversations), INVALID_ARGUMENT (ttl out of range).
+    """
+    RenewLease: _aio.UnaryUnaryMultiCallable[_state_service_pb2.RenewLeaseRequest, _state_service_pb2.RenewLeaseResponse]  # type: ignore[assignment]
+    """RenewLease extends a lease the caller holds and reports whether a stop was
+    requested. FAILED_PRECONDITION when the lease was lost (released, or
+    expired and taken by another turn).
+    """
+    ReleaseLease: _aio.UnaryUnaryMultiCallable[_state_service_pb2.ReleaseLeaseRequest, _state_service_pb2.ReleaseLeaseResponse]  # type: ignore[assignment]
+    """ReleaseLease ends a lease. Releasing a lease that is already gone is not
+    an error (`released` is false).
+    """
+    RequestStop: _aio.UnaryUnaryMultiCallable[_state_service_pb2.RequestStopRequest, _state_service_pb2.RequestStopResponse]  # type: ignore[assignment]
+    """RequestStop asks the holder of a running turn's lease to stop; the holder
+    sees it on its next RenewLease, whichever replica it runs on. NOT_FOUND
+    when no unexpired lease has that task id for that user.
     """
 
 class StateServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -284,6 +342,64 @@ class StateServiceServicer(metaclass=_abc_1.ABCMeta):
         """ListMessages returns a conversation's message records in the order they
         were appended, in pages (for UI replay). Context management never
         rewrites these records.
+        """
+
+    @_abc_1.abstractmethod
+    def GetMessage(
+        self,
+        request: _state_service_pb2.GetMessageRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_state_service_pb2.GetMessageResponse, _abc.Awaitable[_state_service_pb2.GetMessageResponse]]:
+        """GetMessage returns one message record of a conversation. NOT_FOUND when
+        it is not in that conversation of that user.
+        """
+
+    @_abc_1.abstractmethod
+    def AcquireLease(
+        self,
+        request: _state_service_pb2.AcquireLeaseRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_state_service_pb2.AcquireLeaseResponse, _abc.Awaitable[_state_service_pb2.AcquireLeaseResponse]]:
+        """AcquireLease gives the caller the right to run the one turn a conversation
+        may have at a time, until `expire_time` (extend it with RenewLease). It
+        returns a new server-generated task id.
+
+        Errors: NOT_FOUND (conversation absent), FAILED_PRECONDITION (another turn
+        holds an unexpired lease; the message names its task and expiry),
+        RESOURCE_EXHAUSTED (the user already holds `max_user_leases` unexpired
+        leases on other conversations), INVALID_ARGUMENT (ttl out of range).
+        """
+
+    @_abc_1.abstractmethod
+    def RenewLease(
+        self,
+        request: _state_service_pb2.RenewLeaseRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_state_service_pb2.RenewLeaseResponse, _abc.Awaitable[_state_service_pb2.RenewLeaseResponse]]:
+        """RenewLease extends a lease the caller holds and reports whether a stop was
+        requested. FAILED_PRECONDITION when the lease was lost (released, or
+        expired and taken by another turn).
+        """
+
+    @_abc_1.abstractmethod
+    def ReleaseLease(
+        self,
+        request: _state_service_pb2.ReleaseLeaseRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_state_service_pb2.ReleaseLeaseResponse, _abc.Awaitable[_state_service_pb2.ReleaseLeaseResponse]]:
+        """ReleaseLease ends a lease. Releasing a lease that is already gone is not
+        an error (`released` is false).
+        """
+
+    @_abc_1.abstractmethod
+    def RequestStop(
+        self,
+        request: _state_service_pb2.RequestStopRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_state_service_pb2.RequestStopResponse, _abc.Awaitable[_state_service_pb2.RequestStopResponse]]:
+        """RequestStop asks the holder of a running turn's lease to stop; the holder
+        sees it on its next RenewLease, whichever replica it runs on. NOT_FOUND
+        when no unexpired lease has that task id for that user.
         """
 
 def add_StateServiceServicer_to_server(servicer: StateServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -1,0 +1,33 @@
+"""`agentstate-agent`: run the agent service.
+
+Settings come from environment variables: see agent_service/config.py and README.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+
+from agent_service.config import AgentServiceSettings
+from agent_service.server import serve
+from agentstate.common.config import ConfigError
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="agentstate-agent", description=__doc__)
+    parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        asyncio.run(serve(AgentServiceSettings.from_env()))
+    except ConfigError as exc:
+        print(f"agentstate-agent: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

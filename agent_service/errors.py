@@ -1,0 +1,43 @@
+"""Errors of the agent runtime, each one a thing a caller can act on.
+
+The servicer maps them to gRPC status codes; the runtime knows nothing of gRPC.
+"""
+
+from __future__ import annotations
+
+
+class AgentError(Exception):
+    """Base class."""
+
+
+class InvalidInput(AgentError):
+    """The request is malformed (INVALID_ARGUMENT)."""
+
+
+class Unauthenticated(AgentError):
+    """No end-user identity came with the request (UNAUTHENTICATED)."""
+
+
+class NotFound(AgentError):
+    """The conversation, card or task does not exist for this user (NOT_FOUND)."""
+
+
+class Conflict(AgentError):
+    """The conversation is not in a state that allows this (FAILED_PRECONDITION):
+    another turn is running, a card is pending, a card was already handled or expired."""
+
+
+class StateVersionConflict(AgentError):
+    """The stored state changed under this turn; it was not overwritten (ABORTED)."""
+
+
+class LimitReached(AgentError):
+    """A size or concurrency limit was reached (RESOURCE_EXHAUSTED)."""
+
+
+class Unavailable(AgentError):
+    """A dependency (state service, model) or this replica is unavailable (UNAVAILABLE)."""
+
+
+class InternalError(AgentError):
+    """Something failed that the caller cannot fix (INTERNAL)."""

@@ -1,0 +1,628 @@
+"""The turn runner: one Chat or Confirm turn, from lease to saved state.
+
+A turn: take the conversation's run lease, load the state (a load failure ends
+the turn: never start fresh over a state that exists), run the ReAct loop,
+save the whole state with the version it loaded (compare-and-set) together
+with the turn's UI message records, release the lease. Knows nothing of gRPC
+or SQL: state goes through StateClient, the model through ChatModel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import json
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from agent_service import errors
+from agent_service.agent_state import (
+    PERMISSION_DENIED_TEXT,
+    AgentState,
+    Block,
+    Msg,
+    Role,
+    TextBlock,
+    ThinkingBlock,
+    ToolResultBlock,
+    ToolResultState,
+    ToolUseBlock,
+    ToolUseState,
+)
+from agent_service.events import (
+    CallStatus,
+    Cancelled,
+    CardCall,
+    CardShown,
+    Delta,
+    DeltaKind,
+    Done,
+    Emit,
+    Finished,
+    Hint,
+    Meta,
+    ToolStatus,
+)
+from agent_service.middleware import DEFAULT_MIDDLEWARES, ContextMiddleware
+from agent_service.model.base import (
+    ChatModel,
+    ModelError,
+    ModelRequest,
+    TextDelta,
+    ThinkingDelta,
+    ToolCall,
+    Usage,
+)
+from agent_service.state_client import StateClient
+from agent_service.tools.registry import ArgumentError, ToolContext, ToolRegistry, check_arguments
+from agentstate.state.v1 import state_service_pb2 as spb
+
+log = logging.getLogger(__name__)
+
+MAX_QUESTION_CHARS = 8000
+CARD_METADATA_KEY = "confirm"
+CONFIRM_RESULTS_KEY = "confirm_results"
+EXPIRED_CARD_TEXT = "确认卡片已过期，操作没有执行。"
+STOPPED_TEXT = "这一轮被中断，操作没有执行。"
+
+SYSTEM_PROMPT = (
+    "你是电商平台的售后助手。按需加载业务手册（load_skill）并严格按手册步骤办事；"
+    "只根据工具返回和对话里已有的信息回答，不编造订单信息；"
+    "会改变订单的操作需要用户在确认卡片上确认。"
+)
+
+
+@dataclass(frozen=True)
+class RuntimeSettings:
+    holder: str = "agent"  # this replica's name, recorded on leases
+    lease_ttl_ms: int = 15_000
+    lease_renew_seconds: float = 2.0
+    max_turns_per_user: int = 5
+    card_ttl_seconds: float = 900.0
+    max_steps: int = 8
+
+
+class TurnStopped(Exception):
+    """Raised at a checkpoint when the turn was asked to stop."""
+
+
+@dataclass
+class TurnControl:
+    """What the outside world can do to a running turn."""
+
+    user_id: str
+    conversation_id: str
+    task_id: str
+    stop_reason: str | None = None
+    shutdown: bool = False
+
+    def request_stop(self, reason: str, *, shutdown: bool = False) -> None:
+        if self.stop_reason is None:
+            self.stop_reason = reason
+        self.shutdown = self.shutdown or shutdown
+
+    def checkpoint(self) -> None:
+        if self.stop_reason is not None:
+            raise TurnStopped(self.stop_reason)
+
+
+class TurnRegistry:
+    """The turns running in this replica; draining refuses new ones (shutdown)."""
+
+    def __init__(self) -> None:
+        self._turns: dict[str, tuple[TurnControl, asyncio.Task[None]]] = {}
+        self.draining = False
+
+    def add(self, control: TurnControl, task: asyncio.Task[None]) -> None:
+        self._turns[control.task_id] = (control, task)
+        task.add_done_callback(lambda _: self._turns.pop(control.task_id, None))
+
+    def get(self, task_id: str) -> TurnControl | None:
+        entry = self._turns.get(task_id)
+        return entry[0] if entry else None
+
+    def running(self) -> list[tuple[TurnControl, asyncio.Task[None]]]:
+        return list(self._turns.values())
+
+
+@dataclass
+class _TurnRecord:
+    """The assistant message record of this turn: what the user sees."""
+
+    record_id: str
+    blocks: list[dict[str, Any]] = field(default_factory=list)
+
+    def add(self, block: Block) -> None:
+        self.blocks.append(block.to_json())
+
+
+def _blocks_json(blocks: list[dict[str, Any]]) -> bytes:
+    return json.dumps(blocks, ensure_ascii=False).encode()
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _card_of(msg: Msg) -> dict[str, Any]:
+    card = msg.metadata.get(CARD_METADATA_KEY)
+    return card if isinstance(card, dict) else {}
+
+
+def _card_expired(card: dict[str, Any], now: datetime) -> bool:
+    """A pending call without a card of ours (say, left by another runtime) counts as expired."""
+    expires = card.get("expires_at")
+    if not isinstance(expires, str) or "record_id" not in card:
+        return True
+    return datetime.fromisoformat(expires) <= now
+
+
+class TurnRunner:
+    def __init__(
+        self,
+        *,
+        state: StateClient,
+        model: ChatModel,
+        tools: ToolRegistry,
+        settings: RuntimeSettings,
+        registry: TurnRegistry,
+        middlewares: tuple[ContextMiddleware, ...] = DEFAULT_MIDDLEWARES,
+        system_prompt: str = SYSTEM_PROMPT,
+    ) -> None:
+        self.state = state
+        self.model = model
+        self.tools = tools
+        self.settings = settings
+        self.registry = registry
+        self.middlewares = middlewares
+        self.system_prompt = system_prompt
+
+    # ------------------------------------------------------------ entry points
+
+    async def chat(self, user_id: str, conversation_id: str, question: str, emit: Emit) -> None:
+        question = question.strip()
+        if not question:
+            raise errors.InvalidInput("question must not be empty")
+        if len(question) > MAX_QUESTION_CHARS:
+            raise errors.InvalidInput(f"question is longer than {MAX_QUESTION_CHARS} characters")
+        new_conversation = not conversation_id
+        if new_conversation:
+            title = " ".join(question.split())[:40]
+            conversation_id = (await self.state.create_conversation(user_id, title)).conversation_id
+        else:
+            await self.state.get_conversation(user_id, conversation_id)
+
+        async with self._lease(user_id, conversation_id) as control:
+            loaded = await self.state.load(user_id, conversation_id)
+            state = loaded.state or AgentState(session_id=conversation_id, user_id=user_id)
+            hints = self._recover_interrupted(state)
+            writes: list[spb.MessageWrite] = []
+            pending = state.pending_calls()
+            if pending:
+                card_msg = pending[0][0]
+                card = _card_of(card_msg)
+                if not _card_expired(card, _now()):
+                    raise errors.Conflict(
+                        f"confirmation card {card['record_id']} is still pending: "
+                        "answer it with Confirm before asking something new"
+                    )
+                writes += self._settle_expired(state, card_msg)
+                hints.append("上一张确认卡片已过期，其中的操作没有执行。")
+            await self.state.append_message(
+                user_id,
+                conversation_id,
+                spb.NewMessage(
+                    role=spb.MESSAGE_ROLE_USER,
+                    blocks_json=_blocks_json([TextBlock(question).to_json()]),
+                ),
+            )
+            record = await self._open_record(user_id, conversation_id)
+            await emit(Meta(conversation_id, control.task_id, new_conversation))
+            for hint in hints:
+                await emit(Hint(hint))
+            # A new question is one user message holding only its text.
+            state.context.append(Msg(role=Role.USER, name="user", content=[TextBlock(question)]))
+            state.reply_id = control.task_id
+            await self._run_and_save(control, state, loaded.version, record, writes, emit)
+
+    async def confirm(
+        self, user_id: str, conversation_id: str, message_id: str, approved: bool, emit: Emit
+    ) -> None:
+        if not message_id:
+            raise errors.InvalidInput("message_id is required")
+        await self.state.get_conversation(user_id, conversation_id)
+        async with self._lease(user_id, conversation_id) as control:
+            loaded = await self.state.load(user_id, conversation_id)
+            if loaded.state is None:
+                raise errors.NotFound(f"confirmation card {message_id} not found")
+            state = loaded.state
+            hints = self._recover_interrupted(state)
+            pending = state.pending_calls()
+            card_msg = pending[0][0] if pending else None
+            card = _card_of(card_msg) if card_msg else {}
+            if card_msg is None or card.get("record_id") != message_id:
+                # Not the pending card: an old one (already handled) or none at all.
+                await self.state.get_message(user_id, conversation_id, message_id)
+                raise errors.Conflict(f"confirmation card {message_id} was already handled")
+            if _card_expired(card, _now()):
+                writes = self._settle_expired(state, card_msg)
+                await self.state.save(user_id, conversation_id, state, loaded.version, writes)
+                raise errors.Conflict(
+                    f"confirmation card {message_id} expired at {card['expires_at']}; "
+                    "its operations were not executed"
+                )
+            # The confirmation reaches the runtime as a message with no text whose
+            # metadata carries the decisions; it never enters the model context.
+            decision = Msg(
+                role=Role.USER,
+                name="user",
+                content=[],
+                metadata={
+                    CONFIRM_RESULTS_KEY: [
+                        {"call_id": call.id, "approved": approved} for _, call in pending
+                    ]
+                },
+            )
+            record = await self._open_record(user_id, conversation_id)
+            await emit(Meta(conversation_id, control.task_id, False))
+            for hint in hints:
+                await emit(Hint(hint))
+            card["status"] = "approved" if approved else "denied"
+            writes = [
+                spb.MessageWrite(
+                    update=spb.MessageUpdate(
+                        message_id=message_id,
+                        status=spb.MESSAGE_STATUS_NORMAL,
+                        metadata_json=json.dumps({"card": card}, ensure_ascii=False).encode(),
+                        expected_status=spb.MESSAGE_STATUS_AWAITING_CONFIRM,
+                    )
+                )
+            ]
+            state.reply_id = control.task_id
+            await self._run_and_save(
+                control, state, loaded.version, record, writes, emit, decision=decision
+            )
+
+    async def stop(self, user_id: str, task_id: str) -> str:
+        """Ask a running turn to stop; returns its conversation id."""
+        lease = await self.state.request_stop(user_id, task_id)
+        local = self.registry.get(task_id)
+        if local is not None:
+            local.request_stop("stopped by the user")
+        return str(lease.conversation_id)
+
+    # ----------------------------------------------------------------- lease
+
+    @contextlib.asynccontextmanager
+    async def _lease(self, user_id: str, conversation_id: str) -> AsyncIterator[TurnControl]:
+        if self.registry.draining:
+            raise errors.Unavailable("this agent replica is shutting down; retry on another")
+        lease = await self.state.acquire_lease(
+            user_id,
+            conversation_id,
+            self.settings.holder,
+            self.settings.lease_ttl_ms,
+            self.settings.max_turns_per_user,
+        )
+        control = TurnControl(user_id, conversation_id, str(lease.task_id))
+        task = asyncio.current_task()
+        assert task is not None
+        self.registry.add(control, task)
+        heartbeat = asyncio.create_task(self._heartbeat(control))
+        try:
+            yield control
+        finally:
+            heartbeat.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await heartbeat
+            try:
+                await asyncio.shield(self.state.release_lease(user_id, control.task_id))
+            except errors.AgentError as exc:
+                # It lapses by itself after its ttl.
+                log.warning("could not release lease of task %s: %s", control.task_id, exc)
+
+    async def _heartbeat(self, control: TurnControl) -> None:
+        """Keep the lease alive; pick up Stop requests made on any replica."""
+        while True:
+            await asyncio.sleep(self.settings.lease_renew_seconds)
+            try:
+                lease = await self.state.renew_lease(
+                    control.user_id, control.task_id, self.settings.lease_ttl_ms
+                )
+            except errors.Conflict:
+                control.request_stop("the run lease was lost")
+                return
+            except errors.AgentError as exc:
+                log.warning("lease renewal failed for task %s: %s", control.task_id, exc)
+                continue
+            if lease.stop_requested:
+                control.request_stop("stopped by the user")
+
+    # ------------------------------------------------------------- the turn
+
+    async def _open_record(self, user_id: str, conversation_id: str) -> _TurnRecord:
+        record = await self.state.append_message(
+            user_id,
+            conversation_id,
+            spb.NewMessage(role=spb.MESSAGE_ROLE_ASSISTANT, status=spb.MESSAGE_STATUS_STREAMING),
+        )
+        return _TurnRecord(record.message_id)
+
+    def _recover_interrupted(self, state: AgentState) -> list[str]:
+        if not state.shutdown_interrupted:
+            return []
+        state.shutdown_interrupted = False
+        return ["上一轮因服务停机被中断，已从保存的状态继续。"]
+
+    def _settle_expired(self, state: AgentState, card_msg: Msg) -> list[spb.MessageWrite]:
+        """Answer every pending call of an expired card as not executed."""
+        for _, call in state.pending_calls():
+            state.context.append(
+                Msg(
+                    role=Role.TOOL,
+                    content=[
+                        ToolResultBlock.of_text(
+                            call.id, call.name, ToolResultState.INTERRUPTED, EXPIRED_CARD_TEXT
+                        )
+                    ],
+                )
+            )
+        card = dict(_card_of(card_msg), status="expired")
+        if "record_id" not in card:
+            return []
+        return [
+            spb.MessageWrite(
+                update=spb.MessageUpdate(
+                    message_id=str(card.get("record_id", "")),
+                    status=spb.MESSAGE_STATUS_NORMAL,
+                    metadata_json=json.dumps({"card": card}, ensure_ascii=False).encode(),
+                    expected_status=spb.MESSAGE_STATUS_AWAITING_CONFIRM,
+                )
+            )
+        ]
+
+    async def _run_and_save(
+        self,
+        control: TurnControl,
+        state: AgentState,
+        version: int,
+        record: _TurnRecord,
+        writes: list[spb.MessageWrite],
+        emit: Emit,
+        *,
+        decision: Msg | None = None,
+    ) -> None:
+        """Run the loop; save whatever it completed, whatever way it ends."""
+        outcome: Finished | CardShown | Cancelled
+        status = spb.MESSAGE_STATUS_NORMAL
+        metadata: dict[str, Any] = {}
+        failure: errors.AgentError | None = None
+        try:
+            if decision is not None:
+                await self._apply_decision(control, state, decision, record, emit)
+            outcome = await self._react(control, state, record, emit)
+            if isinstance(outcome, CardShown):
+                status = spb.MESSAGE_STATUS_AWAITING_CONFIRM
+                metadata = {"card": outcome.card}
+        except (TurnStopped, asyncio.CancelledError) as exc:
+            reason = control.stop_reason or "interrupted"
+            if isinstance(exc, asyncio.CancelledError):
+                control.request_stop("the service is shutting down", shutdown=True)
+                reason = control.stop_reason or reason
+            state.shutdown_interrupted = control.shutdown
+            status = spb.MESSAGE_STATUS_INTERRUPTED
+            outcome = Cancelled(record.record_id, reason)
+        except ModelError as exc:
+            failure = errors.Unavailable(f"the model failed: {exc}")
+            status = spb.MESSAGE_STATUS_ERROR
+            outcome = Cancelled(record.record_id, str(failure))
+        writes = [
+            *writes,
+            spb.MessageWrite(
+                update=spb.MessageUpdate(
+                    message_id=record.record_id,
+                    status=status,
+                    blocks_json=_blocks_json(record.blocks),
+                    metadata_json=json.dumps(metadata, ensure_ascii=False).encode(),
+                )
+            ),
+        ]
+        # Shielded: an interrupted turn still saves what it completed.
+        save = asyncio.ensure_future(
+            self.state.save(control.user_id, control.conversation_id, state, version, writes)
+        )
+        try:
+            await asyncio.shield(save)
+        except asyncio.CancelledError:
+            await save
+        except errors.AgentError as exc:
+            await self._mark_record_failed(control, record)
+            await emit(Delta(DeltaKind.ERROR, f"保存会话状态失败：{exc}"))
+            raise
+        if failure is not None:
+            await emit(Delta(DeltaKind.ERROR, str(failure)))
+            raise failure
+        await emit(outcome)
+        await emit(Done())
+
+    async def _mark_record_failed(self, control: TurnControl, record: _TurnRecord) -> None:
+        with contextlib.suppress(errors.AgentError):
+            await self.state.update_message(
+                control.user_id,
+                control.conversation_id,
+                spb.MessageUpdate(
+                    message_id=record.record_id,
+                    status=spb.MESSAGE_STATUS_ERROR,
+                    blocks_json=_blocks_json(record.blocks),
+                ),
+            )
+
+    async def _apply_decision(
+        self,
+        control: TurnControl,
+        state: AgentState,
+        decision: Msg,
+        record: _TurnRecord,
+        emit: Emit,
+    ) -> None:
+        """Answer the card's pending calls: run the approved ones, deny the rest."""
+        approved = {
+            item["call_id"]: bool(item["approved"])
+            for item in decision.metadata.get(CONFIRM_RESULTS_KEY, [])
+        }
+        for _, call in state.pending_calls():
+            if approved.get(call.id):
+                result = await self._run_tool(control, call, emit)
+            else:
+                result = ToolResultBlock.of_text(
+                    call.id, call.name, ToolResultState.DENIED, PERMISSION_DENIED_TEXT
+                )
+                await emit(ToolStatus(call.id, call.name, CallStatus.DENIED, call.input))
+            # The stored tool_use keeps its `asking` state; the result settles it.
+            state.context.append(Msg(role=Role.TOOL, content=[result]))
+            record.add(result)
+
+    async def _react(
+        self, control: TurnControl, state: AgentState, record: _TurnRecord, emit: Emit
+    ) -> Finished | CardShown:
+        for step in range(1, self.settings.max_steps + 1):
+            control.checkpoint()
+            state.cur_iter = step
+            assistant = await self._model_step(control, state, record, emit)
+            calls = assistant.blocks_of(ToolUseBlock)
+            if not calls:
+                state.context.append(assistant)
+                return Finished(record.record_id)
+            asking = [c for c in calls if self.tools.needs_confirmation(c.name)]
+            results: list[ToolResultBlock] = []
+            for call in calls:
+                if call in asking:
+                    call.state = ToolUseState.ASKING
+                    continue
+                call.state = ToolUseState.ALLOWED
+                results.append(await self._run_tool(control, call, emit))
+            # The assistant message and its results enter the context together,
+            # so a stop between steps never leaves a half-finished cycle.
+            state.context.append(assistant)
+            for result in results:
+                state.context.append(Msg(role=Role.TOOL, content=[result]))
+                record.add(result)
+            if asking:
+                return await self._show_card(state, assistant, asking, record, emit)
+        text = "这个问题需要的步骤太多，我先停在这里。"
+        state.context.append(Msg(role=Role.ASSISTANT, content=[TextBlock(text)]))
+        record.add(TextBlock(text))
+        await emit(Delta(DeltaKind.RESPONSE, text))
+        return Finished(record.record_id)
+
+    async def _model_step(
+        self, control: TurnControl, state: AgentState, record: _TurnRecord, emit: Emit
+    ) -> Msg:
+        # Middlewares get a copy: what they change is never stored.
+        context = copy.deepcopy(state.context)
+        for middleware in self.middlewares:
+            context = middleware(context)
+        request = ModelRequest(
+            system_prompt=self.system_prompt,
+            context=context,
+            tools=self.tools.specs(),
+            summary=state.summary,
+        )
+        thinking: list[str] = []
+        text: list[str] = []
+        calls: list[ToolCall] = []
+        usage: dict[str, int] | None = None
+        async for event in self.model.stream(request):
+            control.checkpoint()
+            if isinstance(event, ThinkingDelta):
+                thinking.append(event.text)
+                await emit(Delta(DeltaKind.THINKING, event.text))
+            elif isinstance(event, TextDelta):
+                text.append(event.text)
+                await emit(Delta(DeltaKind.RESPONSE, event.text))
+            elif isinstance(event, ToolCall):
+                calls.append(event)
+            elif isinstance(event, Usage):
+                usage = {"input_tokens": event.input_tokens, "output_tokens": event.output_tokens}
+        content: list[Block] = []
+        if thinking:
+            content.append(ThinkingBlock("".join(thinking)))
+        if text:
+            content.append(TextBlock("".join(text)))
+        for call in calls:
+            content.append(ToolUseBlock(call.id, call.name, dict(call.arguments)))
+        for block in content:
+            record.add(block)
+        return Msg(role=Role.ASSISTANT, content=content, usage=usage)
+
+    async def _run_tool(
+        self, control: TurnControl, call: ToolUseBlock, emit: Emit
+    ) -> ToolResultBlock:
+        await emit(ToolStatus(call.id, call.name, CallStatus.RUNNING, call.input))
+        tool = self.tools.get(call.name)
+        if tool is None:
+            text, ok = f"没有名为 {call.name} 的工具。", False
+        else:
+            try:
+                arguments = check_arguments(tool.spec, call.input)
+                output = await tool.run(
+                    arguments, ToolContext(control.user_id, control.conversation_id, call.id)
+                )
+                text, ok = output.text, output.ok
+            except ArgumentError as exc:
+                text, ok = f"参数错误：{exc}", False
+            except Exception as exc:  # a tool's bug must not kill the turn
+                log.exception("tool %s failed", call.name)
+                text, ok = f"工具出错：{exc}", False
+        state = ToolResultState.SUCCESS if ok else ToolResultState.ERROR
+        await emit(
+            ToolStatus(
+                call.id,
+                call.name,
+                CallStatus.SUCCEEDED if ok else CallStatus.FAILED,
+                call.input,
+                summary=text[:200],
+            )
+        )
+        return ToolResultBlock.of_text(call.id, call.name, state, text)
+
+    async def _show_card(
+        self,
+        state: AgentState,
+        assistant: Msg,
+        asking: list[ToolUseBlock],
+        record: _TurnRecord,
+        emit: Emit,
+    ) -> CardShown:
+        expires = _now() + timedelta(seconds=self.settings.card_ttl_seconds)
+        calls = []
+        for call in asking:
+            tool = self.tools.get(call.name)
+            assert tool is not None
+            calls.append(
+                CardCall(
+                    call_id=call.id,
+                    name=call.name,
+                    title=tool.card_title(call.input) or call.name,
+                    fields=tool.card_fields(call.input),
+                    arguments=call.input,
+                )
+            )
+            await emit(ToolStatus(call.id, call.name, CallStatus.ASKING, call.input))
+        title = calls[0].title if len(calls) == 1 else f"{len(calls)} 个操作需要确认"
+        card = {
+            "record_id": record.record_id,
+            "title": title,
+            "expires_at": expires.isoformat(),
+            "status": "pending",
+            "calls": [
+                {"call_id": c.call_id, "name": c.name, "title": c.title, "fields": c.fields}
+                for c in calls
+            ],
+        }
+        assistant.metadata[CARD_METADATA_KEY] = card
+        return CardShown(record.record_id, title, calls, expires, card)

@@ -1,0 +1,145 @@
+"""Assemble and run the agent service: state client, model, tools, runtime, gRPC."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from typing import Any
+
+import grpc
+
+from agent_service.config import AgentServiceSettings
+from agent_service.model.base import ChatModel
+from agent_service.model.scripted import ScriptedOrderModel
+from agent_service.orders.base import OrderSystem
+from agent_service.orders.memory import MemoryOrderSystem
+from agent_service.orders.postgres import PostgresOrderSystem
+from agent_service.runtime import RuntimeSettings, TurnRegistry, TurnRunner
+from agent_service.servicer import AgentServicer
+from agent_service.state_client import StateClient
+from agent_service.tools.orders import cancel_order_tool, query_order_tool
+from agent_service.tools.registry import ToolRegistry
+from agent_service.tools.skills import load_skill_tool
+from agentstate.agent.v1 import agent_service_pb2 as pb
+from agentstate.agent.v1 import agent_service_pb2_grpc as pb_grpc
+from agentstate.common.grpc_server import (
+    add_health_and_reflection,
+    bind,
+    create_server,
+    install_stop_signals,
+    set_serving,
+)
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["AgentService"].full_name
+# After the grace period, interrupted turns get this long to save before being cancelled.
+_INTERRUPT_SAVE_SECONDS = 5.0
+
+
+def build_model(settings: AgentServiceSettings) -> ChatModel:
+    if settings.model == "openai":
+        from agent_service.model.openai_compat import OpenAICompatModel
+
+        return OpenAICompatModel.from_env(os.environ)
+    return ScriptedOrderModel(settings.scripted_step_delay_seconds)
+
+
+def build_tools(orders: OrderSystem) -> ToolRegistry:
+    return ToolRegistry([load_skill_tool(), query_order_tool(orders), cancel_order_tool(orders)])
+
+
+class AgentServiceApp:
+    def __init__(self, settings: AgentServiceSettings, model: ChatModel | None = None) -> None:
+        self.settings = settings
+        self._model = model
+        self.registry = TurnRegistry()
+        self.orders: OrderSystem | None = None
+        self._channel: grpc.aio.Channel | None = None
+        self._server: grpc.aio.Server | None = None
+        self._health: Any = None
+
+    async def start(self) -> str:
+        settings = self.settings
+        limit = settings.grpc_max_message_bytes
+        self._channel = grpc.aio.insecure_channel(
+            settings.state_address,
+            options=[
+                ("grpc.max_receive_message_length", limit),
+                ("grpc.max_send_message_length", limit),
+            ],
+        )
+        state = StateClient(self._channel, timeout_seconds=settings.state_timeout_seconds)
+        if settings.orders_database_url:
+            self.orders = PostgresOrderSystem(settings.orders_database_url)
+        else:
+            self.orders = MemoryOrderSystem()
+        await self.orders.open()
+        runner = TurnRunner(
+            state=state,
+            model=self._model or build_model(settings),
+            tools=build_tools(self.orders),
+            settings=RuntimeSettings(
+                holder=settings.replica_name,
+                lease_ttl_ms=int(settings.lease_ttl_seconds * 1000),
+                lease_renew_seconds=settings.lease_renew_seconds,
+                max_turns_per_user=settings.max_turns_per_user,
+                card_ttl_seconds=settings.card_ttl_seconds,
+                max_steps=settings.max_steps,
+            ),
+            registry=self.registry,
+        )
+        server = create_server(max_message_bytes=limit)
+        pb_grpc.add_AgentServiceServicer_to_server(AgentServicer(runner), server)
+        self._health = add_health_and_reflection(server, [SERVICE_NAME])
+        address = bind(server, settings.listen_address)
+        await server.start()
+        self._server = server
+        await set_serving(self._health, [SERVICE_NAME])
+        log.info(
+            "agent service listening on %s (state service %s, model %s)",
+            address,
+            settings.state_address,
+            settings.model,
+        )
+        return address
+
+    async def stop(self) -> None:
+        """Stop taking turns; let running ones finish within the grace period;
+        interrupt the rest (they save their state with shutdown_interrupted=true)."""
+        self.registry.draining = True
+        if self._health is not None:
+            await self._health.enter_graceful_shutdown()
+        tasks = [task for _, task in self.registry.running()]
+        if tasks:
+            log.info(
+                "waiting up to %ss for %d running turns",
+                self.settings.shutdown_grace_seconds,
+                len(tasks),
+            )
+            _, pending = await asyncio.wait(tasks, timeout=self.settings.shutdown_grace_seconds)
+            if pending:
+                for control, _ in self.registry.running():
+                    control.request_stop("the service is shutting down", shutdown=True)
+                _, pending = await asyncio.wait(pending, timeout=_INTERRUPT_SAVE_SECONDS)
+            for task in pending:  # stuck in a model or tool call: cancel; it still saves
+                task.cancel()
+            if pending:
+                await asyncio.wait(pending, timeout=_INTERRUPT_SAVE_SECONDS)
+        if self._server is not None:
+            await self._server.stop(2.0)  # lets the last events of interrupted turns go out
+        if self.orders is not None:
+            await self.orders.close()
+        if self._channel is not None:
+            await self._channel.close(None)
+        log.info("agent service stopped")
+
+
+async def serve(settings: AgentServiceSettings) -> None:
+    stop = asyncio.Event()
+    install_stop_signals(stop)
+    app = AgentServiceApp(settings)
+    await app.start()
+    await stop.wait()
+    await app.stop()

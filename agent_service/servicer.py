@@ -1,0 +1,280 @@
+"""AgentService servicer: protobuf in, runtime calls, protobuf events out."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from agent_service import errors
+from agent_service.events import (
+    CallStatus,
+    Cancelled,
+    CardShown,
+    Delta,
+    DeltaKind,
+    Done,
+    Emit,
+    Finished,
+    Hint,
+    Meta,
+    ToolStatus,
+    TurnEvent,
+)
+from agent_service.runtime import TurnRunner
+from agentstate.agent.v1 import agent_service_pb2 as pb
+from agentstate.agent.v1 import agent_service_pb2_grpc as pb_grpc
+from agentstate.state.v1 import state_service_pb2 as spb
+
+log = logging.getLogger(__name__)
+
+USER_ID_METADATA_KEY = "agentstate-user-id"
+
+Context = grpc.aio.ServicerContext[Any, Any]
+Response = TypeVar("Response")
+
+_STATUS_CODES: dict[type[errors.AgentError], grpc.StatusCode] = {
+    errors.InvalidInput: grpc.StatusCode.INVALID_ARGUMENT,
+    errors.Unauthenticated: grpc.StatusCode.UNAUTHENTICATED,
+    errors.NotFound: grpc.StatusCode.NOT_FOUND,
+    errors.Conflict: grpc.StatusCode.FAILED_PRECONDITION,
+    errors.StateVersionConflict: grpc.StatusCode.ABORTED,
+    errors.LimitReached: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    errors.Unavailable: grpc.StatusCode.UNAVAILABLE,
+    errors.InternalError: grpc.StatusCode.INTERNAL,
+}
+
+_DELTA_TYPES = {
+    DeltaKind.THINKING: pb.MESSAGE_TYPE_THINKING,
+    DeltaKind.RESPONSE: pb.MESSAGE_TYPE_RESPONSE,
+    DeltaKind.ERROR: pb.MESSAGE_TYPE_ERROR,
+}
+_CALL_STATUSES = {
+    CallStatus.RUNNING: pb.TOOL_CALL_STATUS_RUNNING,
+    CallStatus.SUCCEEDED: pb.TOOL_CALL_STATUS_SUCCEEDED,
+    CallStatus.FAILED: pb.TOOL_CALL_STATUS_FAILED,
+    CallStatus.ASKING: pb.TOOL_CALL_STATUS_ASKING,
+    CallStatus.DENIED: pb.TOOL_CALL_STATUS_DENIED,
+    CallStatus.INTERRUPTED: pb.TOOL_CALL_STATUS_INTERRUPTED,
+}
+
+
+def user_id_of(context: Context) -> str:
+    for key, value in context.invocation_metadata() or ():
+        if key == USER_ID_METADATA_KEY:
+            user_id = value if isinstance(value, str) else value.decode()
+            if not user_id or len(user_id) > 128 or not user_id.isprintable():
+                raise errors.InvalidInput(
+                    f"{USER_ID_METADATA_KEY} must be 1..128 printable characters"
+                )
+            return user_id
+    raise errors.Unauthenticated(f"the request metadata carries no {USER_ID_METADATA_KEY}")
+
+
+def _json(value: Any) -> bytes:
+    return json.dumps(value, ensure_ascii=False).encode()
+
+
+def event_to_pb(event: TurnEvent) -> pb.TurnEvent:
+    if isinstance(event, Meta):
+        return pb.TurnEvent(
+            meta=pb.MetaEvent(
+                conversation_id=event.conversation_id,
+                task_id=event.task_id,
+                new_conversation=event.new_conversation,
+            )
+        )
+    if isinstance(event, Delta):
+        return pb.TurnEvent(
+            message=pb.MessageEvent(type=_DELTA_TYPES[event.kind], delta=event.text)
+        )
+    if isinstance(event, ToolStatus):
+        return pb.TurnEvent(
+            block=pb.BlockEvent(
+                call_id=event.call_id,
+                tool_name=event.name,
+                status=_CALL_STATUSES[event.status],
+                arguments_json=_json(event.arguments),
+                summary=event.summary,
+            )
+        )
+    if isinstance(event, Hint):
+        return pb.TurnEvent(hint=pb.HintEvent(text=event.text))
+    if isinstance(event, Finished):
+        return pb.TurnEvent(
+            finish=pb.FinishEvent(message_id=event.message_id, status=spb.MESSAGE_STATUS_NORMAL)
+        )
+    if isinstance(event, CardShown):
+        expire = Timestamp()
+        expire.FromDatetime(event.expire_time)
+        return pb.TurnEvent(
+            confirm=pb.ConfirmEvent(
+                message_id=event.message_id,
+                title=event.title,
+                expire_time=expire,
+                calls=[
+                    pb.ConfirmCall(
+                        call_id=call.call_id,
+                        tool_name=call.name,
+                        title=call.title,
+                        display_fields=[
+                            pb.DisplayField(label=label, value=value)
+                            for label, value in call.fields
+                        ],
+                        arguments_json=_json(call.arguments),
+                    )
+                    for call in event.calls
+                ],
+            )
+        )
+    if isinstance(event, Cancelled):
+        return pb.TurnEvent(cancel=pb.CancelEvent(message_id=event.message_id, reason=event.reason))
+    return pb.TurnEvent(done=pb.DoneEvent())
+
+
+def _grpc_errors(
+    handler: Callable[[Any, Any, Context], Awaitable[Response]],
+) -> Callable[[Any, Any, Context], Awaitable[Response]]:
+    @functools.wraps(handler)
+    async def wrapper(self: Any, request: Any, context: Context) -> Response:
+        try:
+            return await handler(self, request, context)
+        except errors.AgentError as exc:
+            await context.abort(_STATUS_CODES.get(type(exc), grpc.StatusCode.INTERNAL), str(exc))
+            raise  # unreachable: abort raises
+
+    return wrapper
+
+
+class AgentServicer(pb_grpc.AgentServiceServicer):
+    def __init__(self, runner: TurnRunner) -> None:
+        self._runner = runner
+
+    async def _stream_turn(
+        self, context: Context, run: Callable[[Emit], Awaitable[None]]
+    ) -> AsyncIterator[pb.TurnEvent]:
+        """Run a turn as its own task and stream its events.
+
+        The turn is not tied to the call: if the client goes away, the turn
+        still finishes and saves.
+        """
+        queue: asyncio.Queue[TurnEvent | None] = asyncio.Queue()
+
+        async def emit(event: TurnEvent) -> None:
+            await queue.put(event)
+
+        async def turn() -> None:
+            try:
+                await run(emit)
+            finally:
+                await queue.put(None)
+
+        task = asyncio.create_task(turn())
+        while True:
+            event = await queue.get()
+            if event is None:
+                break
+            yield event_to_pb(event)
+            if isinstance(event, Done):
+                break
+        await asyncio.wait([task])
+        exc = None if task.cancelled() else task.exception()
+        if isinstance(exc, errors.AgentError):
+            await context.abort(_STATUS_CODES.get(type(exc), grpc.StatusCode.INTERNAL), str(exc))
+        if exc is not None:
+            log.error("turn failed", exc_info=exc)
+            await context.abort(grpc.StatusCode.INTERNAL, f"the turn failed: {exc}")
+
+    async def Chat(
+        self, request: pb.ChatRequest, context: Context
+    ) -> AsyncIterator[pb.ChatResponse]:
+        try:
+            user_id = user_id_of(context)
+        except errors.AgentError as exc:
+            await context.abort(_STATUS_CODES[type(exc)], str(exc))
+        stream = self._stream_turn(
+            context,
+            lambda emit: self._runner.chat(
+                user_id, request.conversation_id, request.question, emit
+            ),
+        )
+        async for event in stream:
+            yield pb.ChatResponse(event=event)
+
+    async def Confirm(
+        self, request: pb.ConfirmRequest, context: Context
+    ) -> AsyncIterator[pb.ConfirmResponse]:
+        try:
+            user_id = user_id_of(context)
+        except errors.AgentError as exc:
+            await context.abort(_STATUS_CODES[type(exc)], str(exc))
+        stream = self._stream_turn(
+            context,
+            lambda emit: self._runner.confirm(
+                user_id, request.conversation_id, request.message_id, request.approved, emit
+            ),
+        )
+        async for event in stream:
+            yield pb.ConfirmResponse(event=event)
+
+    @_grpc_errors
+    async def Stop(self, request: pb.StopRequest, context: Context) -> pb.StopResponse:
+        if not request.task_id:
+            raise errors.InvalidInput("task_id is required")
+        conversation_id = await self._runner.stop(user_id_of(context), request.task_id)
+        return pb.StopResponse(conversation_id=conversation_id)
+
+    @_grpc_errors
+    async def ListConversations(
+        self, request: pb.ListConversationsRequest, context: Context
+    ) -> pb.ListConversationsResponse:
+        page = await self._runner.state.list_conversations(
+            user_id_of(context), request.page_size, request.page_token
+        )
+        return pb.ListConversationsResponse(
+            conversations=page.conversations, next_page_token=page.next_page_token
+        )
+
+    @_grpc_errors
+    async def ListMessages(
+        self, request: pb.ListMessagesRequest, context: Context
+    ) -> pb.ListMessagesResponse:
+        page = await self._runner.state.list_messages(
+            user_id_of(context), request.conversation_id, request.page_size, request.page_token
+        )
+        return pb.ListMessagesResponse(messages=page.messages, next_page_token=page.next_page_token)
+
+    @_grpc_errors
+    async def RenameConversation(
+        self, request: pb.RenameConversationRequest, context: Context
+    ) -> pb.RenameConversationResponse:
+        conversation = await self._runner.state.rename_conversation(
+            user_id_of(context), request.conversation_id, request.title
+        )
+        return pb.RenameConversationResponse(conversation=conversation)
+
+    @_grpc_errors
+    async def DeleteConversation(
+        self, request: pb.DeleteConversationRequest, context: Context
+    ) -> pb.DeleteConversationResponse:
+        deleted = await self._runner.state.delete_conversations(
+            user_id_of(context), [request.conversation_id]
+        )
+        return pb.DeleteConversationResponse(messages_deleted=deleted.messages_deleted)
+
+    @_grpc_errors
+    async def BatchDeleteConversations(
+        self, request: pb.BatchDeleteConversationsRequest, context: Context
+    ) -> pb.BatchDeleteConversationsResponse:
+        deleted = await self._runner.state.delete_conversations(
+            user_id_of(context), list(request.conversation_ids)
+        )
+        return pb.BatchDeleteConversationsResponse(
+            conversations_deleted=deleted.conversations_deleted
+        )

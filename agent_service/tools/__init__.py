@@ -1,0 +1,1 @@
+"""Tools the agent may call, with their permissions."""

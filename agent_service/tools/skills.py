@@ -1,0 +1,46 @@
+"""load_skill: handbooks shipped as Markdown files that the model loads on demand."""
+
+from __future__ import annotations
+
+from importlib import resources
+from typing import Any
+
+from agent_service.model.base import ToolSpec
+from agent_service.tools.registry import Tool, ToolContext, ToolOutput
+
+SKILLS_PACKAGE = "agent_service.skills"
+
+
+def available_skills() -> dict[str, str]:
+    """Skill name (file stem) -> handbook text."""
+    skills: dict[str, str] = {}
+    for entry in resources.files(SKILLS_PACKAGE).iterdir():
+        if entry.name.endswith(".md"):
+            skills[entry.name.removesuffix(".md")] = entry.read_text(encoding="utf-8")
+    return skills
+
+
+def load_skill_tool(skills: dict[str, str] | None = None) -> Tool:
+    handbooks = available_skills() if skills is None else skills
+    names = ", ".join(sorted(handbooks))
+
+    async def run(args: dict[str, Any], context: ToolContext) -> ToolOutput:
+        name = str(args["name"])
+        text = handbooks.get(name)
+        if text is None:
+            return ToolOutput(f"没有名为 {name!r} 的手册。可用的手册：{names}", ok=False)
+        return ToolOutput(text)
+
+    return Tool(
+        spec=ToolSpec(
+            name="load_skill",
+            description=f"加载一本业务处理手册，按手册的步骤办事。可用的手册：{names}",
+            parameters={
+                "type": "object",
+                "properties": {"name": {"type": "string", "description": "手册名"}},
+                "required": ["name"],
+                "additionalProperties": False,
+            },
+        ),
+        run=run,
+    )
