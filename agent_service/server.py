@@ -10,6 +10,7 @@ from typing import Any
 import grpc
 
 from agent_service.config import AgentServiceSettings
+from agent_service.middleware import DEFAULT_MIDDLEWARES, ContextMiddleware
 from agent_service.model.base import ChatModel
 from agent_service.model.scripted import ScriptedOrderModel
 from agent_service.orders.base import OrderSystem
@@ -51,9 +52,15 @@ def build_tools(orders: OrderSystem) -> ToolRegistry:
 
 
 class AgentServiceApp:
-    def __init__(self, settings: AgentServiceSettings, model: ChatModel | None = None) -> None:
+    def __init__(
+        self,
+        settings: AgentServiceSettings,
+        model: ChatModel | None = None,
+        middlewares: tuple[ContextMiddleware, ...] | None = None,
+    ) -> None:
         self.settings = settings
         self._model = model
+        self._middlewares = DEFAULT_MIDDLEWARES if middlewares is None else middlewares
         self.registry = TurnRegistry()
         self.orders: OrderSystem | None = None
         self._channel: grpc.aio.Channel | None = None
@@ -68,6 +75,11 @@ class AgentServiceApp:
             options=[
                 ("grpc.max_receive_message_length", limit),
                 ("grpc.max_send_message_length", limit),
+                # The sidecar restarting is routine: reconnect quickly, not after gRPC's
+                # default backoff of up to two minutes.
+                ("grpc.initial_reconnect_backoff_ms", 100),
+                ("grpc.min_reconnect_backoff_ms", 100),
+                ("grpc.max_reconnect_backoff_ms", 2000),
             ],
         )
         state = StateClient(self._channel, timeout_seconds=settings.state_timeout_seconds)
@@ -89,6 +101,7 @@ class AgentServiceApp:
                 max_steps=settings.max_steps,
             ),
             registry=self.registry,
+            middlewares=self._middlewares,
         )
         server = create_server(max_message_bytes=limit)
         pb_grpc.add_AgentServiceServicer_to_server(AgentServicer(runner), server)

@@ -24,9 +24,9 @@ from typing import Any
 
 import grpc
 
+from agentstate.common.service_process import ServiceProcess
 from agentstate.state.v1 import state_service_pb2 as pb
 from agentstate.state.v1 import state_service_pb2_grpc as pb_grpc
-from tests.processes import ServiceProcess
 from tests.source_example import source_agent_state
 
 

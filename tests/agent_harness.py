@@ -13,6 +13,7 @@ import grpc
 
 from agent_service.agent_state import AgentState
 from agent_service.config import AgentServiceSettings
+from agent_service.middleware import ContextMiddleware
 from agent_service.model.base import ChatModel, ModelEvent, ModelRequest
 from agent_service.model.scripted import ScriptedOrderModel
 from agent_service.server import AgentServiceApp
@@ -68,9 +69,7 @@ class Turn:
 
     @property
     def reply(self) -> str:
-        return "".join(
-            m.delta for m in self.of("message") if m.type == pb.MESSAGE_TYPE_RESPONSE
-        )
+        return "".join(m.delta for m in self.of("message") if m.type == pb.MESSAGE_TYPE_RESPONSE)
 
     @property
     def card(self) -> pb.ConfirmEvent:
@@ -81,10 +80,11 @@ def metadata(user_id: str) -> tuple[tuple[str, str], ...]:
     return ((USER_ID_METADATA_KEY, user_id),)
 
 
-async def collect(call: Any) -> Turn:
-    turn = Turn()
+async def collect(call: Any, turn: Turn | None = None) -> Turn:
+    """Read a streaming call to its end (with read(), so it may already be partly read)."""
+    turn = turn or Turn()
     try:
-        async for response in call:
+        while (response := await call.read()) is not grpc.aio.EOF:  # type: ignore[attr-defined]
             turn.events.append(response.event)
     except grpc.aio.AioRpcError as exc:
         turn.code = exc.code()
@@ -183,9 +183,14 @@ class Stack:
         await self.state_app.stop()
         self.state_app = None
 
-    async def start_agent(self, model: ChatModel | None = None, **overrides: Any) -> AgentClient:
+    async def start_agent(
+        self,
+        model: ChatModel | None = None,
+        middlewares: tuple[ContextMiddleware, ...] | None = None,
+        **overrides: Any,
+    ) -> AgentClient:
         settings = replace(self.agent_settings, **overrides)
-        app = AgentServiceApp(settings, model=model)
+        app = AgentServiceApp(settings, model=model, middlewares=middlewares)
         client = AgentClient(await app.start())
         self.agents.append((app, client))
         return client

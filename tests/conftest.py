@@ -16,10 +16,10 @@ from agentstate.common.embedded_postgres import EmbeddedPostgres
 from agentstate.common.grpc_server import bind, create_server
 from agentstate.state.v1 import state_service_pb2_grpc as pb_grpc
 from state_service.servicer import StateServicer
-from tests.agent_harness import Stack
 from state_service.storage.base import StateStore
 from state_service.storage.memory import MemoryStore
 from state_service.storage.postgres import PostgresStore
+from tests.agent_harness import Stack
 
 TEST_MAX_PAYLOAD_BYTES = 1024 * 1024
 

@@ -1,4 +1,7 @@
-"""Running the services as real processes, the way a pod runs its containers."""
+"""Running a service as a child process and learning its address from its log.
+
+Used by the demo, the benchmarks and the tests, the way a pod runs its containers.
+"""
 
 from __future__ import annotations
 
@@ -8,11 +11,8 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Mapping
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
 _LISTENING = re.compile(r"listening on (\S+)")
 
 
@@ -23,7 +23,6 @@ class ServiceProcess:
         full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **env}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", module, *args],
-            cwd=REPO,
             env=full_env,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -75,13 +74,3 @@ class ServiceProcess:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(10)
-
-
-def wait_until(predicate: object, timeout: float = 10, interval: float = 0.05) -> None:
-    assert callable(predicate)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(interval)
-    raise AssertionError("condition not met in time")

@@ -1,0 +1,122 @@
+"""The agent service as a real process beside a real state service process: SIGTERM."""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Iterator
+
+import grpc
+import pytest
+
+from agent_service.agent_state import AgentState
+from agentstate.agent.v1 import agent_service_pb2 as pb
+from agentstate.agent.v1 import agent_service_pb2_grpc as pb_grpc
+from agentstate.common.service_process import ServiceProcess
+from agentstate.state.v1 import state_service_pb2 as spb
+from agentstate.state.v1 import state_service_pb2_grpc as spb_grpc
+from tests.agent_harness import metadata
+
+QUESTION = "我的订单88235现在什么状态？"
+
+
+@pytest.fixture
+def state_process(database_url: str) -> Iterator[str]:
+    service = ServiceProcess(
+        "state_service", {"STATE_LISTEN_ADDRESS": "127.0.0.1:0", "DATABASE_URL": database_url}
+    )
+    address = service.wait_ready()
+    yield address
+    assert service.terminate() == 0, service.output
+
+
+def _agent(state_address: str, orders_url: str, **env: str) -> ServiceProcess:
+    return ServiceProcess(
+        "agent_service",
+        {
+            "AGENT_LISTEN_ADDRESS": "127.0.0.1:0",
+            "AGENT_STATE_ADDRESS": state_address,
+            "ORDERS_DATABASE_URL": orders_url,
+            "AGENT_LEASE_RENEW_SECONDS": "0.2",
+            **env,
+        },
+    )
+
+
+def _events(stream: object) -> list[pb.TurnEvent]:
+    return [response.event for response in stream]  # type: ignore[attr-defined]
+
+
+def test_sigterm_lets_short_turns_finish_and_interrupts_long_ones(
+    state_process: str, orders_database_url: str, user_id: str
+) -> None:
+    state = spb_grpc.StateServiceStub(grpc.insecure_channel(state_process))
+
+    # A turn shorter than the grace period finishes normally.
+    agent = _agent(
+        state_process,
+        orders_database_url,
+        AGENT_SCRIPTED_STEP_DELAY_SECONDS="0.4",
+        AGENT_SHUTDOWN_GRACE_SECONDS="10",
+    )
+    with grpc.insecure_channel(agent.wait_ready()) as channel:
+        stream = pb_grpc.AgentServiceStub(channel).Chat(
+            pb.ChatRequest(question=QUESTION), metadata=metadata(user_id)
+        )
+        first = next(stream).event  # type: ignore[call-overload]
+        agent.proc.send_signal(signal.SIGTERM)
+        rest = _events(stream)
+    assert [e.WhichOneof("event") for e in rest][-2:] == ["finish", "done"]
+    assert agent.wait(30) == 0, agent.output
+    conversation_id = first.meta.conversation_id
+
+    # A turn longer than the grace period is interrupted, saved, and its lease released.
+    agent = _agent(
+        state_process,
+        orders_database_url,
+        AGENT_SCRIPTED_STEP_DELAY_SECONDS="2",
+        AGENT_SHUTDOWN_GRACE_SECONDS="0.3",
+    )
+    with grpc.insecure_channel(agent.wait_ready()) as channel:
+        stream = pb_grpc.AgentServiceStub(channel).Chat(
+            pb.ChatRequest(conversation_id=conversation_id, question="那88240呢？"),
+            metadata=metadata(user_id),
+        )
+        next(stream)  # type: ignore[call-overload]
+        agent.proc.send_signal(signal.SIGTERM)
+        rest = _events(stream)
+    kinds = [e.WhichOneof("event") for e in rest]
+    assert kinds[-2:] == ["cancel", "done"], kinds
+    assert "shutting down" in rest[-2].cancel.reason
+    assert agent.wait(30) == 0, agent.output
+
+    stored = state.GetState(spb.GetStateRequest(user_id=user_id, conversation_id=conversation_id))
+    saved = AgentState.decode(stored.payload)
+    assert saved.shutdown_interrupted
+    assert saved.context[-1].text == "那88240呢？"
+    records = state.ListMessages(
+        spb.ListMessagesRequest(user_id=user_id, conversation_id=conversation_id)
+    ).messages
+    assert records[-1].status == spb.MESSAGE_STATUS_INTERRUPTED
+    lease = state.AcquireLease(
+        spb.AcquireLeaseRequest(
+            user_id=user_id, conversation_id=conversation_id, holder="probe", ttl_ms=1000
+        )
+    ).lease
+    state.ReleaseLease(spb.ReleaseLeaseRequest(user_id=user_id, task_id=lease.task_id))
+
+    # The next turn sees the flag, clears it and continues cleanly.
+    agent = _agent(state_process, orders_database_url)
+    with grpc.insecure_channel(agent.wait_ready()) as channel:
+        events = _events(
+            pb_grpc.AgentServiceStub(channel).Chat(
+                pb.ChatRequest(conversation_id=conversation_id, question="那88240呢？"),
+                metadata=metadata(user_id),
+            )
+        )
+    assert agent.terminate() == 0, agent.output
+    kinds = [e.WhichOneof("event") for e in events]
+    assert kinds[0] == "meta" and kinds[1] == "hint" and kinds[-2:] == ["finish", "done"]
+    stored = state.GetState(spb.GetStateRequest(user_id=user_id, conversation_id=conversation_id))
+    saved = AgentState.decode(stored.payload)
+    assert not saved.shutdown_interrupted
+    assert "88240" in saved.context[-1].text
