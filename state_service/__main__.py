@@ -25,7 +25,7 @@ async def _migrate(settings: StateServiceSettings) -> None:
     embedded = None
     dsn = settings.database_url
     if not dsn:
-        embedded = EmbeddedPostgres(settings.embedded_pg_dir)
+        embedded = EmbeddedPostgres(settings.embedded_pg_dir, settings.embedded_pg_engine)
         dsn = embedded.start()
     store = PostgresStore(
         dsn, min_size=1, max_size=1, connect_timeout=settings.connect_timeout_seconds

@@ -14,6 +14,7 @@ from agentstate.common.config import (
     env_int,
     env_str,
 )
+from agentstate.common.embedded_postgres import ENGINES
 
 MIB = 1024 * 1024
 
@@ -28,6 +29,9 @@ class StateServiceSettings:
     database_url: str = ""
     # STATE_EMBEDDED_PG_DIR: data directory of the embedded PostgreSQL.
     embedded_pg_dir: str = default_data_dir("pgdata")
+    # STATE_EMBEDDED_PG_ENGINE: auto (system binaries, else the pgserver package),
+    # system or pgserver.
+    embedded_pg_engine: str = "auto"
     # STATE_DB_POOL_MIN_SIZE / STATE_DB_POOL_MAX_SIZE: connection pool bounds.
     pool_min_size: int = 1
     pool_max_size: int = 10
@@ -53,6 +57,9 @@ class StateServiceSettings:
             store=env_choice(env, "STATE_STORE", d.store, ("postgres", "memory")),
             database_url=env_str(env, "DATABASE_URL", d.database_url),
             embedded_pg_dir=env_str(env, "STATE_EMBEDDED_PG_DIR", d.embedded_pg_dir),
+            embedded_pg_engine=env_choice(
+                env, "STATE_EMBEDDED_PG_ENGINE", d.embedded_pg_engine, ENGINES
+            ),
             pool_min_size=env_int(env, "STATE_DB_POOL_MIN_SIZE", d.pool_min_size, minimum=0),
             pool_max_size=env_int(env, "STATE_DB_POOL_MAX_SIZE", d.pool_max_size, minimum=1),
             pool_timeout_seconds=env_float(

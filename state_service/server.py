@@ -71,7 +71,7 @@ class StateServiceApp:
             return MemoryStore()
         dsn = settings.database_url
         if not dsn:
-            self._embedded = EmbeddedPostgres(settings.embedded_pg_dir)
+            self._embedded = EmbeddedPostgres(settings.embedded_pg_dir, settings.embedded_pg_engine)
             dsn = await asyncio.to_thread(self._embedded.start)
         store = PostgresStore(
             dsn,

@@ -240,3 +240,29 @@ async def test_unreachable_database_fails_start() -> None:
     assert code == 2, service.output
     assert "could not connect to the database within 2s" in service.output
     assert "listening on" not in service.output
+
+
+def test_embedded_pgserver_fallback(world_traversable_dir: Path) -> None:
+    """The fallback for machines without PostgreSQL server binaries: the pgserver package."""
+    env = {
+        "STATE_LISTEN_ADDRESS": "127.0.0.1:0",
+        "STATE_EMBEDDED_PG_DIR": str(world_traversable_dir / "pgserver-data"),
+        "STATE_EMBEDDED_PG_ENGINE": "pgserver",
+        "DATABASE_URL": "",
+    }
+    service = ServiceProcess(MODULE, env)
+    address = service.wait_ready()
+    try:
+        with grpc.insecure_channel(address) as channel:
+            stub = pb_grpc.StateServiceStub(channel)
+            cid = stub.CreateConversation(
+                pb.CreateConversationRequest(user_id="u")
+            ).conversation.conversation_id
+            stub.UpsertState(
+                pb.UpsertStateRequest(user_id="u", conversation_id=cid, payload=b'{"a": 1}')
+            )
+            got = stub.GetState(pb.GetStateRequest(user_id="u", conversation_id=cid))
+            assert json.loads(got.payload) == {"a": 1}
+    finally:
+        assert service.terminate() == 0, service.output
+    assert "embedded PostgreSQL (pgserver) started" in service.output

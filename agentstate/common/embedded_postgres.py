@@ -22,6 +22,7 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
+ENGINES = ("auto", "system", "pgserver")
 _SUPERUSER = "postgres"
 _PORT = 5432
 
@@ -66,7 +67,11 @@ def _choose_binaries() -> _Binaries | None:
 class EmbeddedPostgres:
     """Start (initialising on first use) and stop a PostgreSQL server in `data_dir`."""
 
-    def __init__(self, data_dir: str | os.PathLike[str]) -> None:
+    def __init__(self, data_dir: str | os.PathLike[str], engine: str = "auto") -> None:
+        """engine: "auto" (system binaries if installed, else pgserver), "system" or "pgserver"."""
+        if engine not in ENGINES:
+            raise EmbeddedPostgresError(f"unknown engine {engine!r}: use one of {ENGINES}")
+        self.engine = engine
         self.data_dir = Path(data_dir).resolve()
         self._socket_dir: Path | None = None
         self._binaries: _Binaries | None = None
@@ -81,8 +86,10 @@ class EmbeddedPostgres:
 
     def start(self) -> str:
         """Start the server and return a libpq connection string for it."""
-        binaries = _choose_binaries()
+        binaries = None if self.engine == "pgserver" else _choose_binaries()
         if binaries is None:
+            if self.engine == "system":
+                raise EmbeddedPostgresError("no PostgreSQL server binaries (pg_ctl, initdb) found")
             self._dsn = self._start_pgserver()
             return self._dsn
         self._binaries = binaries
@@ -206,7 +213,8 @@ class EmbeddedPostgres:
                 "or set DATABASE_URL"
             ) from exc
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        server = pgserver.get_server(str(self.data_dir), cleanup_mode="stop")
+        get_server = pgserver.get_server  # type: ignore[attr-defined]  # untyped re-export
+        server = get_server(str(self.data_dir), cleanup_mode="stop")
         self._pgserver = server
         uri = server.get_uri()
         log.info("embedded PostgreSQL (pgserver) started in %s", self.data_dir)
