@@ -100,9 +100,11 @@ def main(argv: list[str] | None = None) -> int:
             print(service.output, file=sys.stderr)
         return 1
     finally:
-        for service in reversed(services):
-            service.terminate()
+        codes = [service.terminate() for service in reversed(services)]
         shutil.rmtree(workdir, ignore_errors=True)
+    if any(codes):
+        print(f"agentstate-demo: a service exited with {codes}", file=sys.stderr)
+        return 1
     print(f"\ndone in {time.monotonic() - started:.1f}s; both services stopped cleanly.")
     return 0
 
