@@ -43,6 +43,17 @@ class AgentServiceSettings:
     shutdown_grace_seconds: float = 10.0
     # AGENT_GRPC_MAX_MESSAGE_BYTES: gRPC message limit (server and state client).
     grpc_max_message_bytes: int = 16 * MIB
+    # AGENT_CONTEXT_BUDGET_TOKENS: the model's context budget.
+    context_budget_tokens: int = 32_000
+    # AGENT_TOKENIZER: auto (by model family), o200k_base, cl100k_base or estimate.
+    tokenizer: str = "auto"
+    # AGENT_TRIM_AT / AGENT_COMPACT_AT: shares of the budget that start trimming / compaction.
+    trim_at: float = 0.5
+    compact_at: float = 0.8
+    # AGENT_KEEP_TOOL_CYCLES: finished tool cycles never trimmed, besides the current turn.
+    keep_tool_cycles: int = 3
+    # AGENT_STATE_MAX_BYTES: largest state the agent saves (keep <= STATE_MAX_PAYLOAD_BYTES).
+    state_max_bytes: int = 8 * MIB
     # ORDERS_DATABASE_URL: the demo order system's PostgreSQL; empty = in memory.
     orders_database_url: str = ""
 
@@ -81,7 +92,22 @@ class AgentServiceSettings:
                 env, "AGENT_GRPC_MAX_MESSAGE_BYTES", d.grpc_max_message_bytes, minimum=1024
             ),
             orders_database_url=env_str(env, "ORDERS_DATABASE_URL", d.orders_database_url),
+            context_budget_tokens=env_int(
+                env, "AGENT_CONTEXT_BUDGET_TOKENS", d.context_budget_tokens, minimum=1000
+            ),
+            tokenizer=env_choice(
+                env,
+                "AGENT_TOKENIZER",
+                d.tokenizer,
+                ("auto", "o200k_base", "cl100k_base", "estimate"),
+            ),
+            trim_at=env_float(env, "AGENT_TRIM_AT", d.trim_at, minimum=0.05),
+            compact_at=env_float(env, "AGENT_COMPACT_AT", d.compact_at, minimum=0.1),
+            keep_tool_cycles=env_int(env, "AGENT_KEEP_TOOL_CYCLES", d.keep_tool_cycles),
+            state_max_bytes=env_int(env, "AGENT_STATE_MAX_BYTES", d.state_max_bytes, minimum=4096),
         )
+        if not settings.trim_at < settings.compact_at <= 1.0:
+            raise ConfigError("need AGENT_TRIM_AT < AGENT_COMPACT_AT <= 1")
         if settings.lease_renew_seconds >= settings.lease_ttl_seconds:
             raise ConfigError(
                 "AGENT_LEASE_RENEW_SECONDS must be shorter than AGENT_LEASE_TTL_SECONDS"

@@ -33,6 +33,7 @@ from agent_service.agent_state import (
     ToolUseBlock,
     ToolUseState,
 )
+from agent_service.context.manager import CompactionDone, ContextManager
 from agent_service.events import (
     CallStatus,
     Cancelled,
@@ -59,6 +60,7 @@ from agent_service.model.base import (
 )
 from agent_service.state_client import StateClient
 from agent_service.tools.registry import ArgumentError, ToolContext, ToolRegistry, check_arguments
+from agent_service.tools.skills import active_skills
 from agentstate.state.v1 import state_service_pb2 as spb
 
 log = logging.getLogger(__name__)
@@ -131,10 +133,13 @@ class TurnRegistry:
 
 @dataclass
 class _TurnRecord:
-    """The assistant message record of this turn: what the user sees."""
+    """The assistant message record of this turn (what the user sees), and what
+    context management did during the turn."""
 
     record_id: str
     blocks: list[dict[str, Any]] = field(default_factory=list)
+    compactions: list[CompactionDone] = field(default_factory=list)
+    context_seconds: float = 0.0
 
     def add(self, block: Block) -> None:
         self.blocks.append(block.to_json())
@@ -170,10 +175,12 @@ class TurnRunner:
         tools: ToolRegistry,
         settings: RuntimeSettings,
         registry: TurnRegistry,
+        context: ContextManager,
         middlewares: tuple[ContextMiddleware, ...] = DEFAULT_MIDDLEWARES,
         system_prompt: str = SYSTEM_PROMPT,
     ) -> None:
         self.state = state
+        self.context = context
         self.model = model
         self.tools = tools
         self.settings = settings
@@ -431,9 +438,29 @@ class TurnRunner:
                 )
             ),
         ]
+        try:
+            # Never send the state service more than it accepts.
+            record.compactions += await self.context.fit_for_save(state)
+        except errors.LimitReached as exc:
+            await self._mark_record_failed(control, record)
+            await emit(Delta(DeltaKind.ERROR, str(exc)))
+            raise
+        compactions = [
+            spb.CompactionRecord(
+                messages_before=c.messages_before,
+                messages_after=c.messages_after,
+                tokens_before=c.tokens_before,
+                tokens_after=c.tokens_after,
+                summary_chars=c.summary_chars,
+                reason=c.reason,
+            )
+            for c in record.compactions
+        ]
         # Shielded: an interrupted turn still saves what it completed.
         save = asyncio.ensure_future(
-            self.state.save(control.user_id, control.conversation_id, state, version, writes)
+            self.state.save(
+                control.user_id, control.conversation_id, state, version, writes, compactions
+            )
         )
         try:
             await asyncio.shield(save)
@@ -499,12 +526,13 @@ class TurnRunner:
                 return Finished(record.record_id)
             asking = [c for c in calls if self.tools.needs_confirmation(c.name)]
             results: list[ToolResultBlock] = []
+            active = active_skills(state.context)
             for call in calls:
                 if call in asking:
                     call.state = ToolUseState.ASKING
                     continue
                 call.state = ToolUseState.ALLOWED
-                results.append(await self._run_tool(control, call, emit))
+                results.append(await self._run_tool(control, call, emit, active))
             # The assistant message and its results enter the context together,
             # so a stop between steps never leaves a half-finished cycle.
             state.context.append(assistant)
@@ -522,6 +550,13 @@ class TurnRunner:
     async def _model_step(
         self, control: TurnControl, state: AgentState, record: _TurnRecord, emit: Emit
     ) -> Msg:
+        tools = self.tools.specs(active_skills(state.context))
+        report = await self.context.prepare(state, tools)
+        record.context_seconds += report.trim_seconds + report.compact_seconds
+        if report.compactions:
+            record.compactions += report.compactions
+            tools = self.tools.specs(active_skills(state.context))  # a handbook may be gone
+            await emit(Hint("早前的对话已压缩成摘要，完整记录仍可在历史里查看。"))
         # Middlewares get a copy: what they change is never stored.
         context = copy.deepcopy(state.context)
         for middleware in self.middlewares:
@@ -529,7 +564,7 @@ class TurnRunner:
         request = ModelRequest(
             system_prompt=self.system_prompt,
             context=context,
-            tools=self.tools.specs(),
+            tools=tools,
             summary=state.summary,
         )
         thinking: list[str] = []
@@ -560,12 +595,21 @@ class TurnRunner:
         return Msg(role=Role.ASSISTANT, content=content, usage=usage)
 
     async def _run_tool(
-        self, control: TurnControl, call: ToolUseBlock, emit: Emit
+        self,
+        control: TurnControl,
+        call: ToolUseBlock,
+        emit: Emit,
+        active: set[str] | None = None,
     ) -> ToolResultBlock:
+        """Run one call. `active`: the skills in context, when offering matters (a
+        call the user approved on a card runs even if its handbook was compacted since)."""
         await emit(ToolStatus(call.id, call.name, CallStatus.RUNNING, call.input))
         tool = self.tools.get(call.name)
         if tool is None:
             text, ok = f"没有名为 {call.name} 的工具。", False
+        elif active is not None and tool.skill is not None and tool.skill not in active:
+            text = f"工具 {call.name} 现在不可用：先用 load_skill 加载手册 {tool.skill}。"
+            ok = False
         else:
             try:
                 arguments = check_arguments(tool.spec, call.input)

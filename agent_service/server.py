@@ -5,22 +5,25 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from collections.abc import Sequence
 from typing import Any
 
 import grpc
 
 from agent_service.config import AgentServiceSettings
+from agent_service.context.manager import ContextManager, ContextSettings
+from agent_service.context.tokens import make_counter
 from agent_service.middleware import DEFAULT_MIDDLEWARES, ContextMiddleware
 from agent_service.model.base import ChatModel
 from agent_service.model.scripted import ScriptedOrderModel
 from agent_service.orders.base import OrderSystem
 from agent_service.orders.memory import MemoryOrderSystem
 from agent_service.orders.postgres import PostgresOrderSystem
-from agent_service.runtime import RuntimeSettings, TurnRegistry, TurnRunner
+from agent_service.runtime import SYSTEM_PROMPT, RuntimeSettings, TurnRegistry, TurnRunner
 from agent_service.servicer import AgentServicer
 from agent_service.state_client import StateClient
 from agent_service.tools.orders import cancel_order_tool, query_order_tool
-from agent_service.tools.registry import ToolRegistry
+from agent_service.tools.registry import Tool, ToolRegistry
 from agent_service.tools.skills import load_skill_tool
 from agentstate.agent.v1 import agent_service_pb2 as pb
 from agentstate.agent.v1 import agent_service_pb2_grpc as pb_grpc
@@ -47,8 +50,10 @@ def build_model(settings: AgentServiceSettings) -> ChatModel:
     return ScriptedOrderModel(settings.scripted_step_delay_seconds)
 
 
-def build_tools(orders: OrderSystem) -> ToolRegistry:
-    return ToolRegistry([load_skill_tool(), query_order_tool(orders), cancel_order_tool(orders)])
+def build_tools(orders: OrderSystem, extra: Sequence[Tool] = ()) -> ToolRegistry:
+    return ToolRegistry(
+        [load_skill_tool(), query_order_tool(orders), cancel_order_tool(orders), *extra]
+    )
 
 
 class AgentServiceApp:
@@ -57,8 +62,10 @@ class AgentServiceApp:
         settings: AgentServiceSettings,
         model: ChatModel | None = None,
         middlewares: tuple[ContextMiddleware, ...] | None = None,
+        extra_tools: Sequence[Tool] = (),
     ) -> None:
         self.settings = settings
+        self._extra_tools = extra_tools
         self._model = model
         self._middlewares = DEFAULT_MIDDLEWARES if middlewares is None else middlewares
         self.registry = TurnRegistry()
@@ -66,6 +73,7 @@ class AgentServiceApp:
         self._channel: grpc.aio.Channel | None = None
         self._server: grpc.aio.Server | None = None
         self._health: Any = None
+        self.runner: TurnRunner | None = None
 
     async def start(self) -> str:
         settings = self.settings
@@ -88,10 +96,26 @@ class AgentServiceApp:
         else:
             self.orders = MemoryOrderSystem()
         await self.orders.open()
-        runner = TurnRunner(
+        model = self._model or build_model(settings)
+        model_name = (
+            os.environ.get("OPENAI_MODEL", "") if settings.model == "openai" else "scripted"
+        )
+        self.runner = runner = TurnRunner(
             state=state,
-            model=self._model or build_model(settings),
-            tools=build_tools(self.orders),
+            model=model,
+            context=ContextManager(
+                ContextSettings(
+                    budget_tokens=settings.context_budget_tokens,
+                    trim_at=settings.trim_at,
+                    compact_at=settings.compact_at,
+                    keep_cycles=settings.keep_tool_cycles,
+                    max_state_bytes=settings.state_max_bytes,
+                ),
+                make_counter(settings.tokenizer, model_name),
+                model.summarize,
+                SYSTEM_PROMPT,
+            ),
+            tools=build_tools(self.orders, self._extra_tools),
             settings=RuntimeSettings(
                 holder=settings.replica_name,
                 lease_ttl_ms=int(settings.lease_ttl_seconds * 1000),

@@ -13,6 +13,12 @@ import grpc
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from agent_service import errors
+from agent_service.context.rag_history import (
+    DEFAULT_TURNS,
+    MAX_TURNS,
+    HistoryRecord,
+    rag_history,
+)
 from agent_service.events import (
     CallStatus,
     Cancelled,
@@ -277,4 +283,40 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
         )
         return pb.BatchDeleteConversationsResponse(
             conversations_deleted=deleted.conversations_deleted
+        )
+
+    @_grpc_errors
+    async def GetRagHistory(
+        self, request: pb.GetRagHistoryRequest, context: Context
+    ) -> pb.GetRagHistoryResponse:
+        turns = request.turns or DEFAULT_TURNS
+        if not 1 <= turns <= MAX_TURNS:
+            raise errors.InvalidInput(f"turns must be between 1 and {MAX_TURNS}")
+        user_id = user_id_of(context)
+        # Read the tail, newest first, until it holds more user messages than turns.
+        records: list[spb.MessageRecord] = []
+        token = ""
+        while True:
+            page = await self._runner.state.list_messages(
+                user_id, request.conversation_id, 200, token, newest_first=True
+            )
+            records.extend(page.messages)
+            token = page.next_page_token
+            users = sum(1 for r in records if r.role == spb.MESSAGE_ROLE_USER)
+            if not token or users > turns:
+                break
+        history = rag_history(
+            (
+                HistoryRecord(
+                    role="user" if r.role == spb.MESSAGE_ROLE_USER else "assistant",
+                    blocks_json=r.blocks_json,
+                    complete=r.status
+                    not in (spb.MESSAGE_STATUS_STREAMING, spb.MESSAGE_STATUS_ERROR),
+                )
+                for r in reversed(records)
+            ),
+            turns,
+        )
+        return pb.GetRagHistoryResponse(
+            messages=[pb.HistoryMessage(role=m.role, text=m.text) for m in history]
         )

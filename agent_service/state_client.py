@@ -144,6 +144,7 @@ class StateClient:
         state: AgentState,
         expected_version: int,
         message_writes: Sequence[pb.MessageWrite] = (),
+        compaction_records: Sequence[pb.CompactionRecord] = (),
     ) -> pb.UpsertStateResponse:
         """Compare-and-set save of the whole state plus message records, atomically."""
         return await self._stub.UpsertState(  # type: ignore[no-any-return]
@@ -153,6 +154,7 @@ class StateClient:
                 payload=state.encode(),
                 expected_version=expected_version,
                 message_writes=list(message_writes),
+                compaction_records=list(compaction_records),
             ),
             timeout=self._timeout,
         )
@@ -197,7 +199,12 @@ class StateClient:
 
     @_translated
     async def list_messages(
-        self, user_id: str, conversation_id: str, page_size: int, page_token: str
+        self,
+        user_id: str,
+        conversation_id: str,
+        page_size: int,
+        page_token: str,
+        newest_first: bool = False,
     ) -> pb.ListMessagesResponse:
         return await self._stub.ListMessages(  # type: ignore[no-any-return]
             pb.ListMessagesRequest(
@@ -205,6 +212,7 @@ class StateClient:
                 conversation_id=conversation_id,
                 page_size=page_size,
                 page_token=page_token,
+                newest_first=newest_first,
             ),
             timeout=self._timeout,
         )
@@ -248,3 +256,13 @@ class StateClient:
             pb.RequestStopRequest(user_id=user_id, task_id=task_id), timeout=self._timeout
         )
         return response.lease  # type: ignore[no-any-return]
+
+    @_translated
+    async def list_compactions(
+        self, user_id: str, conversation_id: str
+    ) -> list[pb.CompactionRecord]:
+        response = await self._stub.ListCompactions(
+            pb.ListCompactionsRequest(user_id=user_id, conversation_id=conversation_id),
+            timeout=self._timeout,
+        )
+        return list(response.compactions)

@@ -149,6 +149,20 @@ class Lease:
 
 
 @dataclass(frozen=True)
+class Compaction:
+    """An audit record of one context compaction (ids and time set by the store)."""
+
+    messages_before: int
+    messages_after: int
+    tokens_before: int
+    tokens_after: int
+    summary_chars: int
+    reason: str
+    compaction_id: int = 0
+    create_time: datetime | None = None
+
+
+@dataclass(frozen=True)
 class StoredState:
     payload: bytes
     version: int

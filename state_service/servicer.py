@@ -117,6 +117,36 @@ def lease_to_pb(lease: d.Lease) -> pb.Lease:
     )
 
 
+def compaction_to_pb(compaction: d.Compaction) -> pb.CompactionRecord:
+    record = pb.CompactionRecord(
+        compaction_id=str(compaction.compaction_id),
+        messages_before=compaction.messages_before,
+        messages_after=compaction.messages_after,
+        tokens_before=compaction.tokens_before,
+        tokens_after=compaction.tokens_after,
+        summary_chars=compaction.summary_chars,
+        reason=compaction.reason,
+    )
+    if compaction.create_time is not None:
+        record.create_time.CopyFrom(_timestamp(compaction.create_time))
+    return record
+
+
+def compaction_from_pb(record: pb.CompactionRecord, index: int) -> d.Compaction:
+    numbers = (
+        record.messages_before,
+        record.messages_after,
+        record.tokens_before,
+        record.tokens_after,
+        record.summary_chars,
+    )
+    if min(numbers) < 0:
+        raise d.InvalidArgument(f"compaction_records[{index}] has a negative count")
+    if len(record.reason) > 500:
+        raise d.InvalidArgument(f"compaction_records[{index}].reason is over 500 characters")
+    return d.Compaction(*numbers, reason=record.reason)
+
+
 def _status(value: pb.MessageStatus.ValueType, what: str) -> d.MessageStatus | None:
     if value == pb.MESSAGE_STATUS_UNSPECIFIED:
         return None
@@ -196,8 +226,9 @@ class StateServicer(pb_grpc.StateServiceServicer):
                 raise d.InvalidArgument("expected_version must not be negative")
         d.check_state_payload(request.payload, self._max_payload_bytes)
         writes = [message_write_from_pb(w, i) for i, w in enumerate(request.message_writes)]
+        compactions = [compaction_from_pb(c, i) for i, c in enumerate(request.compaction_records)]
         result = await self._store.upsert_state(
-            user_id, conversation_id, state_key, request.payload, expected, writes
+            user_id, conversation_id, state_key, request.payload, expected, writes, compactions
         )
         return pb.UpsertStateResponse(
             version=result.version,
@@ -321,6 +352,7 @@ class StateServicer(pb_grpc.StateServiceServicer):
             d.parse_id(request.conversation_id, "conversation_id"),
             d.page_size(request.page_size, default=100, maximum=1000),
             d.parse_page_token(request.page_token),
+            request.newest_first,
         )
         return pb.ListMessagesResponse(
             messages=[message_to_pb(m) for m in page.items],
@@ -381,3 +413,13 @@ class StateServicer(pb_grpc.StateServiceServicer):
             d.validate_user_id(request.user_id), d.parse_id(request.task_id, "task_id")
         )
         return pb.RequestStopResponse(lease=lease_to_pb(lease))
+
+    @_grpc_errors
+    async def ListCompactions(
+        self, request: pb.ListCompactionsRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.ListCompactionsResponse:
+        compactions = await self._store.list_compactions(
+            d.validate_user_id(request.user_id),
+            d.parse_id(request.conversation_id, "conversation_id"),
+        )
+        return pb.ListCompactionsResponse(compactions=[compaction_to_pb(c) for c in compactions])

@@ -11,13 +11,14 @@ from typing import Any
 
 import grpc
 
-from agent_service.agent_state import AgentState
+from agent_service.agent_state import AgentState, Msg
 from agent_service.config import AgentServiceSettings
 from agent_service.middleware import ContextMiddleware
 from agent_service.model.base import ChatModel, ModelEvent, ModelRequest
 from agent_service.model.scripted import ScriptedOrderModel
 from agent_service.server import AgentServiceApp
 from agent_service.servicer import USER_ID_METADATA_KEY
+from agent_service.tools.registry import Tool
 from agentstate.agent.v1 import agent_service_pb2 as pb
 from agentstate.agent.v1 import agent_service_pb2_grpc as pb_grpc
 from agentstate.state.v1 import state_service_pb2 as spb
@@ -47,6 +48,11 @@ class RecordingModel(ChatModel):
             await asyncio.sleep(self.delay)
         async for event in self.inner.stream(request):
             yield event
+
+    async def summarize(
+        self, previous_summary: str, messages: Sequence[Msg], max_tokens: int
+    ) -> str:
+        return await self.inner.summarize(previous_summary, messages, max_tokens)
 
 
 @dataclass
@@ -187,10 +193,13 @@ class Stack:
         self,
         model: ChatModel | None = None,
         middlewares: tuple[ContextMiddleware, ...] | None = None,
+        extra_tools: Sequence[Tool] = (),
         **overrides: Any,
     ) -> AgentClient:
         settings = replace(self.agent_settings, **overrides)
-        app = AgentServiceApp(settings, model=model, middlewares=middlewares)
+        app = AgentServiceApp(
+            settings, model=model, middlewares=middlewares, extra_tools=extra_tools
+        )
         client = AgentClient(await app.start())
         self.agents.append((app, client))
         return client

@@ -805,3 +805,84 @@ async def test_not_found_says_what_is_missing(state_stub: Stub, user_id: str) ->
         NOT_FOUND,
     )
     assert trailer(no_message, MISSING_TRAILER) == "message"
+
+
+async def test_compaction_records_commit_with_the_state(state_stub: Stub, user_id: str) -> None:
+    cid = await new_conversation(state_stub, user_id)
+    record = pb.CompactionRecord(
+        messages_before=120,
+        messages_after=14,
+        tokens_before=26000,
+        tokens_after=9000,
+        summary_chars=800,
+        reason="context at 81% of budget",
+    )
+    await state_stub.UpsertState(
+        pb.UpsertStateRequest(
+            user_id=user_id, conversation_id=cid, payload=b"{}", compaction_records=[record]
+        )
+    )
+    # A failed write records nothing.
+    await expect_rpc_error(
+        state_stub.UpsertState(
+            pb.UpsertStateRequest(
+                user_id=user_id,
+                conversation_id=cid,
+                payload=b"{}",
+                expected_version=9,
+                compaction_records=[record],
+            )
+        ),
+        grpc.StatusCode.ABORTED,
+    )
+    await expect_rpc_error(
+        state_stub.UpsertState(
+            pb.UpsertStateRequest(
+                user_id=user_id,
+                conversation_id=cid,
+                payload=b"{}",
+                compaction_records=[pb.CompactionRecord(messages_before=-1)],
+            )
+        ),
+        INVALID,
+        "negative",
+    )
+    listed = await state_stub.ListCompactions(
+        pb.ListCompactionsRequest(user_id=user_id, conversation_id=cid)
+    )
+    assert len(listed.compactions) == 1
+    got = listed.compactions[0]
+    assert (got.messages_before, got.messages_after, got.reason) == (120, 14, record.reason)
+    assert got.compaction_id.isdigit() and got.create_time.seconds > 0
+    await state_stub.DeleteConversation(
+        pb.DeleteConversationRequest(user_id=user_id, conversation_id=cid)
+    )
+    await expect_rpc_error(
+        state_stub.ListCompactions(pb.ListCompactionsRequest(user_id=user_id, conversation_id=cid)),
+        NOT_FOUND,
+    )
+
+
+async def test_list_messages_newest_first(state_stub: Stub, user_id: str) -> None:
+    cid = await new_conversation(state_stub, user_id)
+    for i in range(5):
+        await state_stub.AppendMessage(
+            pb.AppendMessageRequest(user_id=user_id, conversation_id=cid, message=user_text(f"{i}"))
+        )
+    texts: list[str] = []
+    token = ""
+    while True:
+        page = await state_stub.ListMessages(
+            pb.ListMessagesRequest(
+                user_id=user_id,
+                conversation_id=cid,
+                page_size=2,
+                page_token=token,
+                newest_first=True,
+            )
+        )
+        texts += [json.loads(m.blocks_json)[0]["text"] for m in page.messages]
+        token = page.next_page_token
+        if not token:
+            break
+    assert texts == ["4", "3", "2", "1", "0"]

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent_service.agent_state import Msg
+from agent_service.agent_state import Msg, Role, TextBlock, ToolResultBlock, ToolUseBlock
 
 
 @dataclass(frozen=True)
@@ -73,3 +73,42 @@ class ChatModel(abc.ABC):
 
         Raises ModelError on failure.
         """
+
+    async def summarize(
+        self, previous_summary: str, messages: Sequence[Msg], max_tokens: int
+    ) -> str:
+        """Write the running summary that replaces `messages` in the context.
+
+        By default the model itself writes it, from a plain transcript.
+        """
+        prompt = (
+            "Update the running summary of this conversation with the transcript below. "
+            "Keep every fact a later question may need: what the user said about themselves, "
+            "order numbers, amounts, statuses, decisions and their outcomes. "
+            f"Use at most {max_tokens} tokens. "
+            "Answer with the summary only, in the conversation's language.\n\n"
+            f"Current summary:\n{previous_summary or '(none)'}\n\nTranscript:\n"
+            f"{render_transcript(messages)}"
+        )
+        request = ModelRequest(
+            system_prompt="You write faithful, compact conversation summaries.",
+            context=[Msg(role=Role.USER, name="user", content=[TextBlock(prompt)])],
+        )
+        parts = [event.text async for event in self.stream(request) if isinstance(event, TextDelta)]
+        summary = "".join(parts).strip()
+        if not summary:
+            raise ModelError("the model returned an empty summary")
+        return summary
+
+
+def render_transcript(messages: Sequence[Msg]) -> str:
+    lines = []
+    for msg in messages:
+        for block in msg.content:
+            if isinstance(block, TextBlock):
+                lines.append(f"{msg.role.value.lower()}: {block.text}")
+            elif isinstance(block, ToolUseBlock):
+                lines.append(f"tool call {block.name} {block.input}")
+            elif isinstance(block, ToolResultBlock):
+                lines.append(f"tool result {block.name} ({block.state.value}): {block.text}")
+    return "\n".join(lines)

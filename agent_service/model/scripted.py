@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from agent_service.agent_state import (
     Msg,
     Role,
+    TextBlock,
     ToolResultBlock,
     ToolResultState,
     ToolUseBlock,
@@ -41,6 +42,12 @@ _ORDER_LINE = re.compile(
     r"下单 (?P<placed>[\d-]+ [\d:]+)\n\s+商品: (?P<items>[^\n]+)"
 )
 _CN_NUMBERS = "零一两三四五六七八九十"
+_SLASH_COMMAND = re.compile(r"^/(?P<tool>[a-z_]+)\s*(?P<args>\{.*\})?\s*$", re.DOTALL)
+_TOLD_FACT = re.compile(
+    r"我的(?P<topic>[^，。？?！!\s]{1,12}?)是(?!什么|多少|哪)(?P<value>[^，。？?！!\n]{1,60})"
+)
+_ASKED_FACT = re.compile(r"我的(?P<topic>[^，。？?！!\s]{1,12}?)是(什么|多少|哪)")
+SUMMARY_HEADER = "【早前对话摘要】"
 _CHUNK = 12
 
 
@@ -82,6 +89,11 @@ def _mentions(question: str, order: _Order) -> bool:
     return False
 
 
+def _one_line(text: str, limit: int) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
+
+
 def _count_cn(n: int) -> str:
     return _CN_NUMBERS[n] if 0 <= n < len(_CN_NUMBERS) else str(n)
 
@@ -92,6 +104,7 @@ class _View:
     def __init__(self, request: ModelRequest) -> None:
         self.context: Sequence[Msg] = request.context
         self.summary = request.summary
+        self.tools = {tool.name for tool in request.tools}
         start = 0
         for index, msg in enumerate(self.context):
             if msg.role is Role.USER and msg.text:
@@ -157,12 +170,52 @@ class ScriptedOrderModel(ChatModel):
         prompt_chars = sum(len(json.dumps(m.to_json(), ensure_ascii=False)) for m in view.context)
         yield Usage(input_tokens=prompt_chars // 2, output_tokens=(len(thinking) + len(text)) // 2)
 
+    async def summarize(
+        self, previous_summary: str, messages: Sequence[Msg], max_tokens: int
+    ) -> str:
+        """A deterministic extractive summary: what the user said, tool facts, replies.
+
+        Within `max_tokens` (counted as characters, which over-counts for safety) it
+        drops lines in this order: tool results, replies, the user's commands and
+        questions, and last the facts the user stated about themselves.
+        """
+        lines = [line for line in previous_summary.splitlines() if line.startswith("- ")]
+        for msg in messages:
+            for block in msg.content:
+                if isinstance(block, TextBlock) and msg.role is Role.USER and block.text:
+                    kind = "用户说" if _TOLD_FACT.search(block.text) else "用户"
+                    lines.append(f"- {kind}：{_one_line(block.text, 200)}")
+                elif isinstance(block, TextBlock) and msg.role is Role.ASSISTANT and block.text:
+                    lines.append(f"- 助手：{_one_line(block.text, 120)}")
+                elif isinstance(block, ToolResultBlock):
+                    head = " / ".join(block.text.splitlines()[:3])
+                    lines.append(
+                        f"- 工具 {block.name}（{block.state.value}）：{_one_line(head, 160)}"
+                    )
+        budget = max(200, max_tokens) - len(SUMMARY_HEADER)
+        for prefix in ("- 工具", "- 助手", "- 用户：", "- 用户说"):
+            while sum(len(line) + 1 for line in lines) > budget:
+                victim = next((i for i, line in enumerate(lines) if line.startswith(prefix)), None)
+                if victim is None:
+                    break
+                del lines[victim]
+        return SUMMARY_HEADER + "\n" + "\n".join(lines)
+
     def _decide(self, view: _View) -> tuple[str, str, tuple[str, dict[str, object]] | None]:
         question = view.question
         if not question:
             return "", "你好，我可以帮你查询订单，或取消还没发货的订单。", None
+        command = _SLASH_COMMAND.match(question)
+        if command:
+            return self._slash(view, command["tool"], command["args"] or "{}")
+        asked = _ASKED_FACT.search(question)
+        if asked:
+            return self._recall(view, asked["topic"])
+        told = _TOLD_FACT.search(question)
+        if told:
+            return "", f"好的，记住了：你的{told['topic']}是{told['value']}。", None
         wants_cancel = "取消" in question or "cancel" in question.lower()
-        if wants_cancel and not view.handbook():
+        if wants_cancel and ("cancel_order" not in view.tools or not view.handbook()):
             return (
                 "用户要取消订单，先加载订单变更手册。",
                 "我先看一下订单变更的处理规范。",
@@ -197,6 +250,38 @@ class ScriptedOrderModel(ChatModel):
             "还没发货，我来帮你取消，请在卡片上确认。",
             ("cancel_order", {"orderNo": order.no}),
         )
+
+    def _slash(
+        self, view: _View, tool: str, raw_args: str
+    ) -> tuple[str, str, tuple[str, dict[str, object]] | None]:
+        """`/tool {json}`: call that tool once, then report on its result."""
+        results = [r for r in view.results(tool, this_turn=True)]
+        if results:
+            result = results[-1]
+            first = result.text.splitlines()[0] if result.text else ""
+            return (
+                "",
+                f"{tool} 返回了 {len(result.text)} 个字符（{result.state.value}）：{first}",
+                None,
+            )
+        try:
+            arguments = json.loads(raw_args)
+        except ValueError:
+            return "", f"参数不是合法的 JSON：{raw_args}", None
+        return f"按用户的指令调用 {tool}。", "", (tool, arguments)
+
+    def _recall(
+        self, view: _View, topic: str
+    ) -> tuple[str, str, tuple[str, dict[str, object]] | None]:
+        """Answer from what the user said earlier: in the context or in the summary."""
+        sources = [m.text for m in view.context if m.role is Role.USER and m.text]
+        sources += [line for line in view.summary.splitlines() if line.startswith("- 用户说")]
+        for text in reversed(sources):
+            for match in _TOLD_FACT.finditer(text):
+                if match["topic"] == topic:
+                    where = "（从之前的对话摘要里找到的）" if text in view.summary else ""
+                    return "", f"你之前说过，你的{topic}是{match['value']}。{where}", None
+        return "", f"我没有找到你之前说过的{topic}。", None
 
     def _after_cancel(
         self, view: _View, order: _Order, call: ToolUseBlock

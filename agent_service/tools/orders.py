@@ -94,4 +94,5 @@ def cancel_order_tool(orders: OrderSystem) -> Tool:
         permission=Permission.ASK,
         card_title=lambda args: f"取消订单 {args.get('orderNo', '')}",
         card_fields=lambda args: [("订单号", str(args.get("orderNo", "")))],
+        skill="order-change",
     )

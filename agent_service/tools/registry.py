@@ -39,6 +39,8 @@ class Tool:
     # For confirmation cards: a title and labelled fields built from the arguments.
     card_title: Callable[[dict[str, Any]], str] = field(default=lambda args: "")
     card_fields: Callable[[dict[str, Any]], list[tuple[str, str]]] = field(default=lambda args: [])
+    # Offered to the model only while this skill's handbook (load_skill) is in the context.
+    skill: str | None = None
 
     @property
     def name(self) -> str:
@@ -103,8 +105,13 @@ class ToolRegistry:
     def get(self, name: str) -> Tool | None:
         return self._tools.get(name)
 
-    def specs(self) -> list[ToolSpec]:
-        return [tool.spec for tool in self._tools.values()]
+    def specs(self, active_skills: set[str] | None = None) -> list[ToolSpec]:
+        """The tools to offer: all unbound ones, and bound ones whose skill is active."""
+        return [
+            tool.spec
+            for tool in self._tools.values()
+            if tool.skill is None or active_skills is None or tool.skill in active_skills
+        ]
 
     def needs_confirmation(self, name: str) -> bool:
         tool = self._tools.get(name)

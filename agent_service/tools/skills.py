@@ -5,6 +5,7 @@ from __future__ import annotations
 from importlib import resources
 from typing import Any
 
+from agent_service.agent_state import Msg, ToolResultBlock, ToolResultState, ToolUseBlock
 from agent_service.model.base import ToolSpec
 from agent_service.tools.registry import Tool, ToolContext, ToolOutput
 
@@ -44,3 +45,22 @@ def load_skill_tool(skills: dict[str, str] | None = None) -> Tool:
         ),
         run=run,
     )
+
+
+def active_skills(context: list[Msg]) -> set[str]:
+    """Skills whose handbook is in the context now: a successful load_skill result."""
+    requested = {
+        block.id: str(block.input.get("name", ""))
+        for msg in context
+        for block in msg.content
+        if isinstance(block, ToolUseBlock) and block.name == "load_skill"
+    }
+    return {
+        requested[block.id]
+        for msg in context
+        for block in msg.content
+        if isinstance(block, ToolResultBlock)
+        and block.name == "load_skill"
+        and block.state is ToolResultState.SUCCESS
+        and block.id in requested
+    }

@@ -12,6 +12,7 @@ import abc
 from collections.abc import Sequence
 
 from state_service.domain import (
+    Compaction,
     Conversation,
     DeleteCounts,
     Lease,
@@ -39,8 +40,9 @@ class StateStore(abc.ABC):
         payload: bytes,
         expected_version: int | None,
         message_writes: Sequence[MessageWrite] = (),
+        compactions: Sequence[Compaction] = (),
     ) -> UpsertResult:
-        """Replace the whole state and apply message writes atomically.
+        """Replace the whole state, apply message writes and record compactions atomically.
 
         expected_version: None = unconditional, 0 = create only, N = only if the
         stored version is N (else VersionConflict). NotFound when the
@@ -86,8 +88,19 @@ class StateStore(abc.ABC):
 
     @abc.abstractmethod
     async def list_messages(
-        self, user_id: str, conversation_id: int, page_size: int, after_id: int | None
+        self,
+        user_id: str,
+        conversation_id: int,
+        page_size: int,
+        after_id: int | None,
+        newest_first: bool = False,
     ) -> Page[MessageRecord]:
+        """Oldest first (or newest first); `after_id` is the previous page's last id.
+
+        NotFound when the conversation is absent."""
+
+    @abc.abstractmethod
+    async def list_compactions(self, user_id: str, conversation_id: int) -> list[Compaction]:
         """Oldest first; NotFound when the conversation is absent."""
 
     @abc.abstractmethod

@@ -18,6 +18,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from state_service.domain import (
+    Compaction,
     Conversation,
     DeleteCounts,
     FailedPrecondition,
@@ -106,6 +107,7 @@ class MemoryStore(StateStore):
         self._messages: dict[int, dict[int, MessageRecord]] = {}  # conversation -> id -> record
         self._states: dict[tuple[int, str], _StateRow] = {}
         self._leases: dict[int, Lease] = {}  # conversation -> lease
+        self._compactions: dict[int, list[Compaction]] = {}
 
     def _conversation(self, user_id: str, conversation_id: int) -> Conversation:
         conversation = self._conversations.get(conversation_id)
@@ -138,6 +140,7 @@ class MemoryStore(StateStore):
         payload: bytes,
         expected_version: int | None,
         message_writes: Sequence[MessageWrite] = (),
+        compactions: Sequence[Compaction] = (),
     ) -> UpsertResult:
         async with self._lock:
             conversation = self._conversation(user_id, conversation_id)
@@ -154,6 +157,9 @@ class MemoryStore(StateStore):
             records = self._messages.setdefault(conversation_id, {})
             for record in staged:
                 records[record.message_id] = record
+            self._compactions.setdefault(conversation_id, []).extend(
+                replace(c, compaction_id=self._ids.next_id(), create_time=now) for c in compactions
+            )
             self._touch(conversation)
             return UpsertResult(row.version, row.update_time, staged)
 
@@ -272,6 +278,7 @@ class MemoryStore(StateStore):
             for conversation_id in wanted:
                 del self._conversations[conversation_id]
                 self._leases.pop(conversation_id, None)
+                self._compactions.pop(conversation_id, None)
                 messages += len(self._messages.pop(conversation_id, {}))
                 for key in [k for k in self._states if k[0] == conversation_id]:
                     del self._states[key]
@@ -301,7 +308,12 @@ class MemoryStore(StateStore):
             return record
 
     async def list_messages(
-        self, user_id: str, conversation_id: int, page_size: int, after_id: int | None
+        self,
+        user_id: str,
+        conversation_id: int,
+        page_size: int,
+        after_id: int | None,
+        newest_first: bool = False,
     ) -> Page[MessageRecord]:
         async with self._lock:
             self._conversation(user_id, conversation_id)
@@ -309,13 +321,20 @@ class MemoryStore(StateStore):
                 (
                     m
                     for m in self._messages.get(conversation_id, {}).values()
-                    if after_id is None or m.message_id > after_id
+                    if after_id is None
+                    or (m.message_id < after_id if newest_first else m.message_id > after_id)
                 ),
                 key=lambda m: m.message_id,
+                reverse=newest_first,
             )
         items = records[:page_size]
         token = str(items[-1].message_id) if len(records) > page_size else ""
         return Page(items, token)
+
+    async def list_compactions(self, user_id: str, conversation_id: int) -> list[Compaction]:
+        async with self._lock:
+            self._conversation(user_id, conversation_id)
+            return list(self._compactions.get(conversation_id, []))
 
     async def get_message(
         self, user_id: str, conversation_id: int, message_id: int

@@ -108,6 +108,28 @@ CREATE TABLE t_run_lease (
 CREATE INDEX t_run_lease_user_idx ON t_run_lease (user_id, expire_time);
 """,
     ),
+    Migration(
+        3,
+        "context compaction audit trail",
+        """
+CREATE TABLE t_context_compaction (
+    id              bigint PRIMARY KEY DEFAULT agentstate_next_id(),
+    user_id         text NOT NULL,
+    conversation_id bigint NOT NULL,
+    messages_before integer NOT NULL,
+    messages_after  integer NOT NULL,
+    tokens_before   bigint NOT NULL,
+    tokens_after    bigint NOT NULL,
+    summary_chars   integer NOT NULL,
+    reason          text NOT NULL,
+    create_time     timestamptz NOT NULL DEFAULT now(),
+    CONSTRAINT t_context_compaction_conversation_fkey FOREIGN KEY (user_id, conversation_id)
+        REFERENCES t_conversation (user_id, id)
+);
+CREATE INDEX t_context_compaction_conversation_idx
+    ON t_context_compaction (user_id, conversation_id, id);
+""",
+    ),
 ]
 
 

@@ -19,6 +19,7 @@ from psycopg.rows import tuple_row
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from state_service.domain import (
+    Compaction,
     Conversation,
     DeleteCounts,
     FailedPrecondition,
@@ -101,6 +102,19 @@ def _message(row: tuple[Any, ...]) -> MessageRecord:
 
 def _lease(row: tuple[Any, ...]) -> Lease:
     return Lease(int(row[0]), int(row[1]), row[2], row[3], row[4], bool(row[5]))
+
+
+def _compaction(row: tuple[Any, ...]) -> Compaction:
+    return Compaction(
+        compaction_id=int(row[0]),
+        messages_before=int(row[1]),
+        messages_after=int(row[2]),
+        tokens_before=int(row[3]),
+        tokens_after=int(row[4]),
+        summary_chars=int(row[5]),
+        reason=row[6],
+        create_time=row[7],
+    )
 
 
 def _pg_reason(exc: psycopg.Error) -> str:
@@ -191,6 +205,7 @@ class PostgresStore(StateStore):
         payload: bytes,
         expected_version: int | None,
         message_writes: Sequence[MessageWrite] = (),
+        compactions: Sequence[Compaction] = (),
     ) -> UpsertResult:
         params = {
             "user_id": user_id,
@@ -223,6 +238,20 @@ class PostgresStore(StateStore):
                 await self._write_message(conn, user_id, conversation_id, write, index)
                 for index, write in enumerate(message_writes)
             ]
+            for compaction in compactions:
+                await conn.execute(
+                    sql.INSERT_COMPACTION,
+                    {
+                        "user_id": user_id,
+                        "conversation_id": conversation_id,
+                        "messages_before": compaction.messages_before,
+                        "messages_after": compaction.messages_after,
+                        "tokens_before": compaction.tokens_before,
+                        "tokens_after": compaction.tokens_after,
+                        "summary_chars": compaction.summary_chars,
+                        "reason": compaction.reason,
+                    },
+                )
         return UpsertResult(version=int(row[0]), update_time=row[1], messages=messages)
 
     # ---------------------------------------------------------- conversations
@@ -272,6 +301,7 @@ class PostgresStore(StateStore):
             if missing:
                 raise NotFound(f"conversation {missing[0]} not found; nothing was deleted")
             await conn.execute(sql.DELETE_LEASES, params)
+            await conn.execute(sql.DELETE_COMPACTIONS, params)
             states = (await conn.execute(sql.DELETE_STATES, params)).rowcount
             messages = (await conn.execute(sql.DELETE_MESSAGES, params)).rowcount
             conversations = (await conn.execute(sql.DELETE_CONVERSATIONS, params)).rowcount
@@ -294,7 +324,12 @@ class PostgresStore(StateStore):
             return await self._write_message(conn, user_id, conversation_id, update, None)
 
     async def list_messages(
-        self, user_id: str, conversation_id: int, page_size: int, after_id: int | None
+        self,
+        user_id: str,
+        conversation_id: int,
+        page_size: int,
+        after_id: int | None,
+        newest_first: bool = False,
     ) -> Page[MessageRecord]:
         params = {
             "user_id": user_id,
@@ -302,13 +337,21 @@ class PostgresStore(StateStore):
             "after_id": after_id,
             "limit": page_size + 1,
         }
+        statement = sql.LIST_MESSAGES_NEWEST_FIRST if newest_first else sql.LIST_MESSAGES
         async with self._connection() as conn:
             await self._require_conversation(conn, user_id, conversation_id)
-            cur = await conn.execute(sql.LIST_MESSAGES, params)
+            cur = await conn.execute(statement, params)
             rows = await cur.fetchall()
         items = [_message(r) for r in rows[:page_size]]
         token = str(items[-1].message_id) if len(rows) > page_size else ""
         return Page(items, token)
+
+    async def list_compactions(self, user_id: str, conversation_id: int) -> list[Compaction]:
+        params = {"user_id": user_id, "conversation_id": conversation_id}
+        async with self._connection() as conn:
+            await self._require_conversation(conn, user_id, conversation_id)
+            cur = await conn.execute(sql.LIST_COMPACTIONS, params)
+            return [_compaction(row) for row in await cur.fetchall()]
 
     async def get_message(
         self, user_id: str, conversation_id: int, message_id: int

@@ -119,6 +119,36 @@ ORDER BY id
 LIMIT %(limit)s
 """
 
+LIST_MESSAGES_NEWEST_FIRST: Final = f"""
+SELECT {_MESSAGE_COLUMNS}
+FROM t_agent_message
+WHERE user_id = %(user_id)s AND conversation_id = %(conversation_id)s
+  AND (%(after_id)s::bigint IS NULL OR id < %(after_id)s::bigint)
+ORDER BY id DESC
+LIMIT %(limit)s
+"""
+
+# ------------------------------------------------------------------ compactions
+
+_COMPACTION_COLUMNS = (
+    "id, messages_before, messages_after, tokens_before, tokens_after, summary_chars, reason, "
+    "create_time"
+)
+
+INSERT_COMPACTION: Final = f"""
+INSERT INTO t_context_compaction (user_id, conversation_id, messages_before, messages_after,
+                                  tokens_before, tokens_after, summary_chars, reason)
+VALUES (%(user_id)s, %(conversation_id)s, %(messages_before)s, %(messages_after)s,
+        %(tokens_before)s, %(tokens_after)s, %(summary_chars)s, %(reason)s)
+RETURNING {_COMPACTION_COLUMNS}
+"""
+
+LIST_COMPACTIONS: Final = f"""
+SELECT {_COMPACTION_COLUMNS} FROM t_context_compaction
+WHERE user_id = %(user_id)s AND conversation_id = %(conversation_id)s
+ORDER BY id
+"""
+
 # ---------------------------------------------------------------------- delete
 
 # Lock every conversation of the batch first, in id order, so concurrent
@@ -132,6 +162,11 @@ FOR UPDATE
 
 DELETE_LEASES: Final = """
 DELETE FROM t_run_lease WHERE user_id = %(user_id)s AND conversation_id = ANY(%(conversation_ids)s)
+"""
+
+DELETE_COMPACTIONS: Final = """
+DELETE FROM t_context_compaction
+WHERE user_id = %(user_id)s AND conversation_id = ANY(%(conversation_ids)s)
 """
 
 DELETE_STATES: Final = """

@@ -853,3 +853,79 @@ class BatchDeleteConversationsResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___BatchDeleteConversationsResponse: _TypeAlias = BatchDeleteConversationsResponse  # noqa: Y015
+
+@_typing.final
+class GetRagHistoryRequest(_message.Message):
+    """Request for GetRagHistory."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONVERSATION_ID_FIELD_NUMBER: _builtins.int
+    TURNS_FIELD_NUMBER: _builtins.int
+    conversation_id: _builtins.str
+    """The conversation. Required."""
+    turns: _builtins.int
+    """How many recent turns, 1..50; 0 means 8."""
+    def __init__(
+        self,
+        *,
+        conversation_id: _builtins.str = ...,
+        turns: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "turns", b"turns"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetRagHistoryRequest: _TypeAlias = GetRagHistoryRequest  # noqa: Y015
+
+@_typing.final
+class HistoryMessage(_message.Message):
+    """One message of RAG-mode history."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ROLE_FIELD_NUMBER: _builtins.int
+    TEXT_FIELD_NUMBER: _builtins.int
+    role: _builtins.str
+    """"user" or "assistant"."""
+    text: _builtins.str
+    """The text, citation markers removed."""
+    def __init__(
+        self,
+        *,
+        role: _builtins.str = ...,
+        text: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["role", b"role", "text", b"text"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HistoryMessage: _TypeAlias = HistoryMessage  # noqa: Y015
+
+@_typing.final
+class GetRagHistoryResponse(_message.Message):
+    """Response of GetRagHistory."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MESSAGES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def messages(self) -> _containers.RepeatedCompositeFieldContainer[Global___HistoryMessage]:
+        """Oldest first, starting with a user message."""
+
+    def __init__(
+        self,
+        *,
+        messages: _abc.Iterable[Global___HistoryMessage] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["messages", b"messages"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetRagHistoryResponse: _TypeAlias = GetRagHistoryResponse  # noqa: Y015

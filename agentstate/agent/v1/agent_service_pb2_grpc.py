@@ -61,6 +61,11 @@ class AgentServiceStub:
                 request_serializer=agentstate_dot_agent_dot_v1_dot_agent__service__pb2.ListMessagesRequest.SerializeToString,
                 response_deserializer=agentstate_dot_agent_dot_v1_dot_agent__service__pb2.ListMessagesResponse.FromString,
                 _registered_method=True)
+        self.GetRagHistory = channel.unary_unary(
+                '/agentstate.agent.v1.AgentService/GetRagHistory',
+                request_serializer=agentstate_dot_agent_dot_v1_dot_agent__service__pb2.GetRagHistoryRequest.SerializeToString,
+                response_deserializer=agentstate_dot_agent_dot_v1_dot_agent__service__pb2.GetRagHistoryResponse.FromString,
+                _registered_method=True)
         self.RenameConversation = channel.unary_unary(
                 '/agentstate.agent.v1.AgentService/RenameConversation',
                 request_serializer=agentstate_dot_agent_dot_v1_dot_agent__service__pb2.RenameConversationRequest.SerializeToString,
@@ -138,6 +143,16 @@ class AgentServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetRagHistory(self, request, context):
+        """GetRagHistory returns RAG-mode history rebuilt from the message records:
+        the last `turns` turns, user and assistant text only, empty messages
+        skipped, citation markers ([^1], [1], 【1】) stripped from assistant text,
+        never starting with an assistant message.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def RenameConversation(self, request, context):
         """RenameConversation changes a conversation's title.
         """
@@ -188,6 +203,11 @@ def add_AgentServiceServicer_to_server(servicer, server):
                     servicer.ListMessages,
                     request_deserializer=agentstate_dot_agent_dot_v1_dot_agent__service__pb2.ListMessagesRequest.FromString,
                     response_serializer=agentstate_dot_agent_dot_v1_dot_agent__service__pb2.ListMessagesResponse.SerializeToString,
+            ),
+            'GetRagHistory': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetRagHistory,
+                    request_deserializer=agentstate_dot_agent_dot_v1_dot_agent__service__pb2.GetRagHistoryRequest.FromString,
+                    response_serializer=agentstate_dot_agent_dot_v1_dot_agent__service__pb2.GetRagHistoryResponse.SerializeToString,
             ),
             'RenameConversation': grpc.unary_unary_rpc_method_handler(
                     servicer.RenameConversation,
@@ -342,6 +362,33 @@ class AgentService:
             '/agentstate.agent.v1.AgentService/ListMessages',
             agentstate_dot_agent_dot_v1_dot_agent__service__pb2.ListMessagesRequest.SerializeToString,
             agentstate_dot_agent_dot_v1_dot_agent__service__pb2.ListMessagesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetRagHistory(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agentstate.agent.v1.AgentService/GetRagHistory',
+            agentstate_dot_agent_dot_v1_dot_agent__service__pb2.GetRagHistoryRequest.SerializeToString,
+            agentstate_dot_agent_dot_v1_dot_agent__service__pb2.GetRagHistoryResponse.FromString,
             options,
             channel_credentials,
             insecure,

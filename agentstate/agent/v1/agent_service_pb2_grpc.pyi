@@ -76,6 +76,12 @@ class AgentServiceStub:
     """ListConversations lists the user's conversations, newest first."""
     ListMessages: _grpc.UnaryUnaryMultiCallable[_agent_service_pb2.ListMessagesRequest, _agent_service_pb2.ListMessagesResponse]
     """ListMessages returns a conversation's message records (UI replay)."""
+    GetRagHistory: _grpc.UnaryUnaryMultiCallable[_agent_service_pb2.GetRagHistoryRequest, _agent_service_pb2.GetRagHistoryResponse]
+    """GetRagHistory returns RAG-mode history rebuilt from the message records:
+    the last `turns` turns, user and assistant text only, empty messages
+    skipped, citation markers ([^1], [1], 【1】) stripped from assistant text,
+    never starting with an assistant message.
+    """
     RenameConversation: _grpc.UnaryUnaryMultiCallable[_agent_service_pb2.RenameConversationRequest, _agent_service_pb2.RenameConversationResponse]
     """RenameConversation changes a conversation's title."""
     DeleteConversation: _grpc.UnaryUnaryMultiCallable[_agent_service_pb2.DeleteConversationRequest, _agent_service_pb2.DeleteConversationResponse]
@@ -127,6 +133,12 @@ class AgentServiceAsyncStub(AgentServiceStub):
     """ListConversations lists the user's conversations, newest first."""
     ListMessages: _aio.UnaryUnaryMultiCallable[_agent_service_pb2.ListMessagesRequest, _agent_service_pb2.ListMessagesResponse]  # type: ignore[assignment]
     """ListMessages returns a conversation's message records (UI replay)."""
+    GetRagHistory: _aio.UnaryUnaryMultiCallable[_agent_service_pb2.GetRagHistoryRequest, _agent_service_pb2.GetRagHistoryResponse]  # type: ignore[assignment]
+    """GetRagHistory returns RAG-mode history rebuilt from the message records:
+    the last `turns` turns, user and assistant text only, empty messages
+    skipped, citation markers ([^1], [1], 【1】) stripped from assistant text,
+    never starting with an assistant message.
+    """
     RenameConversation: _aio.UnaryUnaryMultiCallable[_agent_service_pb2.RenameConversationRequest, _agent_service_pb2.RenameConversationResponse]  # type: ignore[assignment]
     """RenameConversation changes a conversation's title."""
     DeleteConversation: _aio.UnaryUnaryMultiCallable[_agent_service_pb2.DeleteConversationRequest, _agent_service_pb2.DeleteConversationResponse]  # type: ignore[assignment]
@@ -205,6 +217,18 @@ class AgentServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_agent_service_pb2.ListMessagesResponse, _abc.Awaitable[_agent_service_pb2.ListMessagesResponse]]:
         """ListMessages returns a conversation's message records (UI replay)."""
+
+    @_abc_1.abstractmethod
+    def GetRagHistory(
+        self,
+        request: _agent_service_pb2.GetRagHistoryRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_agent_service_pb2.GetRagHistoryResponse, _abc.Awaitable[_agent_service_pb2.GetRagHistoryResponse]]:
+        """GetRagHistory returns RAG-mode history rebuilt from the message records:
+        the last `turns` turns, user and assistant text only, empty messages
+        skipped, citation markers ([^1], [1], 【1】) stripped from assistant text,
+        never starting with an assistant message.
+        """
 
     @_abc_1.abstractmethod
     def RenameConversation(

@@ -392,6 +392,7 @@ class UpsertStateRequest(_message.Message):
     PAYLOAD_FIELD_NUMBER: _builtins.int
     EXPECTED_VERSION_FIELD_NUMBER: _builtins.int
     MESSAGE_WRITES_FIELD_NUMBER: _builtins.int
+    COMPACTION_RECORDS_FIELD_NUMBER: _builtins.int
     user_id: _builtins.str
     """The owner. Required."""
     conversation_id: _builtins.str
@@ -411,6 +412,10 @@ class UpsertStateRequest(_message.Message):
     def message_writes(self) -> _containers.RepeatedCompositeFieldContainer[Global___MessageWrite]:
         """Message record writes committed in the same transaction, in order."""
 
+    @_builtins.property
+    def compaction_records(self) -> _containers.RepeatedCompositeFieldContainer[Global___CompactionRecord]:
+        """Context compactions this state reflects, recorded in the same transaction."""
+
     def __init__(
         self,
         *,
@@ -420,16 +425,71 @@ class UpsertStateRequest(_message.Message):
         payload: _builtins.bytes = ...,
         expected_version: _builtins.int | None = ...,
         message_writes: _abc.Iterable[Global___MessageWrite] | None = ...,
+        compaction_records: _abc.Iterable[Global___CompactionRecord] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_expected_version", b"_expected_version", "expected_version", b"expected_version"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_expected_version", b"_expected_version", "conversation_id", b"conversation_id", "expected_version", b"expected_version", "message_writes", b"message_writes", "payload", b"payload", "state_key", b"state_key", "user_id", b"user_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_expected_version", b"_expected_version", "compaction_records", b"compaction_records", "conversation_id", b"conversation_id", "expected_version", b"expected_version", "message_writes", b"message_writes", "payload", b"payload", "state_key", b"state_key", "user_id", b"user_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__expected_version: _TypeAlias = _typing.Literal["expected_version"]  # noqa: Y015
     _WhichOneofArgType__expected_version: _TypeAlias = _typing.Literal["_expected_version", b"_expected_version"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType__expected_version) -> _WhichOneofReturnType__expected_version | None: ...
 
 Global___UpsertStateRequest: _TypeAlias = UpsertStateRequest  # noqa: Y015
+
+@_typing.final
+class CompactionRecord(_message.Message):
+    """An audit record of one context compaction: early messages of the agent's
+    context replaced by a summary. The message records are never touched.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    COMPACTION_ID_FIELD_NUMBER: _builtins.int
+    MESSAGES_BEFORE_FIELD_NUMBER: _builtins.int
+    MESSAGES_AFTER_FIELD_NUMBER: _builtins.int
+    TOKENS_BEFORE_FIELD_NUMBER: _builtins.int
+    TOKENS_AFTER_FIELD_NUMBER: _builtins.int
+    SUMMARY_CHARS_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    CREATE_TIME_FIELD_NUMBER: _builtins.int
+    compaction_id: _builtins.str
+    """Server-generated id (set in responses; ignored on write)."""
+    messages_before: _builtins.int
+    """Messages in the context before."""
+    messages_after: _builtins.int
+    """Messages in the context after."""
+    tokens_before: _builtins.int
+    """Estimated tokens of the context before."""
+    tokens_after: _builtins.int
+    """Estimated tokens of the context after (summary included)."""
+    summary_chars: _builtins.int
+    """Characters of the summary now stored."""
+    reason: _builtins.str
+    """Why it ran, for example "context at 83% of a 32000-token budget"."""
+    @_builtins.property
+    def create_time(self) -> _timestamp_pb2.Timestamp:
+        """When it was recorded (set by the server)."""
+
+    def __init__(
+        self,
+        *,
+        compaction_id: _builtins.str = ...,
+        messages_before: _builtins.int = ...,
+        messages_after: _builtins.int = ...,
+        tokens_before: _builtins.int = ...,
+        tokens_after: _builtins.int = ...,
+        summary_chars: _builtins.int = ...,
+        reason: _builtins.str = ...,
+        create_time: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["compaction_id", b"compaction_id", "create_time", b"create_time", "messages_after", b"messages_after", "messages_before", b"messages_before", "reason", b"reason", "summary_chars", b"summary_chars", "tokens_after", b"tokens_after", "tokens_before", b"tokens_before"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CompactionRecord: _TypeAlias = CompactionRecord  # noqa: Y015
 
 @_typing.final
 class UpsertStateResponse(_message.Message):
@@ -913,6 +973,7 @@ class ListMessagesRequest(_message.Message):
     CONVERSATION_ID_FIELD_NUMBER: _builtins.int
     PAGE_SIZE_FIELD_NUMBER: _builtins.int
     PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    NEWEST_FIRST_FIELD_NUMBER: _builtins.int
     user_id: _builtins.str
     """The owner. Required."""
     conversation_id: _builtins.str
@@ -920,7 +981,13 @@ class ListMessagesRequest(_message.Message):
     page_size: _builtins.int
     """1..1000; 0 means 100."""
     page_token: _builtins.str
-    """Empty for the first page, else a previous response's next_page_token."""
+    """Empty for the first page, else a previous response's next_page_token
+    (from a call with the same `newest_first`).
+    """
+    newest_first: _builtins.bool
+    """False (default): oldest first, for replay. True: newest first, for
+    reading the tail of a long conversation.
+    """
     def __init__(
         self,
         *,
@@ -928,10 +995,11 @@ class ListMessagesRequest(_message.Message):
         conversation_id: _builtins.str = ...,
         page_size: _builtins.int = ...,
         page_token: _builtins.str = ...,
+        newest_first: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "page_size", b"page_size", "page_token", b"page_token", "user_id", b"user_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "newest_first", b"newest_first", "page_size", b"page_size", "page_token", b"page_token", "user_id", b"user_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -949,7 +1017,7 @@ class ListMessagesResponse(_message.Message):
     """Empty when there are no more pages."""
     @_builtins.property
     def messages(self) -> _containers.RepeatedCompositeFieldContainer[Global___MessageRecord]:
-        """Oldest first."""
+        """In the requested order."""
 
     def __init__(
         self,
@@ -1278,3 +1346,53 @@ class RequestStopResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___RequestStopResponse: _TypeAlias = RequestStopResponse  # noqa: Y015
+
+@_typing.final
+class ListCompactionsRequest(_message.Message):
+    """Request for ListCompactions."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    USER_ID_FIELD_NUMBER: _builtins.int
+    CONVERSATION_ID_FIELD_NUMBER: _builtins.int
+    user_id: _builtins.str
+    """The owner. Required."""
+    conversation_id: _builtins.str
+    """The conversation. Required."""
+    def __init__(
+        self,
+        *,
+        user_id: _builtins.str = ...,
+        conversation_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "user_id", b"user_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListCompactionsRequest: _TypeAlias = ListCompactionsRequest  # noqa: Y015
+
+@_typing.final
+class ListCompactionsResponse(_message.Message):
+    """Response of ListCompactions."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    COMPACTIONS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def compactions(self) -> _containers.RepeatedCompositeFieldContainer[Global___CompactionRecord]:
+        """Oldest first."""
+
+    def __init__(
+        self,
+        *,
+        compactions: _abc.Iterable[Global___CompactionRecord] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["compactions", b"compactions"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListCompactionsResponse: _TypeAlias = ListCompactionsResponse  # noqa: Y015

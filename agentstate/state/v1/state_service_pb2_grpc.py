@@ -91,6 +91,11 @@ class StateServiceStub:
                 request_serializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.ListMessagesRequest.SerializeToString,
                 response_deserializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.ListMessagesResponse.FromString,
                 _registered_method=True)
+        self.ListCompactions = channel.unary_unary(
+                '/agentstate.state.v1.StateService/ListCompactions',
+                request_serializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.ListCompactionsRequest.SerializeToString,
+                response_deserializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.ListCompactionsResponse.FromString,
+                _registered_method=True)
         self.GetMessage = channel.unary_unary(
                 '/agentstate.state.v1.StateService/GetMessage',
                 request_serializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.GetMessageRequest.SerializeToString,
@@ -222,6 +227,14 @@ class StateServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListCompactions(self, request, context):
+        """ListCompactions returns the audit trail of context compactions of a
+        conversation, oldest first. They are deleted with the conversation.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetMessage(self, request, context):
         """GetMessage returns one message record of a conversation. NOT_FOUND when
         it is not in that conversation of that user.
@@ -327,6 +340,11 @@ def add_StateServiceServicer_to_server(servicer, server):
                     servicer.ListMessages,
                     request_deserializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.ListMessagesRequest.FromString,
                     response_serializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.ListMessagesResponse.SerializeToString,
+            ),
+            'ListCompactions': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListCompactions,
+                    request_deserializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.ListCompactionsRequest.FromString,
+                    response_serializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.ListCompactionsResponse.SerializeToString,
             ),
             'GetMessage': grpc.unary_unary_rpc_method_handler(
                     servicer.GetMessage,
@@ -653,6 +671,33 @@ class StateService:
             '/agentstate.state.v1.StateService/ListMessages',
             agentstate_dot_state_dot_v1_dot_state__service__pb2.ListMessagesRequest.SerializeToString,
             agentstate_dot_state_dot_v1_dot_state__service__pb2.ListMessagesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListCompactions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agentstate.state.v1.StateService/ListCompactions',
+            agentstate_dot_state_dot_v1_dot_state__service__pb2.ListCompactionsRequest.SerializeToString,
+            agentstate_dot_state_dot_v1_dot_state__service__pb2.ListCompactionsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -104,6 +104,10 @@ class StateServiceStub:
     were appended, in pages (for UI replay). Context management never
     rewrites these records.
     """
+    ListCompactions: _grpc.UnaryUnaryMultiCallable[_state_service_pb2.ListCompactionsRequest, _state_service_pb2.ListCompactionsResponse]
+    """ListCompactions returns the audit trail of context compactions of a
+    conversation, oldest first. They are deleted with the conversation.
+    """
     GetMessage: _grpc.UnaryUnaryMultiCallable[_state_service_pb2.GetMessageRequest, _state_service_pb2.GetMessageResponse]
     """GetMessage returns one message record of a conversation. NOT_FOUND when
     it is not in that conversation of that user.
@@ -191,6 +195,10 @@ class StateServiceAsyncStub(StateServiceStub):
     """ListMessages returns a conversation's message records in the order they
     were appended, in pages (for UI replay). Context management never
     rewrites these records.
+    """
+    ListCompactions: _aio.UnaryUnaryMultiCallable[_state_service_pb2.ListCompactionsRequest, _state_service_pb2.ListCompactionsResponse]  # type: ignore[assignment]
+    """ListCompactions returns the audit trail of context compactions of a
+    conversation, oldest first. They are deleted with the conversation.
     """
     GetMessage: _aio.UnaryUnaryMultiCallable[_state_service_pb2.GetMessageRequest, _state_service_pb2.GetMessageResponse]  # type: ignore[assignment]
     """GetMessage returns one message record of a conversation. NOT_FOUND when
@@ -342,6 +350,16 @@ class StateServiceServicer(metaclass=_abc_1.ABCMeta):
         """ListMessages returns a conversation's message records in the order they
         were appended, in pages (for UI replay). Context management never
         rewrites these records.
+        """
+
+    @_abc_1.abstractmethod
+    def ListCompactions(
+        self,
+        request: _state_service_pb2.ListCompactionsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_state_service_pb2.ListCompactionsResponse, _abc.Awaitable[_state_service_pb2.ListCompactionsResponse]]:
+        """ListCompactions returns the audit trail of context compactions of a
+        conversation, oldest first. They are deleted with the conversation.
         """
 
     @_abc_1.abstractmethod

@@ -1,0 +1,1 @@
+"""Context management: token budgets, trimming, compaction, RAG-mode history."""
