@@ -7,25 +7,27 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import sys
 
 from agent_service.config import AgentServiceSettings
 from agent_service.server import serve
+from agentstate.common import telemetry
 from agentstate.common.config import ConfigError
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="agentstate-agent", description=__doc__)
     parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    telemetry.configure_logging("agentstate-agent")
     try:
-        asyncio.run(serve(AgentServiceSettings.from_env()))
+        settings = AgentServiceSettings.from_env()
+        telemetry.configure_from_env("agentstate-agent")
+        asyncio.run(serve(settings))
     except ConfigError as exc:
         print(f"agentstate-agent: {exc}", file=sys.stderr)
         return 2
+    finally:
+        telemetry.shutdown()
     return 0
 
 

@@ -54,6 +54,8 @@ class AgentServiceSettings:
     keep_tool_cycles: int = 3
     # AGENT_STATE_MAX_BYTES: largest state the agent saves (keep <= STATE_MAX_PAYLOAD_BYTES).
     state_max_bytes: int = 8 * MIB
+    # AGENT_TRACE_USER_ID: how spans carry the end user: hash (default), plain or omit.
+    trace_user_id: str = "hash"
     # ORDERS_DATABASE_URL: the demo order system's PostgreSQL; empty = in memory.
     orders_database_url: str = ""
 
@@ -104,6 +106,9 @@ class AgentServiceSettings:
             trim_at=env_float(env, "AGENT_TRIM_AT", d.trim_at, minimum=0.05),
             compact_at=env_float(env, "AGENT_COMPACT_AT", d.compact_at, minimum=0.1),
             keep_tool_cycles=env_int(env, "AGENT_KEEP_TOOL_CYCLES", d.keep_tool_cycles),
+            trace_user_id=env_choice(
+                env, "AGENT_TRACE_USER_ID", d.trace_user_id, ("hash", "plain", "omit")
+            ),
             state_max_bytes=env_int(env, "AGENT_STATE_MAX_BYTES", d.state_max_bytes, minimum=4096),
         )
         if not settings.trim_at < settings.compact_at <= 1.0:

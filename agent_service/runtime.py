@@ -14,10 +14,13 @@ import contextlib
 import copy
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.trace import Span
 
 from agent_service import errors
 from agent_service.agent_state import (
@@ -59,8 +62,15 @@ from agent_service.model.base import (
     Usage,
 )
 from agent_service.state_client import StateClient
+from agent_service.telemetry import (
+    CONFIRMATIONS,
+    LEASE_CONFLICTS,
+    RUNNING_TURNS,
+    user_attribute,
+)
 from agent_service.tools.registry import ArgumentError, ToolContext, ToolRegistry, check_arguments
 from agent_service.tools.skills import active_skills
+from agentstate.common.telemetry import tracer
 from agentstate.state.v1 import state_service_pb2 as spb
 
 log = logging.getLogger(__name__)
@@ -86,6 +96,7 @@ class RuntimeSettings:
     max_turns_per_user: int = 5
     card_ttl_seconds: float = 900.0
     max_steps: int = 8
+    trace_user_id: str = "hash"  # how spans carry the end user: hash, plain or omit
 
 
 class TurnStopped(Exception):
@@ -190,7 +201,29 @@ class TurnRunner:
 
     # ------------------------------------------------------------ entry points
 
+    @contextlib.contextmanager
+    def _turn_span(self, kind: str, user_id: str, conversation_id: str) -> Iterator[Span]:
+        """The turn's span: everything the turn does (state, model, tools) nests under it."""
+        with tracer().start_as_current_span(f"agent.turn {kind}") as span:
+            user = user_attribute(user_id, self.settings.trace_user_id)
+            if user is not None:
+                span.set_attribute("enduser.id", user)
+            if conversation_id:
+                span.set_attribute("agentstate.conversation_id", conversation_id)
+            RUNNING_TURNS.add(1)
+            try:
+                yield span
+            except errors.AgentError as exc:
+                span.set_attribute("agentstate.turn.outcome", f"error:{type(exc).__name__}")
+                raise
+            finally:
+                RUNNING_TURNS.add(-1)
+
     async def chat(self, user_id: str, conversation_id: str, question: str, emit: Emit) -> None:
+        with self._turn_span("Chat", user_id, conversation_id):
+            await self._chat(user_id, conversation_id, question, emit)
+
+    async def _chat(self, user_id: str, conversation_id: str, question: str, emit: Emit) -> None:
         question = question.strip()
         if not question:
             raise errors.InvalidInput("question must not be empty")
@@ -239,6 +272,13 @@ class TurnRunner:
     async def confirm(
         self, user_id: str, conversation_id: str, message_id: str, approved: bool, emit: Emit
     ) -> None:
+        with self._turn_span("Confirm", user_id, conversation_id) as span:
+            span.set_attribute("agentstate.confirm.approved", approved)
+            await self._confirm(user_id, conversation_id, message_id, approved, emit)
+
+    async def _confirm(
+        self, user_id: str, conversation_id: str, message_id: str, approved: bool, emit: Emit
+    ) -> None:
         if not message_id:
             raise errors.InvalidInput("message_id is required")
         await self.state.get_conversation(user_id, conversation_id)
@@ -258,6 +298,7 @@ class TurnRunner:
             if _card_expired(card, _now()):
                 writes = self._settle_expired(state, card_msg)
                 await self.state.save(user_id, conversation_id, state, loaded.version, writes)
+                CONFIRMATIONS.add(1, {"decision": "expired"})
                 raise errors.Conflict(
                     f"confirmation card {message_id} expired at {card['expires_at']}; "
                     "its operations were not executed"
@@ -279,6 +320,7 @@ class TurnRunner:
             for hint in hints:
                 await emit(Hint(hint))
             card["status"] = "approved" if approved else "denied"
+            CONFIRMATIONS.add(1, {"decision": card["status"]})
             writes = [
                 spb.MessageWrite(
                     update=spb.MessageUpdate(
@@ -308,14 +350,21 @@ class TurnRunner:
     async def _lease(self, user_id: str, conversation_id: str) -> AsyncIterator[TurnControl]:
         if self.registry.draining:
             raise errors.Unavailable("this agent replica is shutting down; retry on another")
-        lease = await self.state.acquire_lease(
-            user_id,
-            conversation_id,
-            self.settings.holder,
-            self.settings.lease_ttl_ms,
-            self.settings.max_turns_per_user,
-        )
+        try:
+            lease = await self.state.acquire_lease(
+                user_id,
+                conversation_id,
+                self.settings.holder,
+                self.settings.lease_ttl_ms,
+                self.settings.max_turns_per_user,
+            )
+        except errors.Conflict:
+            LEASE_CONFLICTS.add(1)
+            raise
         control = TurnControl(user_id, conversation_id, str(lease.task_id))
+        span = trace.get_current_span()
+        span.set_attribute("agentstate.conversation_id", conversation_id)
+        span.set_attribute("agentstate.task_id", control.task_id)
         task = asyncio.current_task()
         assert task is not None
         self.registry.add(control, task)
@@ -473,6 +522,17 @@ class TurnRunner:
         if failure is not None:
             await emit(Delta(DeltaKind.ERROR, str(failure)))
             raise failure
+        outcome_name = {Finished: "finished", CardShown: "confirm", Cancelled: "cancelled"}[
+            type(outcome)
+        ]
+        trace.get_current_span().set_attribute("agentstate.turn.outcome", outcome_name)
+        log.info(
+            "turn %s of conversation %s ended: %s (%d messages in context)",
+            control.task_id,
+            control.conversation_id,
+            outcome_name,
+            len(state.context),
+        )
         await emit(outcome)
         await emit(Done())
 
@@ -571,18 +631,35 @@ class TurnRunner:
         text: list[str] = []
         calls: list[ToolCall] = []
         usage: dict[str, int] | None = None
-        async for event in self.model.stream(request):
-            control.checkpoint()
-            if isinstance(event, ThinkingDelta):
-                thinking.append(event.text)
-                await emit(Delta(DeltaKind.THINKING, event.text))
-            elif isinstance(event, TextDelta):
-                text.append(event.text)
-                await emit(Delta(DeltaKind.RESPONSE, event.text))
-            elif isinstance(event, ToolCall):
-                calls.append(event)
-            elif isinstance(event, Usage):
-                usage = {"input_tokens": event.input_tokens, "output_tokens": event.output_tokens}
+        with tracer().start_as_current_span("model.call") as span:
+            span.set_attributes(
+                {
+                    "gen_ai.request.model": self.model.name,
+                    "agentstate.model.step": state.cur_iter,
+                    "agentstate.context.tokens": report.tokens,
+                    "agentstate.context.messages": len(context),
+                    "agentstate.context.trimmed": report.trimmed,
+                    "agentstate.context.compactions": len(report.compactions),
+                }
+            )
+            async for event in self.model.stream(request):
+                control.checkpoint()
+                if isinstance(event, ThinkingDelta):
+                    thinking.append(event.text)
+                    await emit(Delta(DeltaKind.THINKING, event.text))
+                elif isinstance(event, TextDelta):
+                    text.append(event.text)
+                    await emit(Delta(DeltaKind.RESPONSE, event.text))
+                elif isinstance(event, ToolCall):
+                    calls.append(event)
+                elif isinstance(event, Usage):
+                    usage = {
+                        "input_tokens": event.input_tokens,
+                        "output_tokens": event.output_tokens,
+                    }
+                    span.set_attribute("gen_ai.usage.input_tokens", event.input_tokens)
+                    span.set_attribute("gen_ai.usage.output_tokens", event.output_tokens)
+            span.set_attribute("agentstate.model.tool_calls", len(calls))
         content: list[Block] = []
         if thinking:
             content.append(ThinkingBlock("".join(thinking)))
@@ -603,6 +680,19 @@ class TurnRunner:
     ) -> ToolResultBlock:
         """Run one call. `active`: the skills in context, when offering matters (a
         call the user approved on a card runs even if its handbook was compacted since)."""
+        with tracer().start_as_current_span("tool.call") as span:
+            span.set_attributes({"gen_ai.tool.name": call.name, "gen_ai.tool.call.id": call.id})
+            result = await self._run_tool_traced(control, call, emit, active)
+            span.set_attribute("agentstate.tool.outcome", result.state.value)
+            return result
+
+    async def _run_tool_traced(
+        self,
+        control: TurnControl,
+        call: ToolUseBlock,
+        emit: Emit,
+        active: set[str] | None,
+    ) -> ToolResultBlock:
         await emit(ToolStatus(call.id, call.name, CallStatus.RUNNING, call.input))
         tool = self.tools.get(call.name)
         if tool is None:

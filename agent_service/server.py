@@ -27,6 +27,7 @@ from agent_service.tools.registry import Tool, ToolRegistry
 from agent_service.tools.skills import load_skill_tool
 from agentstate.agent.v1 import agent_service_pb2 as pb
 from agentstate.agent.v1 import agent_service_pb2_grpc as pb_grpc
+from agentstate.common import telemetry
 from agentstate.common.grpc_server import (
     add_health_and_reflection,
     bind,
@@ -80,6 +81,7 @@ class AgentServiceApp:
         limit = settings.grpc_max_message_bytes
         self._channel = grpc.aio.insecure_channel(
             settings.state_address,
+            interceptors=telemetry.grpc_client_interceptors(),
             options=[
                 ("grpc.max_receive_message_length", limit),
                 ("grpc.max_send_message_length", limit),
@@ -123,11 +125,14 @@ class AgentServiceApp:
                 max_turns_per_user=settings.max_turns_per_user,
                 card_ttl_seconds=settings.card_ttl_seconds,
                 max_steps=settings.max_steps,
+                trace_user_id=settings.trace_user_id,
             ),
             registry=self.registry,
             middlewares=self._middlewares,
         )
-        server = create_server(max_message_bytes=limit)
+        server = create_server(
+            max_message_bytes=limit, interceptors=telemetry.grpc_server_interceptors()
+        )
         pb_grpc.add_AgentServiceServicer_to_server(AgentServicer(runner), server)
         self._health = add_health_and_reflection(server, [SERVICE_NAME])
         address = bind(server, settings.listen_address)

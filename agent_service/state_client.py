@@ -7,6 +7,7 @@ runtime's errors (agent_service.errors), so nothing above it knows gRPC.
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar
@@ -16,6 +17,13 @@ import grpc
 from agent_service import errors
 from agent_service.agent_state import AgentState
 from agentstate.common.grpc_metadata import trailer
+from agentstate.common.state_metrics import (
+    LOAD_DURATION,
+    PAYLOAD_SIZE,
+    SAVE_DURATION,
+    VERSION_CONFLICTS,
+)
+from agentstate.common.telemetry import tracer
 from agentstate.state.v1 import state_service_pb2 as pb
 from agentstate.state.v1 import state_service_pb2_grpc as pb_grpc
 
@@ -116,25 +124,45 @@ class StateClient:
     async def load(self, user_id: str, conversation_id: str) -> LoadedState:
         """The stored state and its version. Any failure raises: a turn never
         starts from a fresh state because a load failed."""
-        try:
-            response = await self._stub.GetState(
-                pb.GetStateRequest(user_id=user_id, conversation_id=conversation_id),
-                timeout=self._timeout,
-            )
-        except grpc.aio.AioRpcError as exc:
-            if (
-                exc.code() == grpc.StatusCode.NOT_FOUND
-                and trailer(exc, "agentstate-missing") == "state"
-            ):
-                return LoadedState(None, 0)
-            raise
-        try:
-            state = AgentState.decode(response.payload)
-        except (ValueError, KeyError, TypeError) as exc:
-            raise errors.InternalError(
-                f"stored state of conversation {conversation_id} cannot be decoded: {exc}"
-            ) from exc
-        return LoadedState(state, int(response.version))
+        with tracer().start_as_current_span("state.load") as span:
+            span.set_attribute("agentstate.conversation_id", conversation_id)
+            started = time.perf_counter()
+            outcome = "error"
+            try:
+                try:
+                    response = await self._stub.GetState(
+                        pb.GetStateRequest(user_id=user_id, conversation_id=conversation_id),
+                        timeout=self._timeout,
+                    )
+                except grpc.aio.AioRpcError as exc:
+                    no_state = trailer(exc, "agentstate-missing") == "state"
+                    if exc.code() == grpc.StatusCode.NOT_FOUND and no_state:
+                        outcome = "not_found"
+                        span.set_attribute("agentstate.state.version_read", 0)
+                        return LoadedState(None, 0)
+                    raise
+                try:
+                    state = AgentState.decode(response.payload)
+                except (ValueError, KeyError, TypeError) as exc:
+                    raise errors.InternalError(
+                        f"stored state of conversation {conversation_id} cannot be decoded: {exc}"
+                    ) from exc
+                outcome = "ok"
+                size = len(response.payload)
+                span.set_attributes(
+                    {
+                        "agentstate.state.payload_bytes": size,
+                        "agentstate.state.message_count": len(state.context),
+                        "agentstate.state.version_read": int(response.version),
+                    }
+                )
+                PAYLOAD_SIZE.record(size, {"side": "client", "op": "load"})
+                return LoadedState(state, int(response.version))
+            finally:
+                span.set_attribute("agentstate.state.outcome", outcome)
+                LOAD_DURATION.record(
+                    time.perf_counter() - started, {"side": "client", "outcome": outcome}
+                )
 
     @_translated
     async def save(
@@ -147,17 +175,45 @@ class StateClient:
         compaction_records: Sequence[pb.CompactionRecord] = (),
     ) -> pb.UpsertStateResponse:
         """Compare-and-set save of the whole state plus message records, atomically."""
-        return await self._stub.UpsertState(  # type: ignore[no-any-return]
-            pb.UpsertStateRequest(
-                user_id=user_id,
-                conversation_id=conversation_id,
-                payload=state.encode(),
-                expected_version=expected_version,
-                message_writes=list(message_writes),
-                compaction_records=list(compaction_records),
-            ),
-            timeout=self._timeout,
-        )
+        payload = state.encode()
+        with tracer().start_as_current_span("state.save") as span:
+            span.set_attributes(
+                {
+                    "agentstate.conversation_id": conversation_id,
+                    "agentstate.state.payload_bytes": len(payload),
+                    "agentstate.state.message_count": len(state.context),
+                    "agentstate.state.version_read": expected_version,
+                    "agentstate.state.message_writes": len(message_writes),
+                }
+            )
+            PAYLOAD_SIZE.record(len(payload), {"side": "client", "op": "save"})
+            started = time.perf_counter()
+            outcome = "error"
+            try:
+                response: pb.UpsertStateResponse = await self._stub.UpsertState(
+                    pb.UpsertStateRequest(
+                        user_id=user_id,
+                        conversation_id=conversation_id,
+                        payload=payload,
+                        expected_version=expected_version,
+                        message_writes=list(message_writes),
+                        compaction_records=list(compaction_records),
+                    ),
+                    timeout=self._timeout,
+                )
+                outcome = "ok"
+                span.set_attribute("agentstate.state.version_written", int(response.version))
+                return response
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() == grpc.StatusCode.ABORTED:
+                    outcome = "version_conflict"
+                    VERSION_CONFLICTS.add(1, {"side": "client"})
+                raise
+            finally:
+                span.set_attribute("agentstate.state.outcome", outcome)
+                SAVE_DURATION.record(
+                    time.perf_counter() - started, {"side": "client", "outcome": outcome}
+                )
 
     # ------------------------------------------------------------- messages
 

@@ -27,6 +27,7 @@ from agent_service.servicer import USER_ID_METADATA_KEY
 from agentstate.agent.v1 import agent_service_pb2 as pb
 from agentstate.agent.v1 import agent_service_pb2_grpc as pb_grpc
 from agentstate.common.service_process import ServiceProcess
+from tests.telemetry_tools import OtlpReceiver
 
 QUESTION = "我买的那块Apple Watch还没发货的话，帮我取消吧，不想要了。"
 
@@ -56,7 +57,19 @@ def one_example(stub: Any, user_id: str) -> tuple[float, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--turns", type=int, default=100)
+    parser.add_argument(
+        "--tracing", action="store_true", help="both services export traces and metrics over OTLP"
+    )
     args = parser.parse_args()
+    receiver = OtlpReceiver()
+    otel: dict[str, str] = {}
+    if args.tracing:
+        otel = {
+            "OTEL_TRACES_EXPORTER": "otlp",
+            "OTEL_METRICS_EXPORTER": "otlp",
+            "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.start(),
+            "OTEL_EXPORTER_OTLP_INSECURE": "true",
+        }
     root = Path(tempfile.mkdtemp(prefix="agentstate-bench-"))
     root.chmod(0o755)
     services = []
@@ -64,6 +77,7 @@ def main() -> None:
         state = ServiceProcess(
             "state_service",
             {
+                **otel,
                 "STATE_LISTEN_ADDRESS": "127.0.0.1:0",
                 "STATE_EMBEDDED_PG_DIR": str(root / "pgdata"),
                 "DATABASE_URL": os.environ.get("DATABASE_URL", ""),
@@ -72,7 +86,11 @@ def main() -> None:
         services.append(state)
         agent = ServiceProcess(
             "agent_service",
-            {"AGENT_LISTEN_ADDRESS": "127.0.0.1:0", "AGENT_STATE_ADDRESS": state.wait_ready()},
+            {
+                **otel,
+                "AGENT_LISTEN_ADDRESS": "127.0.0.1:0",
+                "AGENT_STATE_ADDRESS": state.wait_ready(),
+            },
         )
         services.append(agent)
         with grpc.insecure_channel(agent.wait_ready()) as channel:
@@ -83,7 +101,10 @@ def main() -> None:
     finally:
         for service in reversed(services):
             service.terminate()
+        receiver.stop()
         shutil.rmtree(root, ignore_errors=True)
+    tracing = f"tracing on (OTLP, {len(receiver.spans)} spans received)" if args.tracing else "off"
+    print(f"tracing: {tracing}")
     print(f"{args.turns} runs of the source's example, sequential, scripted model, 127.0.0.1")
     print(f"{'turn':<34} {'p50 ms':>8} {'p90 ms':>8} {'max ms':>8}")
     for name, values in (

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import sys
 
+from agentstate.common import telemetry
 from agentstate.common.config import ConfigError
 from agentstate.common.embedded_postgres import EmbeddedPostgres, EmbeddedPostgresError
 from state_service.config import StateServiceSettings
@@ -47,11 +47,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("command", nargs="?", default="serve", choices=["serve", "migrate"])
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    telemetry.configure_logging("agentstate-state")
     try:
         settings = StateServiceSettings.from_env()
+        telemetry.configure_from_env("agentstate-state")
         if args.command == "migrate":
             asyncio.run(_migrate(settings))
         else:
@@ -59,6 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, EmbeddedPostgresError, StoreUnavailable) as exc:
         print(f"agentstate-state: {exc}", file=sys.stderr)
         return 2
+    finally:
+        telemetry.shutdown()
     return 0
 
 

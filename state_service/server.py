@@ -8,6 +8,7 @@ from typing import Any
 
 import grpc
 
+from agentstate.common import telemetry
 from agentstate.common.embedded_postgres import EmbeddedPostgres
 from agentstate.common.grpc_server import (
     add_health_and_reflection,
@@ -41,7 +42,10 @@ class StateServiceApp:
 
     async def start(self) -> str:
         self.store = await self._open_store()
-        server = create_server(max_message_bytes=self.settings.grpc_max_message_bytes)
+        server = create_server(
+            max_message_bytes=self.settings.grpc_max_message_bytes,
+            interceptors=telemetry.grpc_server_interceptors(),
+        )
         pb_grpc.add_StateServiceServicer_to_server(
             StateServicer(self.store, max_payload_bytes=self.settings.max_payload_bytes), server
         )

@@ -2,15 +2,24 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
-from collections.abc import Awaitable, Callable
+import time
+from collections.abc import Awaitable, Callable, Iterator
 from datetime import datetime
 from typing import Any, TypeVar
 
 import grpc
 from google.protobuf.timestamp_pb2 import Timestamp
+from opentelemetry.metrics import Histogram
 
+from agentstate.common.state_metrics import (
+    LOAD_DURATION,
+    PAYLOAD_SIZE,
+    SAVE_DURATION,
+    VERSION_CONFLICTS,
+)
 from agentstate.state.v1 import state_service_pb2 as pb
 from agentstate.state.v1 import state_service_pb2_grpc as pb_grpc
 from state_service import domain as d
@@ -74,6 +83,25 @@ def _grpc_errors(handler: Handler[Request, Response]) -> Handler[Request, Respon
             raise  # unreachable: abort raises
 
     return wrapper
+
+
+@contextlib.contextmanager
+def _timed(histogram: Histogram) -> Iterator[None]:
+    """Record a store call's latency by outcome; count version conflicts."""
+    started = time.perf_counter()
+    outcome = "error"
+    try:
+        yield
+        outcome = "ok"
+    except d.NotFound:
+        outcome = "not_found"
+        raise
+    except d.VersionConflict:
+        outcome = "version_conflict"
+        VERSION_CONFLICTS.add(1, {"side": "server"})
+        raise
+    finally:
+        histogram.record(time.perf_counter() - started, {"side": "server", "outcome": outcome})
 
 
 def _timestamp(value: datetime) -> Timestamp:
@@ -203,11 +231,13 @@ class StateServicer(pb_grpc.StateServiceServicer):
     async def GetState(
         self, request: pb.GetStateRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.GetStateResponse:
-        state = await self._store.get_state(
-            d.validate_user_id(request.user_id),
-            d.parse_id(request.conversation_id, "conversation_id"),
-            d.validate_state_key(request.state_key),
-        )
+        with _timed(LOAD_DURATION):
+            state = await self._store.get_state(
+                d.validate_user_id(request.user_id),
+                d.parse_id(request.conversation_id, "conversation_id"),
+                d.validate_state_key(request.state_key),
+            )
+        PAYLOAD_SIZE.record(len(state.payload), {"side": "server", "op": "load"})
         return pb.GetStateResponse(
             payload=state.payload, version=state.version, update_time=_timestamp(state.update_time)
         )
@@ -227,9 +257,11 @@ class StateServicer(pb_grpc.StateServiceServicer):
         d.check_state_payload(request.payload, self._max_payload_bytes)
         writes = [message_write_from_pb(w, i) for i, w in enumerate(request.message_writes)]
         compactions = [compaction_from_pb(c, i) for i, c in enumerate(request.compaction_records)]
-        result = await self._store.upsert_state(
-            user_id, conversation_id, state_key, request.payload, expected, writes, compactions
-        )
+        PAYLOAD_SIZE.record(len(request.payload), {"side": "server", "op": "save"})
+        with _timed(SAVE_DURATION):
+            result = await self._store.upsert_state(
+                user_id, conversation_id, state_key, request.payload, expected, writes, compactions
+            )
         return pb.UpsertStateResponse(
             version=result.version,
             update_time=_timestamp(result.update_time),

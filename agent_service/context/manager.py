@@ -9,8 +9,8 @@ Never trimmed: the current turn, an unfinished tool cycle, and the last
 Stage 2, compaction (above `compact_at`): the earliest part of the context,
 cut only where a user turn starts, is replaced by a summary written by the
 model. The summary lives in AgentState.summary; the model receives it with the
-system prompt ("Earlier conversation (summary)"), and the context list starts
-at the first kept user turn. A tool_use is never separated from its
+system prompt (see docs/context.md), and the context list starts at the first
+kept user turn. A tool_use is never separated from its
 tool_result, a pending (asking) call is never compacted away, and when no safe
 cut exists nothing is compacted.
 

@@ -18,6 +18,7 @@ from psycopg.adapt import Buffer, Dumper, Loader
 from psycopg.rows import tuple_row
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
+from agentstate.common import telemetry
 from state_service.domain import (
     Compaction,
     Conversation,
@@ -80,6 +81,7 @@ async def _configure_connection(conn: Conn) -> None:
     conn.adapters.register_dumper(RawJson, _RawJsonbDumper)
     conn.adapters.register_loader(_JSONB_OID, _RawJsonbLoader)
     await conn.set_autocommit(False)
+    telemetry.instrument_psycopg_connection(conn)  # database spans, when tracing is on
 
 
 def _conversation(row: tuple[Any, ...]) -> Conversation:

@@ -1,0 +1,171 @@
+"""OpenTelemetry setup shared by both services: traces, metrics and JSON logs.
+
+Configured only through the standard OTEL_* environment variables:
+
+- OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES: who is reporting.
+- OTEL_TRACES_EXPORTER / OTEL_METRICS_EXPORTER: `none` (default: no SDK is installed,
+  so tracing costs nothing), `console`, or `otlp` (OTLP/gRPC; OTEL_EXPORTER_OTLP_ENDPOINT,
+  OTEL_EXPORTER_OTLP_INSECURE and the other OTEL_EXPORTER_OTLP_* variables apply).
+- OTEL_TRACES_SAMPLER / OTEL_TRACES_SAMPLER_ARG: read by the SDK (default parentbased_always_on).
+- OTEL_METRIC_EXPORT_INTERVAL: milliseconds between metric exports (SDK default 60000).
+- OTEL_SDK_DISABLED=true turns everything off.
+
+Instrumentation is the standard one: gRPC client and server interceptors (W3C trace
+context crosses every hop) and psycopg for database spans; it is installed only
+when a tracer provider is configured.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from opentelemetry import metrics, trace
+
+from agentstate.common.config import ConfigError
+
+TRACER_NAME = "agentstate"
+
+
+def _exporter_names(env: Mapping[str, str], name: str) -> set[str]:
+    raw = env.get(name, "none").strip().lower() or "none"
+    return {part.strip() for part in raw.split(",") if part.strip()} - {"none"}
+
+
+def configure_from_env(service_name: str, env: Mapping[str, str] | None = None) -> None:
+    """Install tracer and meter providers as the OTEL_* variables ask (idempotent per process)."""
+    env = os.environ if env is None else env
+    if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return
+    from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+
+    attributes = {} if env.get("OTEL_SERVICE_NAME") else {SERVICE_NAME: service_name}
+    resource = Resource.create(attributes)  # reads OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES
+    trace_exporters = _exporter_names(env, "OTEL_TRACES_EXPORTER")
+    if trace_exporters and not tracing_enabled():
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
+
+        provider = TracerProvider(resource=resource)  # sampler from OTEL_TRACES_SAMPLER
+        for name in sorted(trace_exporters):
+            if name == "otlp":
+                from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
+                    OTLPSpanExporter,
+                )
+
+                provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+            elif name == "console":
+                provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter()))
+            else:
+                raise ConfigError(f"OTEL_TRACES_EXPORTER={name!r}: use none, console or otlp")
+        trace.set_tracer_provider(provider)
+    metric_exporters = _exporter_names(env, "OTEL_METRICS_EXPORTER")
+    if metric_exporters:
+        from opentelemetry.sdk.metrics import MeterProvider
+        from opentelemetry.sdk.metrics.export import (
+            ConsoleMetricExporter,
+            MetricReader,
+            PeriodicExportingMetricReader,
+        )
+
+        readers: list[MetricReader] = []
+        for name in sorted(metric_exporters):
+            if name == "otlp":
+                from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import (
+                    OTLPMetricExporter,
+                )
+
+                readers.append(PeriodicExportingMetricReader(OTLPMetricExporter()))
+            elif name == "console":
+                readers.append(PeriodicExportingMetricReader(ConsoleMetricExporter()))
+            else:
+                raise ConfigError(f"OTEL_METRICS_EXPORTER={name!r}: use none, console or otlp")
+        metrics.set_meter_provider(MeterProvider(resource=resource, metric_readers=readers))
+
+
+def tracing_enabled() -> bool:
+    """True when an SDK tracer provider is installed (by us or by a test)."""
+    from opentelemetry.sdk.trace import TracerProvider
+
+    return isinstance(trace.get_tracer_provider(), TracerProvider)
+
+
+def shutdown() -> None:
+    """Flush what is buffered (spans, metrics) before the process exits."""
+    for provider in (trace.get_tracer_provider(), metrics.get_meter_provider()):
+        flush = getattr(provider, "shutdown", None)
+        if callable(flush):
+            flush()
+
+
+def tracer() -> trace.Tracer:
+    return trace.get_tracer(TRACER_NAME)
+
+
+def meter(name: str) -> metrics.Meter:
+    return metrics.get_meter(name)
+
+
+def grpc_server_interceptors() -> list[Any]:
+    if not tracing_enabled():
+        return []
+    from opentelemetry.instrumentation.grpc import aio_server_interceptor
+
+    return [aio_server_interceptor()]
+
+
+def grpc_client_interceptors() -> list[Any]:
+    if not tracing_enabled():
+        return []
+    from opentelemetry.instrumentation.grpc import aio_client_interceptors
+
+    return list(aio_client_interceptors())
+
+
+def instrument_psycopg_connection(connection: Any) -> None:
+    if tracing_enabled():
+        from opentelemetry.instrumentation.psycopg import PsycopgInstrumentor
+
+        PsycopgInstrumentor.instrument_connection(connection)
+
+
+class JsonLogFormatter(logging.Formatter):
+    """One JSON object per line, with the current trace and span ids."""
+
+    def __init__(self, service: str) -> None:
+        super().__init__()
+        self.service = service
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname,
+            "service": self.service,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        context = trace.get_current_span().get_span_context()
+        if context.is_valid:
+            entry["trace_id"] = format(context.trace_id, "032x")
+            entry["span_id"] = format(context.span_id, "016x")
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry, ensure_ascii=False)
+
+
+def configure_logging(service: str, env: Mapping[str, str] | None = None) -> None:
+    """JSON lines on stderr (AGENTSTATE_LOG_FORMAT=text for plain text); AGENTSTATE_LOG_LEVEL."""
+    env = os.environ if env is None else env
+    handler = logging.StreamHandler(sys.stderr)
+    if env.get("AGENTSTATE_LOG_FORMAT", "json").strip().lower() == "text":
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    else:
+        handler.setFormatter(JsonLogFormatter(service))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(env.get("AGENTSTATE_LOG_LEVEL", "INFO").strip().upper() or "INFO")
