@@ -163,13 +163,17 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
         self._runner = runner
 
     async def _stream_turn(
-        self, context: Context, run: Callable[[Emit], Awaitable[None]]
+        self, context: Context, run: Callable[[str, Emit], Awaitable[None]]
     ) -> AsyncIterator[pb.TurnEvent]:
-        """Run a turn as its own task and stream its events.
+        """Run a turn for the calling user as its own task and stream its events.
 
         The turn is not tied to the call: if the client goes away, the turn
         still finishes and saves.
         """
+        try:
+            user_id = user_id_of(context)
+        except errors.AgentError as refused:
+            await context.abort(_STATUS_CODES[type(refused)], str(refused))
         queue: asyncio.Queue[TurnEvent | None] = asyncio.Queue()
 
         async def emit(event: TurnEvent) -> None:
@@ -177,7 +181,7 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
 
         async def turn() -> None:
             try:
-                await run(emit)
+                await run(user_id, emit)
             finally:
                 await queue.put(None)
 
@@ -200,33 +204,23 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
     async def Chat(
         self, request: pb.ChatRequest, context: Context
     ) -> AsyncIterator[pb.ChatResponse]:
-        try:
-            user_id = user_id_of(context)
-        except errors.AgentError as exc:
-            await context.abort(_STATUS_CODES[type(exc)], str(exc))
-        stream = self._stream_turn(
+        async for event in self._stream_turn(
             context,
-            lambda emit: self._runner.chat(
+            lambda user_id, emit: self._runner.chat(
                 user_id, request.conversation_id, request.question, emit
             ),
-        )
-        async for event in stream:
+        ):
             yield pb.ChatResponse(event=event)
 
     async def Confirm(
         self, request: pb.ConfirmRequest, context: Context
     ) -> AsyncIterator[pb.ConfirmResponse]:
-        try:
-            user_id = user_id_of(context)
-        except errors.AgentError as exc:
-            await context.abort(_STATUS_CODES[type(exc)], str(exc))
-        stream = self._stream_turn(
+        async for event in self._stream_turn(
             context,
-            lambda emit: self._runner.confirm(
+            lambda user_id, emit: self._runner.confirm(
                 user_id, request.conversation_id, request.message_id, request.approved, emit
             ),
-        )
-        async for event in stream:
+        ):
             yield pb.ConfirmResponse(event=event)
 
     @_grpc_errors

@@ -9,14 +9,12 @@ explicit transaction (`conn.transaction()`).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
 from decimal import Decimal
 from typing import Any, Final
 
-import psycopg
 from psycopg.rows import tuple_row
 from psycopg.types.json import Jsonb
-from psycopg_pool import AsyncConnectionPool, PoolTimeout
+from psycopg_pool import AsyncConnectionPool
 
 from agent_service.orders.base import (
     CancelOutcome,
@@ -40,8 +38,7 @@ from agent_service.orders.seed import (
     demo_orders,
     demo_skus,
 )
-
-Conn = psycopg.AsyncConnection[tuple[Any, ...]]
+from agentstate.common.pg_pool import Conn, GuardedPool
 
 # Arbitrary constant, distinct from the state service's migration lock: serialises
 # schema creation so two replicas opening at once cannot race on CREATE ... IF NOT EXISTS.
@@ -291,24 +288,23 @@ class PostgresOrderSystem(OrderSystem):
         timeout: float = 5.0,
         connect_timeout: float = 30.0,
     ) -> None:
-        self._connect_timeout = connect_timeout
-        self._pool: AsyncConnectionPool[Conn] = AsyncConnectionPool(
-            conninfo,
-            min_size=min_size,
-            max_size=max_size,
-            timeout=timeout,
-            open=False,
-            kwargs={"row_factory": tuple_row, "autocommit": True},
-            name="agentstate-demo-orders",
+        self._pool = GuardedPool(
+            AsyncConnectionPool(
+                conninfo,
+                min_size=min_size,
+                max_size=max_size,
+                timeout=timeout,
+                open=False,
+                kwargs={"row_factory": tuple_row, "autocommit": True},
+                name="agentstate-demo-orders",
+            ),
+            what="order database",
+            unavailable=OrderSystemUnavailable,
+            connect_timeout=connect_timeout,
         )
 
     async def open(self) -> None:
-        try:
-            await self._pool.open(wait=True, timeout=self._connect_timeout)
-        except PoolTimeout as exc:
-            raise OrderSystemUnavailable(
-                f"could not connect to the order database within {self._connect_timeout:g}s"
-            ) from exc
+        await self._pool.open()
         async with self._connection() as conn, conn.transaction():
             await conn.execute("SELECT pg_advisory_xact_lock(%s)", (SCHEMA_LOCK_ID,))
             await conn.execute(CREATE_SCHEMA)
@@ -316,16 +312,9 @@ class PostgresOrderSystem(OrderSystem):
     async def close(self) -> None:
         await self._pool.close()
 
-    @contextlib.asynccontextmanager
-    async def _connection(self) -> AsyncIterator[Conn]:
+    def _connection(self) -> contextlib.AbstractAsyncContextManager[Conn]:
         """A pooled connection; database outages become OrderSystemUnavailable."""
-        try:
-            async with self._pool.connection() as conn:
-                yield conn
-        except PoolTimeout as exc:
-            raise OrderSystemUnavailable(f"no order database connection: {exc}") from exc
-        except psycopg.OperationalError as exc:
-            raise OrderSystemUnavailable(f"order database unavailable: {exc}") from exc
+        return self._pool.connection()
 
     async def ensure_seeded(self, user_id: str) -> None:
         async with self._connection() as conn, conn.transaction():

@@ -16,9 +16,10 @@ import psycopg
 import psycopg.errors
 from psycopg.adapt import Buffer, Dumper, Loader
 from psycopg.rows import tuple_row
-from psycopg_pool import AsyncConnectionPool, PoolTimeout
+from psycopg_pool import AsyncConnectionPool
 
 from agentstate.common import telemetry
+from agentstate.common.pg_pool import Conn, GuardedPool, pg_reason
 from state_service.domain import (
     Compaction,
     Conversation,
@@ -47,8 +48,6 @@ from state_service.storage.base import StateStore
 from state_service.storage.migrations import apply_migrations
 
 log = logging.getLogger(__name__)
-
-Conn = psycopg.AsyncConnection[tuple[Any, ...]]
 
 
 class RawJson:
@@ -119,13 +118,6 @@ def _compaction(row: tuple[Any, ...]) -> Compaction:
     )
 
 
-def _pg_reason(exc: psycopg.Error) -> str:
-    """PostgreSQL's own words for what it rejected, with its detail when it gives one."""
-    primary = (exc.diag.message_primary or str(exc)).strip()
-    detail = (exc.diag.message_detail or "").strip()
-    return f"{primary} ({detail})" if detail else primary
-
-
 class PostgresStore(StateStore):
     def __init__(
         self,
@@ -138,29 +130,28 @@ class PostgresStore(StateStore):
         migrate: bool = True,
     ) -> None:
         self._migrate = migrate
-        self._connect_timeout = connect_timeout
-        self._pool: AsyncConnectionPool[Conn] = AsyncConnectionPool(
-            conninfo,
-            min_size=min_size,
-            max_size=max_size,
-            timeout=timeout,
-            open=False,
-            configure=_configure_connection,
-            kwargs={"row_factory": tuple_row},
-            name="agentstate-state",
+        self._pool = GuardedPool(
+            AsyncConnectionPool(
+                conninfo,
+                min_size=min_size,
+                max_size=max_size,
+                timeout=timeout,
+                open=False,
+                configure=_configure_connection,
+                kwargs={"row_factory": tuple_row},
+                name="agentstate-state",
+            ),
+            what="database",
+            unavailable=StoreUnavailable,
+            connect_timeout=connect_timeout,
         )
 
     @property
     def pool(self) -> AsyncConnectionPool[Conn]:
-        return self._pool
+        return self._pool.pool
 
     async def open(self) -> None:
-        try:
-            await self._pool.open(wait=True, timeout=self._connect_timeout)
-        except PoolTimeout as exc:
-            raise StoreUnavailable(
-                f"could not connect to the database within {self._connect_timeout:g}s"
-            ) from exc
+        await self._pool.open()
         if self._migrate:
             async with self._pool.connection() as conn:
                 applied = await apply_migrations(conn)
@@ -172,18 +163,14 @@ class PostgresStore(StateStore):
 
     @contextlib.asynccontextmanager
     async def _connection(self) -> AsyncIterator[Conn]:
-        """A pooled connection; database outages become StoreUnavailable."""
+        """A pooled connection; outages are StoreUnavailable, other refusals StoreError."""
         try:
             async with self._pool.connection() as conn:
                 yield conn
-        except PoolTimeout as exc:
-            raise StoreUnavailable(f"no database connection available: {exc}") from exc
-        except psycopg.OperationalError as exc:
-            raise StoreUnavailable(f"database unavailable: {_pg_reason(exc)}") from exc
         except psycopg.Error as exc:
             # Anything else the database refused: the transaction was rolled back.
             log.exception("database error")
-            raise StoreError(f"database error, nothing was changed: {_pg_reason(exc)}") from exc
+            raise StoreError(f"database error, nothing was changed: {pg_reason(exc)}") from exc
 
     # ------------------------------------------------------------------ state
 
@@ -228,7 +215,7 @@ class PostgresStore(StateStore):
                 cur = await conn.execute(statement, params)
             except (psycopg.DataError, psycopg.errors.CheckViolation) as exc:
                 raise InvalidArgument(
-                    f"payload is not JSON that PostgreSQL can store: {_pg_reason(exc)}"
+                    f"payload is not JSON that PostgreSQL can store: {pg_reason(exc)}"
                 ) from exc
             row = await cur.fetchone()
             if row is None:
@@ -489,7 +476,7 @@ class PostgresStore(StateStore):
             raise NotFound(f"conversation {conversation_id} not found") from exc
         except (psycopg.DataError, psycopg.errors.CheckViolation) as exc:
             raise InvalidArgument(
-                f"{where} holds JSON that PostgreSQL cannot store: {_pg_reason(exc)}"
+                f"{where} holds JSON that PostgreSQL cannot store: {pg_reason(exc)}"
             ) from exc
         row = await cur.fetchone()
         if row is not None:
