@@ -50,6 +50,7 @@ from agent_service.events import (
     Hint,
     Meta,
     ToolStatus,
+    TurnEvent,
 )
 from agent_service.middleware import DEFAULT_MIDDLEWARES, ContextMiddleware
 from agent_service.model.base import (
@@ -64,6 +65,7 @@ from agent_service.model.base import (
 from agent_service.state_client import StateClient
 from agent_service.telemetry import (
     CONFIRMATIONS,
+    CONTEXT_SECONDS,
     LEASE_CONFLICTS,
     RUNNING_TURNS,
     user_attribute,
@@ -150,7 +152,6 @@ class _TurnRecord:
     record_id: str
     blocks: list[dict[str, Any]] = field(default_factory=list)
     compactions: list[CompactionDone] = field(default_factory=list)
-    context_seconds: float = 0.0
 
     def add(self, block: Block) -> None:
         self.blocks.append(block.to_json())
@@ -229,13 +230,37 @@ class TurnRunner:
             raise errors.InvalidInput("question must not be empty")
         if len(question) > MAX_QUESTION_CHARS:
             raise errors.InvalidInput(f"question is longer than {MAX_QUESTION_CHARS} characters")
+        self._ensure_accepting()
         new_conversation = not conversation_id
-        if new_conversation:
-            title = " ".join(question.split())[:40]
-            conversation_id = (await self.state.create_conversation(user_id, title)).conversation_id
-        else:
+        if not new_conversation:
             await self.state.get_conversation(user_id, conversation_id)
+            await self._chat_turn(user_id, conversation_id, question, emit, new_conversation)
+            return
+        title = " ".join(question.split())[:40]
+        conversation_id = (await self.state.create_conversation(user_id, title)).conversation_id
+        started = False
 
+        async def tracking_emit(event: TurnEvent) -> None:
+            nonlocal started
+            started = True
+            await emit(event)
+
+        try:
+            await self._chat_turn(user_id, conversation_id, question, tracking_emit, True)
+        except errors.AgentError:
+            if not started:  # refused before it began: leave no empty conversation behind
+                with contextlib.suppress(errors.AgentError):
+                    await self.state.delete_conversations(user_id, [conversation_id])
+            raise
+
+    async def _chat_turn(
+        self,
+        user_id: str,
+        conversation_id: str,
+        question: str,
+        emit: Emit,
+        new_conversation: bool,
+    ) -> None:
         async with self._lease(user_id, conversation_id) as control:
             loaded = await self.state.load(user_id, conversation_id)
             state = loaded.state or AgentState(session_id=conversation_id, user_id=user_id)
@@ -281,6 +306,7 @@ class TurnRunner:
     ) -> None:
         if not message_id:
             raise errors.InvalidInput("message_id is required")
+        self._ensure_accepting()
         await self.state.get_conversation(user_id, conversation_id)
         async with self._lease(user_id, conversation_id) as control:
             loaded = await self.state.load(user_id, conversation_id)
@@ -346,10 +372,13 @@ class TurnRunner:
 
     # ----------------------------------------------------------------- lease
 
-    @contextlib.asynccontextmanager
-    async def _lease(self, user_id: str, conversation_id: str) -> AsyncIterator[TurnControl]:
+    def _ensure_accepting(self) -> None:
         if self.registry.draining:
             raise errors.Unavailable("this agent replica is shutting down; retry on another")
+
+    @contextlib.asynccontextmanager
+    async def _lease(self, user_id: str, conversation_id: str) -> AsyncIterator[TurnControl]:
+        self._ensure_accepting()
         try:
             lease = await self.state.acquire_lease(
                 user_id,
@@ -476,6 +505,8 @@ class TurnRunner:
             failure = errors.Unavailable(f"the model failed: {exc}")
             status = spb.MESSAGE_STATUS_ERROR
             outcome = Cancelled(record.record_id, str(failure))
+        if decision is not None and state.pending_calls():
+            writes = []  # interrupted before every call was answered: the card stays open
         writes = [
             *writes,
             spb.MessageWrite(
@@ -612,7 +643,10 @@ class TurnRunner:
     ) -> Msg:
         tools = self.tools.specs(active_skills(state.context))
         report = await self.context.prepare(state, tools)
-        record.context_seconds += report.trim_seconds + report.compact_seconds
+        CONTEXT_SECONDS.record(
+            report.trim_seconds + report.compact_seconds,
+            {"trimmed": report.trimmed > 0, "compacted": bool(report.compactions)},
+        )
         if report.compactions:
             record.compactions += report.compactions
             tools = self.tools.specs(active_skills(state.context))  # a handbook may be gone

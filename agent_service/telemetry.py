@@ -16,6 +16,11 @@ CONFIRMATIONS = _meter.create_counter(
     "agentstate.confirmations",
     description="Confirmation cards settled, by decision (approved, denied, expired)",
 )
+CONTEXT_SECONDS = _meter.create_histogram(
+    "agentstate.context.manage.duration",
+    unit="s",
+    description="Time spent trimming and compacting the context before a model call",
+)
 RUNNING_TURNS = _meter.create_up_down_counter(
     "agentstate.turns.running", description="Turns running in this replica"
 )

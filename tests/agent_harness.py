@@ -167,15 +167,15 @@ class Stack:
             pool_max_size=20,
             shutdown_grace_seconds=1,
         )
-        self.agent_settings = AgentServiceSettings(
-            listen_address="127.0.0.1:0",
-            state_address=self.state_address,
-            state_timeout_seconds=5,
-            orders_database_url=orders_url,
-            lease_renew_seconds=0.2,
-            shutdown_grace_seconds=1,
-            **agent_overrides,
-        )
+        defaults: dict[str, Any] = {
+            "listen_address": "127.0.0.1:0",
+            "state_address": self.state_address,
+            "state_timeout_seconds": 5,
+            "orders_database_url": orders_url,
+            "lease_renew_seconds": 0.2,
+            "shutdown_grace_seconds": 1,
+        }
+        self.agent_settings = AgentServiceSettings(**{**defaults, **agent_overrides})
         self.state_app: StateServiceApp | None = None
         self.agents: list[tuple[AgentServiceApp, AgentClient]] = []
         self.reader = StateReader(self.state_address)

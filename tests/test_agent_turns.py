@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import asyncio
 from decimal import Decimal
+from typing import Any
 
 import grpc
+import pytest
 
+from agent_service import server as server_module
 from agent_service.agent_state import PERMISSION_DENIED_TEXT, ToolResultBlock
 from agent_service.middleware import DENIAL_REWRITE_TEXT
+from agent_service.model.base import ToolSpec
+from agent_service.tools.registry import Permission, Tool, ToolContext, ToolOutput
 from agentstate.agent.v1 import agent_service_pb2 as pb
 from agentstate.state.v1 import state_service_pb2 as spb
 from tests.agent_harness import RecordingModel, Stack, collect, metadata
@@ -207,6 +212,24 @@ async def test_one_turn_at_a_time_and_per_user_limit(
             *(slow.chat(user_id, "再查一次88240", cid) for cid in conversations)
         )
         assert sorted(t.code.name for t in many) == ["OK", "OK", "RESOURCE_EXHAUSTED"]
+        # At the limit, a new conversation is refused and leaves nothing behind.
+        running = [
+            slow.stub.Chat(
+                pb.ChatRequest(conversation_id=cid, question="再查一次88240"),
+                metadata=metadata(user_id),
+            )
+            for cid in conversations[:2]
+        ]
+        for call in running:
+            assert (await call.read()).event.HasField("meta")
+        refused = await slow.chat(user_id, "新的问题")
+        assert refused.code == grpc.StatusCode.RESOURCE_EXHAUSTED, refused.details
+        for call in running:
+            assert (await collect(call)).code == grpc.StatusCode.OK
+        listed = await slow.stub.ListConversations(
+            pb.ListConversationsRequest(), metadata=metadata(user_id)
+        )
+        assert len(listed.conversations) == 3
     finally:
         await stack.close()
 
@@ -280,3 +303,54 @@ async def test_conversation_management_delegates(stack: Stack, user_id: str) -> 
         pb.ListConversationsRequest(), metadata=metadata(user_id)
     )
     assert list(listed.conversations) == []
+
+
+async def test_shutdown_during_an_approved_call_keeps_the_card_answerable(
+    database_url: str, orders_database_url: str, user_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A hard interruption in the middle of an approved call: nothing is lost or half-settled."""
+    runs: list[str] = []
+    started = asyncio.Event()
+    release = asyncio.Event()
+
+    async def slow_refund(args: dict[str, Any], context: ToolContext) -> ToolOutput:
+        runs.append(context.call_id)
+        started.set()
+        if len(runs) == 1:
+            await asyncio.sleep(60)  # the first attempt hangs until it is cancelled
+        release.set()
+        return ToolOutput("退款已登记。")
+
+    tool = Tool(
+        spec=ToolSpec("refund", "登记一笔退款", {"type": "object", "properties": {}}),
+        run=slow_refund,
+        permission=Permission.ASK,
+    )
+    monkeypatch.setattr(server_module, "_INTERRUPT_SAVE_SECONDS", 0.3)
+    stack = Stack(database_url, orders_database_url, shutdown_grace_seconds=0.2)
+    await stack.start_state()
+    first_replica = await stack.start_agent(extra_tools=[tool])
+    try:
+        card = await first_replica.chat(user_id, "/refund {}")
+        conversation_id, card_id = card.meta.conversation_id, card.card.message_id
+        confirm = first_replica.stub.Confirm(
+            pb.ConfirmRequest(conversation_id=conversation_id, message_id=card_id, approved=True),
+            metadata=metadata(user_id),
+        )
+        await asyncio.wait_for(started.wait(), 10)
+        await stack.stop_agent(first_replica)  # grace passes, the stuck call is cancelled
+        del confirm
+        state, _ = await stack.reader.state(user_id, conversation_id)
+        assert state.shutdown_interrupted
+        assert [c.name for _, c in state.pending_calls()] == ["refund"]
+        records = await stack.reader.records(user_id, conversation_id)
+        assert records[1].status == spb.MESSAGE_STATUS_AWAITING_CONFIRM  # still answerable
+
+        second_replica = await stack.start_agent(extra_tools=[tool])
+        again = await second_replica.confirm(user_id, conversation_id, card_id, approved=True)
+        assert again.code == grpc.StatusCode.OK, again.details
+        assert release.is_set() and runs == [runs[0], runs[0]]  # same call id: idempotent key
+        state, _ = await stack.reader.state(user_id, conversation_id)
+        assert not state.pending_calls() and not state.shutdown_interrupted
+    finally:
+        await stack.close()
