@@ -520,11 +520,12 @@ class TurnRunner:
         ]
         try:
             # Never send the state service more than it accepts.
-            record.compactions += await self.context.fit_for_save(state)
+            payload, fitted = await self.context.fit_for_save(state)
         except errors.LimitReached as exc:
             await self._mark_record_failed(control, record)
             await emit(Delta(DeltaKind.ERROR, str(exc)))
             raise
+        record.compactions += fitted
         compactions = [
             spb.CompactionRecord(
                 messages_before=c.messages_before,
@@ -539,7 +540,13 @@ class TurnRunner:
         # Shielded: an interrupted turn still saves what it completed.
         save = asyncio.ensure_future(
             self.state.save(
-                control.user_id, control.conversation_id, state, version, writes, compactions
+                control.user_id,
+                control.conversation_id,
+                state,
+                version,
+                writes,
+                compactions,
+                payload=payload,
             )
         )
         try:

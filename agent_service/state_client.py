@@ -173,9 +173,14 @@ class StateClient:
         expected_version: int,
         message_writes: Sequence[pb.MessageWrite] = (),
         compaction_records: Sequence[pb.CompactionRecord] = (),
+        *,
+        payload: bytes | None = None,
     ) -> pb.UpsertStateResponse:
-        """Compare-and-set save of the whole state plus message records, atomically."""
-        payload = state.encode()
+        """Compare-and-set save of the whole state plus message records, atomically.
+
+        `payload`: the state already encoded, when the caller has it (saves encoding twice).
+        """
+        payload = state.encode() if payload is None else payload
         with tracer().start_as_current_span("state.save") as span:
             span.set_attributes(
                 {

@@ -320,6 +320,15 @@ async def test_fit_for_save_refuses_what_cannot_fit() -> None:
         await _manager(max_state_bytes=4096).fit_for_save(state)
 
 
+async def test_fit_for_save_returns_the_payload_it_checked() -> None:
+    state = _state(*(_cycle(n, f"结果 {n} " * 400) for n in range(8)))
+    payload, _ = await _manager(max_state_bytes=20_000).fit_for_save(state)
+    assert payload == state.encode() and len(payload) <= 20_000
+    assert _trimmed(state) > 0 and _pairing_intact(state)
+    small = _state(_cycle(1, "短"))
+    assert (await _manager().fit_for_save(small)) == (small.encode(), [])
+
+
 def test_real_tokenizer_is_offline_and_counts() -> None:
     counter = make_counter("auto", "gpt-4o-mini")
     assert isinstance(counter, BpeCounter) and counter.name == "o200k_base"

@@ -260,26 +260,30 @@ class ContextManager:
 
     # ------------------------------------------------------------- size guard
 
-    async def fit_for_save(self, state: AgentState) -> list[CompactionDone]:
-        """Make the encoded state fit the state service's limit, or raise LimitReached.
+    async def fit_for_save(self, state: AgentState) -> tuple[bytes, list[CompactionDone]]:
+        """The encoded state, made to fit the state service's limit, or LimitReached.
 
-        Trims everything but the current turn, then compacts as far as is safe.
+        Trims everything but the current turn, then compacts as far as is safe,
+        then cuts oversized results. Returns the payload to save (encoded once).
         """
         limit = self.settings.max_state_bytes
-        if len(state.encode()) <= limit:
-            return []
-        self.trim(state, keep_cycles=0)
+        payload = state.encode()
         done: list[CompactionDone] = []
-        if len(state.encode()) > limit:
+        if len(payload) > limit:
+            self.trim(state, keep_cycles=0)
+            payload = state.encode()
+        if len(payload) > limit:
             compaction = await self.compact(state, (), self.measure(state))
             if compaction is not None:
                 done.append(compaction)
-        if len(state.encode()) > limit:
+            payload = state.encode()
+        if len(payload) > limit:
             self.truncate_oversized(state, ())
-        size = len(state.encode())
-        if size > limit:
+            payload = state.encode()
+        if len(payload) > limit:
             raise LimitReached(
-                f"the conversation state is {size} bytes even after trimming and compaction, "
-                f"over the {limit}-byte limit; it was not saved (the previous state is intact)"
+                f"the conversation state is {len(payload)} bytes even after trimming and "
+                f"compaction, over the {limit}-byte limit; it was not saved "
+                "(the previous state is intact)"
             )
-        return done
+        return payload, done
