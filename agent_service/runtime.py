@@ -72,6 +72,7 @@ from agent_service.telemetry import (
 )
 from agent_service.tools.registry import ArgumentError, ToolContext, ToolRegistry, check_arguments
 from agent_service.tools.skills import active_skills
+from agent_service.turns import TurnControl, TurnRegistry, TurnStopped
 from agentstate.common.telemetry import tracer
 from agentstate.state.v1 import state_service_pb2 as spb
 
@@ -99,49 +100,6 @@ class RuntimeSettings:
     card_ttl_seconds: float = 900.0
     max_steps: int = 8
     trace_user_id: str = "hash"  # how spans carry the end user: hash, plain or omit
-
-
-class TurnStopped(Exception):
-    """Raised at a checkpoint when the turn was asked to stop."""
-
-
-@dataclass
-class TurnControl:
-    """What the outside world can do to a running turn."""
-
-    user_id: str
-    conversation_id: str
-    task_id: str
-    stop_reason: str | None = None
-    shutdown: bool = False
-
-    def request_stop(self, reason: str, *, shutdown: bool = False) -> None:
-        if self.stop_reason is None:
-            self.stop_reason = reason
-        self.shutdown = self.shutdown or shutdown
-
-    def checkpoint(self) -> None:
-        if self.stop_reason is not None:
-            raise TurnStopped(self.stop_reason)
-
-
-class TurnRegistry:
-    """The turns running in this replica; draining refuses new ones (shutdown)."""
-
-    def __init__(self) -> None:
-        self._turns: dict[str, tuple[TurnControl, asyncio.Task[None]]] = {}
-        self.draining = False
-
-    def add(self, control: TurnControl, task: asyncio.Task[None]) -> None:
-        self._turns[control.task_id] = (control, task)
-        task.add_done_callback(lambda _: self._turns.pop(control.task_id, None))
-
-    def get(self, task_id: str) -> TurnControl | None:
-        entry = self._turns.get(task_id)
-        return entry[0] if entry else None
-
-    def running(self) -> list[tuple[TurnControl, asyncio.Task[None]]]:
-        return list(self._turns.values())
 
 
 @dataclass

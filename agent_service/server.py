@@ -19,12 +19,13 @@ from agent_service.model.scripted import ScriptedOrderModel
 from agent_service.orders.base import OrderSystem
 from agent_service.orders.memory import MemoryOrderSystem
 from agent_service.orders.postgres import PostgresOrderSystem
-from agent_service.runtime import SYSTEM_PROMPT, RuntimeSettings, TurnRegistry, TurnRunner
+from agent_service.runtime import SYSTEM_PROMPT, RuntimeSettings, TurnRunner
 from agent_service.servicer import AgentServicer
 from agent_service.state_client import StateClient
 from agent_service.tools.orders import cancel_order_tool, query_order_tool
 from agent_service.tools.registry import Tool, ToolRegistry
 from agent_service.tools.skills import load_skill_tool
+from agent_service.turns import TurnRegistry
 from agentstate.agent.v1 import agent_service_pb2 as pb
 from agentstate.agent.v1 import agent_service_pb2_grpc as pb_grpc
 from agentstate.common import telemetry
