@@ -191,7 +191,7 @@ class TurnRunner:
         self._ensure_accepting()
         new_conversation = not conversation_id
         if not new_conversation:
-            await self.state.get_conversation(user_id, conversation_id)
+            # No separate existence check: taking the lease is NOT_FOUND for a missing one.
             await self._chat_turn(user_id, conversation_id, question, emit, new_conversation)
             return
         title = " ".join(question.split())[:40]
@@ -265,7 +265,6 @@ class TurnRunner:
         if not message_id:
             raise errors.InvalidInput("message_id is required")
         self._ensure_accepting()
-        await self.state.get_conversation(user_id, conversation_id)
         async with self._lease(user_id, conversation_id) as control:
             loaded = await self.state.load(user_id, conversation_id)
             if loaded.state is None:
