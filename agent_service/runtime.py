@@ -79,6 +79,8 @@ from agentstate.state.v1 import state_service_pb2 as spb
 log = logging.getLogger(__name__)
 
 MAX_QUESTION_CHARS = 8000
+# How many recent records to look at when repairing a turn that never finished.
+REPAIR_WINDOW = 20
 CARD_METADATA_KEY = "confirm"
 CONFIRM_RESULTS_KEY = "confirm_results"
 EXPIRED_CARD_TEXT = "确认卡片已过期，操作没有执行。"
@@ -222,7 +224,7 @@ class TurnRunner:
         async with self._lease(user_id, conversation_id) as control:
             loaded = await self.state.load(user_id, conversation_id)
             state = loaded.state or AgentState(session_id=conversation_id, user_id=user_id)
-            hints = self._recover_interrupted(state)
+            hints = self._recover_interrupted(state, control)
             writes: list[spb.MessageWrite] = []
             pending = state.pending_calls()
             if pending:
@@ -270,7 +272,7 @@ class TurnRunner:
             if loaded.state is None:
                 raise errors.NotFound(f"confirmation card {message_id} not found")
             state = loaded.state
-            hints = self._recover_interrupted(state)
+            hints = self._recover_interrupted(state, control)
             pending = state.pending_calls()
             card_msg = pending[0][0] if pending else None
             card = _card_of(card_msg) if card_msg else {}
@@ -337,7 +339,7 @@ class TurnRunner:
     async def _lease(self, user_id: str, conversation_id: str) -> AsyncIterator[TurnControl]:
         self._ensure_accepting()
         try:
-            lease = await self.state.acquire_lease(
+            acquired = await self.state.acquire_lease(
                 user_id,
                 conversation_id,
                 self.settings.holder,
@@ -347,7 +349,9 @@ class TurnRunner:
         except errors.Conflict:
             LEASE_CONFLICTS.add(1)
             raise
-        control = TurnControl(user_id, conversation_id, str(lease.task_id))
+        control = TurnControl(user_id, conversation_id, str(acquired.lease.task_id))
+        if acquired.lapsed_task_id:
+            control.repaired_records = await self._repair_lapsed_turn(user_id, conversation_id)
         span = trace.get_current_span()
         span.set_attribute("agentstate.conversation_id", conversation_id)
         span.set_attribute("agentstate.task_id", control.task_id)
@@ -366,6 +370,38 @@ class TurnRunner:
             except errors.AgentError as exc:
                 # It lapses by itself after its ttl.
                 log.warning("could not release lease of task %s: %s", control.task_id, exc)
+
+    async def _repair_lapsed_turn(self, user_id: str, conversation_id: str) -> int:
+        """An earlier turn died without saving (its lease lapsed, never released): mark
+        its records that still say STREAMING as INTERRUPTED. Its state was never saved,
+        so the stored context is still the one before that turn."""
+        page = await self.state.list_messages(
+            user_id, conversation_id, REPAIR_WINDOW, "", newest_first=True
+        )
+        repaired = 0
+        for record in page.messages:
+            if record.status != spb.MESSAGE_STATUS_STREAMING:
+                continue
+            try:
+                await self.state.update_message(
+                    user_id,
+                    conversation_id,
+                    spb.MessageUpdate(
+                        message_id=record.message_id,
+                        status=spb.MESSAGE_STATUS_INTERRUPTED,
+                        expected_status=spb.MESSAGE_STATUS_STREAMING,
+                    ),
+                )
+                repaired += 1
+            except errors.Conflict:
+                continue  # settled meanwhile
+        if repaired:
+            log.warning(
+                "conversation %s: marked %d records of a turn that never finished as interrupted",
+                conversation_id,
+                repaired,
+            )
+        return repaired
 
     async def _heartbeat(self, control: TurnControl) -> None:
         """Keep the lease alive; pick up Stop requests made on any replica."""
@@ -394,11 +430,14 @@ class TurnRunner:
         )
         return _TurnRecord(record.message_id)
 
-    def _recover_interrupted(self, state: AgentState) -> list[str]:
-        if not state.shutdown_interrupted:
-            return []
-        state.shutdown_interrupted = False
-        return ["上一轮因服务停机被中断，已从保存的状态继续。"]
+    def _recover_interrupted(self, state: AgentState, control: TurnControl) -> list[str]:
+        hints = []
+        if state.shutdown_interrupted:
+            state.shutdown_interrupted = False
+            hints.append("上一轮因服务停机被中断，已从保存的状态继续。")
+        if control.repaired_records:
+            hints.append("上一轮没有正常结束（服务异常退出），它未完成的回复已标记为中断。")
+        return hints
 
     def _settle_expired(self, state: AgentState, card_msg: Msg) -> list[spb.MessageWrite]:
         """Answer every pending call of an expired card as not executed."""

@@ -283,8 +283,9 @@ class StateClient:
     @_translated
     async def acquire_lease(
         self, user_id: str, conversation_id: str, holder: str, ttl_ms: int, max_user_leases: int
-    ) -> pb.Lease:
-        response = await self._stub.AcquireLease(
+    ) -> pb.AcquireLeaseResponse:
+        """The lease, and `lapsed_task_id` when it replaced a turn that never finished."""
+        return await self._stub.AcquireLease(  # type: ignore[no-any-return]
             pb.AcquireLeaseRequest(
                 user_id=user_id,
                 conversation_id=conversation_id,
@@ -294,7 +295,6 @@ class StateClient:
             ),
             timeout=self._timeout,
         )
-        return response.lease  # type: ignore[no-any-return]
 
     @_translated
     async def renew_lease(self, user_id: str, task_id: str, ttl_ms: int) -> pb.Lease:

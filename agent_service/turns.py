@@ -19,6 +19,8 @@ class TurnControl:
     task_id: str
     stop_reason: str | None = None
     shutdown: bool = False
+    # Records of an earlier turn that died without finishing were marked INTERRUPTED.
+    repaired_records: int = 0
 
     def request_stop(self, reason: str, *, shutdown: bool = False) -> None:
         if self.stop_reason is None:

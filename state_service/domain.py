@@ -149,6 +149,12 @@ class Lease:
 
 
 @dataclass(frozen=True)
+class AcquiredLease:
+    lease: Lease
+    lapsed_task_id: int | None = None  # the unreleased lease this one replaced
+
+
+@dataclass(frozen=True)
 class Compaction:
     """An audit record of one context compaction (ids and time set by the store)."""
 

@@ -408,14 +408,17 @@ class StateServicer(pb_grpc.StateServiceServicer):
     ) -> pb.AcquireLeaseResponse:
         if request.max_user_leases < 0:
             raise d.InvalidArgument("max_user_leases must not be negative")
-        lease = await self._store.acquire_lease(
+        acquired = await self._store.acquire_lease(
             d.validate_user_id(request.user_id),
             d.parse_id(request.conversation_id, "conversation_id"),
             d.validate_holder(request.holder),
             d.validate_ttl_ms(request.ttl_ms),
             request.max_user_leases,
         )
-        return pb.AcquireLeaseResponse(lease=lease_to_pb(lease))
+        lapsed = acquired.lapsed_task_id
+        return pb.AcquireLeaseResponse(
+            lease=lease_to_pb(acquired.lease), lapsed_task_id=str(lapsed) if lapsed else ""
+        )
 
     @_grpc_errors
     async def RenewLease(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import time
 from collections.abc import Iterator
 
 import grpc
@@ -120,3 +121,77 @@ def test_sigterm_lets_short_turns_finish_and_interrupts_long_ones(
     saved = AgentState.decode(stored.payload)
     assert not saved.shutdown_interrupted
     assert "88240" in saved.context[-1].text
+
+
+def test_a_crashed_turn_is_repaired_by_the_next_one(
+    state_process: str, orders_database_url: str, user_id: str
+) -> None:
+    """SIGKILL mid-turn: no state is saved, the lease lapses, the next turn marks the
+    dead turn's records INTERRUPTED and continues from the last saved state."""
+    state = spb_grpc.StateServiceStub(grpc.insecure_channel(state_process))
+    agent = _agent(state_process, orders_database_url)
+    with grpc.insecure_channel(agent.wait_ready()) as channel:
+        events = _events(
+            pb_grpc.AgentServiceStub(channel).Chat(
+                pb.ChatRequest(question=QUESTION), metadata=metadata(user_id)
+            )
+        )
+    conversation_id = events[0].meta.conversation_id
+    assert agent.terminate() == 0
+    _, version = _stored(state, user_id, conversation_id)
+
+    doomed = _agent(
+        state_process,
+        orders_database_url,
+        AGENT_SCRIPTED_STEP_DELAY_SECONDS="30",
+        AGENT_LEASE_TTL_SECONDS="1",
+    )
+    with grpc.insecure_channel(doomed.wait_ready()) as channel:
+        stream = pb_grpc.AgentServiceStub(channel).Chat(
+            pb.ChatRequest(conversation_id=conversation_id, question="那88240呢？"),
+            metadata=metadata(user_id),
+        )
+        next(stream)  # type: ignore[call-overload]
+        doomed.proc.send_signal(signal.SIGKILL)
+        doomed.wait(10)
+    records = state.ListMessages(
+        spb.ListMessagesRequest(user_id=user_id, conversation_id=conversation_id)
+    ).messages
+    assert records[-1].status == spb.MESSAGE_STATUS_STREAMING  # left behind by the crash
+    assert _stored(state, user_id, conversation_id)[1] == version  # nothing half-saved
+
+    time.sleep(1.2)  # the dead turn's lease lapses
+    agent = _agent(state_process, orders_database_url)
+    with grpc.insecure_channel(agent.wait_ready()) as channel:
+        events = _events(
+            pb_grpc.AgentServiceStub(channel).Chat(
+                pb.ChatRequest(conversation_id=conversation_id, question="那88240呢？"),
+                metadata=metadata(user_id),
+            )
+        )
+    assert agent.terminate() == 0, agent.output
+    hints = [e.hint.text for e in events if e.HasField("hint")]
+    assert any("没有正常结束" in h for h in hints)
+    assert events[-2].HasField("finish")
+    records = state.ListMessages(
+        spb.ListMessagesRequest(user_id=user_id, conversation_id=conversation_id)
+    ).messages
+    statuses = [spb.MessageStatus.Name(r.status) for r in records]
+    assert statuses == [
+        "MESSAGE_STATUS_NORMAL",
+        "MESSAGE_STATUS_NORMAL",
+        "MESSAGE_STATUS_NORMAL",  # the crashed turn's question
+        "MESSAGE_STATUS_INTERRUPTED",  # its reply that never came
+        "MESSAGE_STATUS_NORMAL",
+        "MESSAGE_STATUS_NORMAL",
+    ]
+    saved, new_version = _stored(state, user_id, conversation_id)
+    assert new_version == version + 1
+    assert [m.text for m in saved.context if m.role.value == "USER"] == [QUESTION, "那88240呢？"]
+
+
+def _stored(state: object, user_id: str, conversation_id: str) -> tuple[AgentState, int]:
+    got = state.GetState(  # type: ignore[attr-defined]
+        spb.GetStateRequest(user_id=user_id, conversation_id=conversation_id)
+    )
+    return AgentState.decode(got.payload), int(got.version)

@@ -40,18 +40,23 @@ async def test_one_lease_per_conversation(state_stub: Stub, user_id: str) -> Non
         pb.ReleaseLeaseRequest(user_id=user_id, task_id=lease.task_id)
     )
     assert not again.released
-    second = (await state_stub.AcquireLease(_acquire(user_id, cid, holder="replica-b"))).lease
-    assert second.task_id != lease.task_id
+    second = await state_stub.AcquireLease(_acquire(user_id, cid, holder="replica-b"))
+    assert second.lease.task_id != lease.task_id
+    assert second.lapsed_task_id == ""  # the previous one was released cleanly
 
 
 async def test_expired_lease_can_be_taken_and_is_lost_to_its_holder(
     state_stub: Stub, user_id: str
 ) -> None:
     cid = await new_conversation(state_stub, user_id)
-    first = (await state_stub.AcquireLease(_acquire(user_id, cid, ttl_ms=100))).lease
+    acquired = await state_stub.AcquireLease(_acquire(user_id, cid, ttl_ms=100))
+    first = acquired.lease
+    assert acquired.lapsed_task_id == ""
     await asyncio.sleep(0.25)
-    taken = (await state_stub.AcquireLease(_acquire(user_id, cid, holder="replica-b"))).lease
+    takeover = await state_stub.AcquireLease(_acquire(user_id, cid, holder="replica-b"))
+    taken = takeover.lease
     assert taken.holder == "replica-b"
+    assert takeover.lapsed_task_id == first.task_id  # it never released: report it
     await expect_rpc_error(
         state_stub.RenewLease(
             pb.RenewLeaseRequest(user_id=user_id, task_id=first.task_id, ttl_ms=1000)

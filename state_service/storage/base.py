@@ -12,6 +12,7 @@ import abc
 from collections.abc import Sequence
 
 from state_service.domain import (
+    AcquiredLease,
     Compaction,
     Conversation,
     DeleteCounts,
@@ -118,11 +119,12 @@ class StateStore(abc.ABC):
         holder: str,
         ttl_ms: int,
         max_user_leases: int,
-    ) -> Lease:
+    ) -> AcquiredLease:
         """Take the conversation's run lease with a new task id.
 
         NotFound (conversation absent), FailedPrecondition (another unexpired
         lease), ResourceExhausted (the user holds `max_user_leases` others; 0 = no limit).
+        Reports the task id of a lapsed, never-released lease it replaced.
         """
 
     @abc.abstractmethod

@@ -18,6 +18,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from state_service.domain import (
+    AcquiredLease,
     Compaction,
     Conversation,
     DeleteCounts,
@@ -357,7 +358,7 @@ class MemoryStore(StateStore):
         holder: str,
         ttl_ms: int,
         max_user_leases: int,
-    ) -> Lease:
+    ) -> AcquiredLease:
         async with self._lock:
             self._conversation(user_id, conversation_id)
             now = _now()
@@ -386,7 +387,7 @@ class MemoryStore(StateStore):
                 stop_requested=False,
             )
             self._leases[conversation_id] = lease
-            return lease
+            return AcquiredLease(lease, held.task_id if held is not None else None)
 
     def _lease_of_task(self, user_id: str, task_id: int) -> Lease | None:
         for lease in self._leases.values():

@@ -21,6 +21,7 @@ from psycopg_pool import AsyncConnectionPool
 from agentstate.common import telemetry
 from agentstate.common.pg_pool import Conn, GuardedPool, pg_reason
 from state_service.domain import (
+    AcquiredLease,
     Compaction,
     Conversation,
     DeleteCounts,
@@ -364,7 +365,7 @@ class PostgresStore(StateStore):
         holder: str,
         ttl_ms: int,
         max_user_leases: int,
-    ) -> Lease:
+    ) -> AcquiredLease:
         params = {
             "user_id": user_id,
             "conversation_id": conversation_id,
@@ -385,6 +386,8 @@ class PostgresStore(StateStore):
                         f"user already has {running} running turns (limit {max_user_leases}); "
                         "retry when one finishes"
                     )
+            cur = await conn.execute(sql.SELECT_LAPSED_LEASE, params)
+            lapsed = await cur.fetchone()
             cur = await conn.execute(sql.ACQUIRE_LEASE, params)
             row = await cur.fetchone()
             if row is None:
@@ -392,7 +395,7 @@ class PostgresStore(StateStore):
                 held = await cur.fetchone()
                 assert held is not None
                 raise FailedPrecondition(lease_conflict_message(_lease(held)))
-        return _lease(row)
+        return AcquiredLease(_lease(row), int(lapsed[0]) if lapsed else None)
 
     async def renew_lease(self, user_id: str, task_id: int, ttl_ms: int) -> Lease:
         params = {"user_id": user_id, "task_id": task_id, "ttl_ms": ttl_ms}

@@ -206,6 +206,14 @@ SELECT count(*) FROM t_run_lease
 WHERE user_id = %(user_id)s AND expire_time > now() AND conversation_id <> %(conversation_id)s
 """
 
+# The lapsed lease this acquisition would replace, if any (a released lease is deleted,
+# so a row that is still there belonged to a turn that never finished cleanly).
+SELECT_LAPSED_LEASE: Final = """
+SELECT task_id FROM t_run_lease
+WHERE user_id = %(user_id)s AND conversation_id = %(conversation_id)s AND expire_time <= now()
+FOR UPDATE
+"""
+
 # Takes the lease if there is none or the current one has lapsed.
 ACQUIRE_LEASE: Final = f"""
 INSERT INTO t_run_lease (conversation_id, user_id, task_id, holder, expire_time)

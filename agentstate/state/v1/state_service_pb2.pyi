@@ -1178,6 +1178,12 @@ class AcquireLeaseResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     LEASE_FIELD_NUMBER: _builtins.int
+    LAPSED_TASK_ID_FIELD_NUMBER: _builtins.int
+    lapsed_task_id: _builtins.str
+    """Set when this lease replaced one that had lapsed without being released:
+    that turn's holder crashed or hung, and its message records may still say
+    STREAMING. The id of that turn's task; empty otherwise.
+    """
     @_builtins.property
     def lease(self) -> Global___Lease:
         """The lease now held."""
@@ -1186,10 +1192,11 @@ class AcquireLeaseResponse(_message.Message):
         self,
         *,
         lease: Global___Lease | None = ...,
+        lapsed_task_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["lease", b"lease"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["lease", b"lease"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["lapsed_task_id", b"lapsed_task_id", "lease", b"lease"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
