@@ -2,6 +2,7 @@
 
     agentstate-state serve     # the gRPC service (default)
     agentstate-state migrate   # apply schema migrations to DATABASE_URL and exit
+    agentstate-state purge --older-than-days N   # one retention sweep, then exit
 
 Settings come from environment variables: see state_service/config.py and README.
 """
@@ -11,17 +12,22 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
 
 from agentstate.common import telemetry
 from agentstate.common.config import ConfigError
 from agentstate.common.embedded_postgres import EmbeddedPostgres, EmbeddedPostgresError
 from state_service.config import StateServiceSettings
 from state_service.domain import StoreUnavailable
-from state_service.server import serve
+from state_service.server import purge, serve
 from state_service.storage.postgres import PostgresStore
 
 
-async def _migrate(settings: StateServiceSettings) -> None:
+async def _with_store(
+    settings: StateServiceSettings, work: Callable[[PostgresStore], Awaitable[None]]
+) -> None:
+    """Open the configured PostgreSQL (embedded when DATABASE_URL is empty), run `work`."""
     embedded = None
     dsn = settings.database_url
     if not dsn:
@@ -32,7 +38,7 @@ async def _migrate(settings: StateServiceSettings) -> None:
     )
     try:
         await store.open()
-        print("schema is up to date")
+        await work(store)
     finally:
         await store.close()
         if embedded is not None:
@@ -45,14 +51,38 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("command", nargs="?", default="serve", choices=["serve", "migrate"])
+    parser.add_argument(
+        "command", nargs="?", default="serve", choices=["serve", "migrate", "purge"]
+    )
+    parser.add_argument(
+        "--older-than-days",
+        type=float,
+        help="purge: delete conversations untouched for this many days",
+    )
     args = parser.parse_args(argv)
+    if args.command == "purge" and (args.older_than_days is None or args.older_than_days <= 0):
+        parser.error("purge needs --older-than-days with a positive number")
     telemetry.configure_logging("agentstate-state")
     try:
         settings = StateServiceSettings.from_env()
         telemetry.configure_from_env("agentstate-state")
         if args.command == "migrate":
-            asyncio.run(_migrate(settings))
+
+            async def migrated(store: PostgresStore) -> None:
+                print("schema is up to date")
+
+            asyncio.run(_with_store(settings, migrated))
+        elif args.command == "purge":
+            before = datetime.now(UTC) - timedelta(days=args.older_than_days)
+
+            async def purged(store: PostgresStore) -> None:
+                counts = await purge(store, before)
+                print(
+                    f"deleted {counts.conversations} conversations untouched since "
+                    f"{before.isoformat()} ({counts.messages} messages, {counts.states} states)"
+                )
+
+            asyncio.run(_with_store(settings, purged))
         else:
             asyncio.run(serve(settings))
     except (ConfigError, EmbeddedPostgresError, StoreUnavailable) as exc:

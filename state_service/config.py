@@ -47,6 +47,10 @@ class StateServiceSettings:
     shutdown_grace_seconds: float = 10.0
     # STATE_MIGRATE_ON_START: apply schema migrations at start-up.
     migrate_on_start: bool = True
+    # STATE_RETENTION_DAYS: delete conversations untouched this long (0 = keep forever).
+    retention_days: float = 0.0
+    # STATE_RETENTION_INTERVAL_SECONDS: how often the retention sweep runs.
+    retention_interval_seconds: float = 3600.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> StateServiceSettings:
@@ -78,4 +82,8 @@ class StateServiceSettings:
                 env, "STATE_SHUTDOWN_GRACE_SECONDS", d.shutdown_grace_seconds
             ),
             migrate_on_start=env_bool(env, "STATE_MIGRATE_ON_START", d.migrate_on_start),
+            retention_days=env_float(env, "STATE_RETENTION_DAYS", d.retention_days),
+            retention_interval_seconds=env_float(
+                env, "STATE_RETENTION_INTERVAL_SECONDS", d.retention_interval_seconds, minimum=0.1
+            ),
         )

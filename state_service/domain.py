@@ -188,6 +188,13 @@ class DeleteCounts:
     messages: int
     states: int
 
+    def __add__(self, other: DeleteCounts) -> DeleteCounts:
+        return DeleteCounts(
+            self.conversations + other.conversations,
+            self.messages + other.messages,
+            self.states + other.states,
+        )
+
 
 T = TypeVar("T")
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import grpc
@@ -17,9 +19,11 @@ from agentstate.common.grpc_server import (
     install_stop_signals,
     set_serving,
 )
+from agentstate.common.state_metrics import PURGED
 from agentstate.state.v1 import state_service_pb2 as pb
 from agentstate.state.v1 import state_service_pb2_grpc as pb_grpc
 from state_service.config import StateServiceSettings
+from state_service.domain import DeleteCounts, StateServiceError
 from state_service.servicer import StateServicer
 from state_service.storage.base import StateStore
 from state_service.storage.memory import MemoryStore
@@ -39,6 +43,7 @@ class StateServiceApp:
         self._embedded: EmbeddedPostgres | None = None
         self._server: grpc.aio.Server | None = None
         self._health: Any = None
+        self._sweeper: asyncio.Task[None] | None = None
 
     async def start(self) -> str:
         self.store = await self._open_store()
@@ -54,11 +59,27 @@ class StateServiceApp:
         await server.start()
         self._server = server
         await set_serving(self._health, [SERVICE_NAME])
+        if self.settings.retention_days > 0:
+            self._sweeper = asyncio.create_task(self._sweep_forever(self.store))
         log.info("state service listening on %s (store: %s)", address, self.settings.store)
         return address
 
+    async def _sweep_forever(self, store: StateStore) -> None:
+        """Retention: every interval, delete conversations untouched for retention_days."""
+        keep = timedelta(days=self.settings.retention_days)
+        while True:
+            await asyncio.sleep(self.settings.retention_interval_seconds)
+            try:
+                await purge(store, datetime.now(UTC) - keep)
+            except StateServiceError as exc:  # the database may be briefly away: next round
+                log.warning("retention sweep failed: %s", exc)
+
     async def stop(self) -> None:
         """Stop taking RPCs, give in-flight ones the grace period, then release everything."""
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeper
         if self._health is not None:
             await self._health.enter_graceful_shutdown()
         if self._server is not None:
@@ -103,3 +124,23 @@ async def serve(settings: StateServiceSettings) -> None:
     await app.start()
     await stop.wait()
     await app.stop()
+
+
+async def purge(store: StateStore, before: datetime) -> DeleteCounts:
+    """Run one retention sweep and account for it."""
+    counts = await store.purge_inactive(before)
+    for kind, value in (
+        ("conversations", counts.conversations),
+        ("messages", counts.messages),
+        ("states", counts.states),
+    ):
+        PURGED.add(value, {"kind": kind})
+    if counts.conversations:
+        log.info(
+            "retention: deleted %d conversations untouched since %s (%d messages, %d states)",
+            counts.conversations,
+            before.isoformat(),
+            counts.messages,
+            counts.states,
+        )
+    return counts

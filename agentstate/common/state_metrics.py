@@ -23,3 +23,7 @@ VERSION_CONFLICTS = _meter.create_counter(
     "agentstate.state.version_conflicts",
     description="Compare-and-set saves refused because the state had changed",
 )
+PURGED = _meter.create_counter(
+    "agentstate.retention.purged",
+    description="Rows deleted by retention, by kind (conversations, messages, states)",
+)

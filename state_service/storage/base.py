@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Sequence
+from datetime import datetime
 
 from state_service.domain import (
     AcquiredLease,
@@ -137,6 +138,12 @@ class StateStore(abc.ABC):
     @abc.abstractmethod
     async def request_stop(self, user_id: str, task_id: int) -> Lease:
         """NotFound when no unexpired lease has this task id."""
+
+    @abc.abstractmethod
+    async def purge_inactive(self, before: datetime, batch_size: int = 500) -> DeleteCounts:
+        """Retention: delete every conversation (with its messages, states, leases and
+        compaction records) untouched since `before`, except those running a turn.
+        Each batch is one transaction."""
 
     async def open(self) -> None:  # noqa: B027 - optional hook
         """Prepare resources (connections, schema). Default: nothing."""

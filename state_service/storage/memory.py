@@ -275,16 +275,31 @@ class MemoryStore(StateStore):
                     raise NotFound(
                         f"conversation {conversation_id} not found; nothing was deleted"
                     ) from None
-            messages = states = 0
-            for conversation_id in wanted:
-                del self._conversations[conversation_id]
-                self._leases.pop(conversation_id, None)
-                self._compactions.pop(conversation_id, None)
-                messages += len(self._messages.pop(conversation_id, {}))
-                for key in [k for k in self._states if k[0] == conversation_id]:
-                    del self._states[key]
-                    states += 1
-            return DeleteCounts(conversations=len(wanted), messages=messages, states=states)
+            return self._delete(wanted)
+
+    async def purge_inactive(self, before: datetime, batch_size: int = 500) -> DeleteCounts:
+        async with self._lock:
+            now = _now()
+            running = {c for c, lease in self._leases.items() if lease.expire_time > now}
+            stale = [
+                c.conversation_id
+                for c in self._conversations.values()
+                if c.update_time < before and c.conversation_id not in running
+            ]
+            return self._delete(stale)
+
+    def _delete(self, wanted: Sequence[int]) -> DeleteCounts:
+        """Delete conversations known to exist, with everything that hangs off them."""
+        messages = states = 0
+        for conversation_id in wanted:
+            del self._conversations[conversation_id]
+            self._leases.pop(conversation_id, None)
+            self._compactions.pop(conversation_id, None)
+            messages += len(self._messages.pop(conversation_id, {}))
+            for key in [k for k in self._states if k[0] == conversation_id]:
+                del self._states[key]
+                states += 1
+        return DeleteCounts(conversations=len(wanted), messages=messages, states=states)
 
     # --------------------------------------------------------------- messages
 

@@ -130,6 +130,13 @@ CREATE INDEX t_context_compaction_conversation_idx
     ON t_context_compaction (user_id, conversation_id, id);
 """,
     ),
+    Migration(
+        4,
+        "retention: find inactive conversations",
+        """
+CREATE INDEX t_conversation_update_time_idx ON t_conversation (update_time);
+""",
+    ),
 ]
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Sequence
+from datetime import datetime
 from typing import Any
 
 import psycopg
@@ -290,12 +291,35 @@ class PostgresStore(StateStore):
             missing = [cid for cid in wanted if cid not in found]
             if missing:
                 raise NotFound(f"conversation {missing[0]} not found; nothing was deleted")
-            await conn.execute(sql.DELETE_LEASES, params)
-            await conn.execute(sql.DELETE_COMPACTIONS, params)
-            states = (await conn.execute(sql.DELETE_STATES, params)).rowcount
-            messages = (await conn.execute(sql.DELETE_MESSAGES, params)).rowcount
-            conversations = (await conn.execute(sql.DELETE_CONVERSATIONS, params)).rowcount
+            return await self._delete_locked(conn, user_id, wanted)
+
+    async def _delete_locked(
+        self, conn: Conn, user_id: str, conversation_ids: Sequence[int]
+    ) -> DeleteCounts:
+        """Delete conversations whose rows this transaction has locked, children first."""
+        params = {"user_id": user_id, "conversation_ids": list(conversation_ids)}
+        await conn.execute(sql.DELETE_LEASES, params)
+        await conn.execute(sql.DELETE_COMPACTIONS, params)
+        states = (await conn.execute(sql.DELETE_STATES, params)).rowcount
+        messages = (await conn.execute(sql.DELETE_MESSAGES, params)).rowcount
+        conversations = (await conn.execute(sql.DELETE_CONVERSATIONS, params)).rowcount
         return DeleteCounts(conversations=conversations, messages=messages, states=states)
+
+    async def purge_inactive(self, before: datetime, batch_size: int = 500) -> DeleteCounts:
+        total = DeleteCounts(0, 0, 0)
+        while True:
+            async with self._connection() as conn, conn.transaction():
+                cur = await conn.execute(
+                    sql.SELECT_INACTIVE_CONVERSATIONS, {"before": before, "limit": batch_size}
+                )
+                rows = await cur.fetchall()
+                by_user: dict[str, list[int]] = {}
+                for conversation_id, user_id in rows:
+                    by_user.setdefault(user_id, []).append(int(conversation_id))
+                for user_id, ids in by_user.items():
+                    total = total + await self._delete_locked(conn, user_id, ids)
+            if len(rows) < batch_size:
+                return total
 
     # --------------------------------------------------------------- messages
 

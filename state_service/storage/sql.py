@@ -246,3 +246,18 @@ UPDATE t_run_lease SET stop_requested = true
 WHERE user_id = %(user_id)s AND task_id = %(task_id)s AND expire_time > now()
 RETURNING {_LEASE_COLUMNS}
 """
+
+# ------------------------------------------------------------------- retention
+
+# Conversations untouched since `before` and not running a turn; SKIP LOCKED lets
+# several replicas sweep at once without waiting on each other.
+SELECT_INACTIVE_CONVERSATIONS: Final = """
+SELECT c.id, c.user_id FROM t_conversation c
+WHERE c.update_time < %(before)s
+  AND NOT EXISTS (
+      SELECT 1 FROM t_run_lease l WHERE l.conversation_id = c.id AND l.expire_time > now()
+  )
+ORDER BY c.update_time
+LIMIT %(limit)s
+FOR UPDATE OF c SKIP LOCKED
+"""

@@ -1,0 +1,102 @@
+"""Retention: inactive conversations are deleted whole; running ones are kept."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime, timedelta
+
+import psycopg
+
+from agentstate.common.service_process import ServiceProcess
+from state_service.config import StateServiceSettings
+from state_service.domain import MessageRole, NewMessage
+from state_service.server import StateServiceApp
+from state_service.storage.base import StateStore
+from tests.conftest import create_database
+
+
+async def _conversation(store: StateStore, user_id: str) -> int:
+    conversation = await store.create_conversation(user_id, "t")
+    await store.upsert_state(
+        user_id,
+        conversation.conversation_id,
+        "agent_state",
+        b'{"context": []}',
+        None,
+        [NewMessage(MessageRole.USER, b'[{"type": "text", "text": "hi"}]')],
+    )
+    return conversation.conversation_id
+
+
+async def test_purge_deletes_inactive_and_keeps_running(store: StateStore, user_id: str) -> None:
+    idle = [await _conversation(store, user_id) for _ in range(2)]
+    busy = await _conversation(store, user_id)
+    lease = (await store.acquire_lease(user_id, busy, "replica", 60_000, 0)).lease
+    await store.purge_inactive(datetime.now(UTC) - timedelta(days=1))  # none of ours is that old
+    assert len((await store.list_conversations(user_id, 10, None)).items) == 3
+
+    counts = await store.purge_inactive(datetime.now(UTC) + timedelta(seconds=1))
+    assert counts.conversations >= 2 and counts.messages >= 2 and counts.states >= 2
+    left = [c.conversation_id for c in (await store.list_conversations(user_id, 10, None)).items]
+    assert left == [busy]  # the running turn's conversation stays
+    for cid in idle:
+        assert cid not in left
+
+    await store.release_lease(user_id, lease.task_id)
+    await store.purge_inactive(datetime.now(UTC) + timedelta(seconds=1))
+    assert (await store.list_conversations(user_id, 10, None)).items == []
+
+
+async def test_purge_command_and_sweeper(postgres: object, user_id: str) -> None:
+    dsn = create_database(postgres, "retention_test")  # type: ignore[arg-type]
+    app = StateServiceApp(
+        StateServiceSettings(
+            listen_address="127.0.0.1:0",
+            database_url=dsn,
+            retention_days=30,
+            retention_interval_seconds=0.2,
+        )
+    )
+    await app.start()
+    assert app.store is not None
+    try:
+        old = await _conversation(app.store, user_id)
+        recent = await _conversation(app.store, user_id)
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            await conn.execute(
+                "UPDATE t_conversation SET update_time = now() - interval '31 days' WHERE id = %s",
+                (old,),
+            )
+        for _ in range(50):  # the sweeper runs every 0.2 s
+            ids = [
+                c.conversation_id
+                for c in (await app.store.list_conversations(user_id, 10, None)).items
+            ]
+            if old not in ids:
+                break
+            await asyncio.sleep(0.1)
+        assert ids == [recent]
+        async with await psycopg.AsyncConnection.connect(dsn) as conn:
+            cur = await conn.execute(
+                "SELECT (SELECT count(*) FROM t_agent_message WHERE conversation_id = %(id)s),"
+                " (SELECT count(*) FROM t_agent_state WHERE session_id = %(id)s)",
+                {"id": old},
+            )
+            assert await cur.fetchone() == (0, 0)
+    finally:
+        await app.stop()
+
+    # The same sweep as a one-off command (for a CronJob).
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await conn.execute(
+            "UPDATE t_conversation SET update_time = now() - interval '8 days' WHERE id = %s",
+            (recent,),
+        )
+    command = ServiceProcess(
+        "state_service", {"DATABASE_URL": dsn}, "purge", "--older-than-days", "7"
+    )
+    assert await asyncio.to_thread(command.wait, 60) == 0, command.output
+    assert "deleted 1 conversations" in command.output
+    refused = ServiceProcess("state_service", {"DATABASE_URL": dsn}, "purge")
+    assert await asyncio.to_thread(refused.wait, 60) == 2
+    assert "--older-than-days" in refused.output
