@@ -70,7 +70,13 @@ from agent_service.telemetry import (
     RUNNING_TURNS,
     user_attribute,
 )
-from agent_service.tools.registry import ArgumentError, ToolContext, ToolRegistry, check_arguments
+from agent_service.tools.registry import (
+    ArgumentError,
+    Permission,
+    ToolContext,
+    ToolRegistry,
+    check_arguments,
+)
 from agent_service.tools.skills import active_skills
 from agent_service.turns import TurnControl, TurnRegistry, TurnStopped
 from agentstate.common.telemetry import tracer
@@ -618,9 +624,10 @@ class TurnRunner:
             if not calls:
                 state.context.append(assistant)
                 return Finished(record.record_id)
-            asking = [c for c in calls if self.tools.needs_confirmation(c.name)]
-            results: list[ToolResultBlock] = []
             active = active_skills(state.context)
+            # Only a call that could run goes on a card; any other gets its error at once.
+            asking = [c for c in calls if self._card_worthy(c, active)]
+            results: list[ToolResultBlock] = []
             for call in calls:
                 if call in asking:
                     call.state = ToolUseState.ASKING
@@ -640,6 +647,18 @@ class TurnRunner:
         record.add(TextBlock(text))
         await emit(Delta(DeltaKind.RESPONSE, text))
         return Finished(record.record_id)
+
+    def _card_worthy(self, call: ToolUseBlock, active: set[str]) -> bool:
+        tool = self.tools.get(call.name)
+        if tool is None or tool.permission is not Permission.ASK:
+            return False
+        if tool.skill is not None and tool.skill not in active:
+            return False
+        try:
+            check_arguments(tool.spec, call.input)
+        except ArgumentError:
+            return False
+        return True
 
     async def _model_step(
         self, control: TurnControl, state: AgentState, record: _TurnRecord, emit: Emit

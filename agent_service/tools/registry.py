@@ -112,7 +112,3 @@ class ToolRegistry:
             for tool in self._tools.values()
             if tool.skill is None or active_skills is None or tool.skill in active_skills
         ]
-
-    def needs_confirmation(self, name: str) -> bool:
-        tool = self._tools.get(name)
-        return tool is not None and tool.permission is Permission.ASK
