@@ -100,9 +100,6 @@ class AgentServiceApp:
             self.orders = MemoryOrderSystem()
         await self.orders.open()
         model = self._model or build_model(settings)
-        model_name = (
-            os.environ.get("OPENAI_MODEL", "") if settings.model == "openai" else "scripted"
-        )
         self.runner = runner = TurnRunner(
             state=state,
             model=model,
@@ -114,7 +111,7 @@ class AgentServiceApp:
                     keep_cycles=settings.keep_tool_cycles,
                     max_state_bytes=settings.state_max_bytes,
                 ),
-                make_counter(settings.tokenizer, model_name),
+                make_counter(settings.tokenizer, model.name),  # its family picks the table
                 model.summarize,
                 SYSTEM_PROMPT,
             ),
