@@ -258,7 +258,8 @@ class TurnRunner:
             # A new question is one user message holding only its text.
             state.context.append(Msg(role=Role.USER, name="user", content=[TextBlock(question)]))
             state.reply_id = control.task_id
-            await self._run_and_save(control, state, loaded.version, record, writes, emit)
+            outcome = await self._run_and_save(control, state, loaded.version, record, writes, emit)
+        await self._finish(outcome, emit)
 
     async def confirm(
         self, user_id: str, conversation_id: str, message_id: str, approved: bool, emit: Emit
@@ -323,9 +324,10 @@ class TurnRunner:
                 )
             ]
             state.reply_id = control.task_id
-            await self._run_and_save(
+            outcome = await self._run_and_save(
                 control, state, loaded.version, record, writes, emit, decision=decision
             )
+        await self._finish(outcome, emit)
 
     async def stop(self, user_id: str, task_id: str) -> str:
         """Ask a running turn to stop; returns its conversation id."""
@@ -482,8 +484,8 @@ class TurnRunner:
         emit: Emit,
         *,
         decision: Msg | None = None,
-    ) -> None:
-        """Run the loop; save whatever it completed, whatever way it ends."""
+    ) -> Finished | CardShown | Cancelled:
+        """Run the loop; save whatever it completed, whatever way it ends; return the outcome."""
         outcome: Finished | CardShown | Cancelled
         status = spb.MESSAGE_STATUS_NORMAL
         metadata: dict[str, Any] = {}
@@ -573,6 +575,12 @@ class TurnRunner:
             outcome_name,
             len(state.context),
         )
+        return outcome
+
+    @staticmethod
+    async def _finish(outcome: Finished | CardShown | Cancelled, emit: Emit) -> None:
+        """The last events, sent once the lease is released: a client may start the next
+        turn (Confirm on a card, say) the moment it sees them."""
         await emit(outcome)
         await emit(Done())
 

@@ -13,6 +13,7 @@ from agent_service import server as server_module
 from agent_service.agent_state import PERMISSION_DENIED_TEXT, ToolResultBlock
 from agent_service.middleware import DENIAL_REWRITE_TEXT
 from agent_service.model.base import ToolSpec
+from agent_service.state_client import StateClient
 from agent_service.tools.registry import Permission, Tool, ToolContext, ToolOutput
 from agentstate.agent.v1 import agent_service_pb2 as pb
 from agentstate.state.v1 import state_service_pb2 as spb
@@ -354,3 +355,30 @@ async def test_shutdown_during_an_approved_call_keeps_the_card_answerable(
         assert not state.pending_calls() and not state.shutdown_interrupted
     finally:
         await stack.close()
+
+
+async def test_a_client_may_answer_the_card_the_moment_it_sees_it(
+    stack: Stack, user_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The lease is released before the last events go out, so no race with the next turn."""
+    release = StateClient.release_lease
+
+    async def slow_release(self: StateClient, user_id: str, task_id: str) -> bool:
+        await asyncio.sleep(0.3)  # a slow network makes any race certain
+        return await release(self, user_id, task_id)
+
+    monkeypatch.setattr(StateClient, "release_lease", slow_release)
+    client = stack.agents[0][1]
+    for _ in range(2):
+        call = client.stub.Chat(pb.ChatRequest(question=QUESTION), metadata=metadata(user_id))
+        conversation_id = card_id = ""
+        while not card_id:
+            event = (await call.read()).event
+            if event.HasField("meta"):
+                conversation_id = event.meta.conversation_id
+            if event.HasField("confirm"):
+                card_id = event.confirm.message_id
+        # Answer at once, before the first stream has even ended.
+        turn = await client.confirm(user_id, conversation_id, card_id, approved=False)
+        assert turn.code == grpc.StatusCode.OK, turn.details
+        assert (await collect(call)).code == grpc.StatusCode.OK
