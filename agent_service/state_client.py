@@ -10,7 +10,7 @@ import functools
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, ParamSpec, TypeVar
+from typing import ParamSpec, TypeVar
 
 import grpc
 
@@ -64,7 +64,7 @@ class LoadedState:
 
 class StateClient:
     def __init__(self, channel: grpc.aio.Channel, *, timeout_seconds: float = 10.0) -> None:
-        self._stub: Any = pb_grpc.StateServiceStub(channel)
+        self._stub = pb_grpc.StateServiceStub(channel)
         self._timeout = timeout_seconds
 
     # -------------------------------------------------------- conversations
@@ -74,7 +74,7 @@ class StateClient:
         response = await self._stub.CreateConversation(
             pb.CreateConversationRequest(user_id=user_id, title=title), timeout=self._timeout
         )
-        return response.conversation  # type: ignore[no-any-return]
+        return response.conversation
 
     @_translated
     async def get_conversation(self, user_id: str, conversation_id: str) -> pb.Conversation:
@@ -82,13 +82,13 @@ class StateClient:
             pb.GetConversationRequest(user_id=user_id, conversation_id=conversation_id),
             timeout=self._timeout,
         )
-        return response.conversation  # type: ignore[no-any-return]
+        return response.conversation
 
     @_translated
     async def list_conversations(
         self, user_id: str, page_size: int, page_token: str
     ) -> pb.ListConversationsResponse:
-        return await self._stub.ListConversations(  # type: ignore[no-any-return]
+        return await self._stub.ListConversations(
             pb.ListConversationsRequest(
                 user_id=user_id, page_size=page_size, page_token=page_token
             ),
@@ -105,13 +105,13 @@ class StateClient:
             ),
             timeout=self._timeout,
         )
-        return response.conversation  # type: ignore[no-any-return]
+        return response.conversation
 
     @_translated
     async def delete_conversations(
         self, user_id: str, conversation_ids: Sequence[str]
     ) -> pb.BatchDeleteConversationsResponse:
-        return await self._stub.BatchDeleteConversations(  # type: ignore[no-any-return]
+        return await self._stub.BatchDeleteConversations(
             pb.BatchDeleteConversationsRequest(
                 user_id=user_id, conversation_ids=list(conversation_ids)
             ),
@@ -232,7 +232,7 @@ class StateClient:
             ),
             timeout=self._timeout,
         )
-        return response.message  # type: ignore[no-any-return]
+        return response.message
 
     @_translated
     async def update_message(
@@ -244,7 +244,7 @@ class StateClient:
             ),
             timeout=self._timeout,
         )
-        return response.message  # type: ignore[no-any-return]
+        return response.message
 
     @_translated
     async def get_message(
@@ -256,7 +256,7 @@ class StateClient:
             ),
             timeout=self._timeout,
         )
-        return response.message  # type: ignore[no-any-return]
+        return response.message
 
     @_translated
     async def list_messages(
@@ -267,7 +267,7 @@ class StateClient:
         page_token: str,
         newest_first: bool = False,
     ) -> pb.ListMessagesResponse:
-        return await self._stub.ListMessages(  # type: ignore[no-any-return]
+        return await self._stub.ListMessages(
             pb.ListMessagesRequest(
                 user_id=user_id,
                 conversation_id=conversation_id,
@@ -285,7 +285,7 @@ class StateClient:
         self, user_id: str, conversation_id: str, holder: str, ttl_ms: int, max_user_leases: int
     ) -> pb.AcquireLeaseResponse:
         """The lease, and `lapsed_task_id` when it replaced a turn that never finished."""
-        return await self._stub.AcquireLease(  # type: ignore[no-any-return]
+        return await self._stub.AcquireLease(
             pb.AcquireLeaseRequest(
                 user_id=user_id,
                 conversation_id=conversation_id,
@@ -302,7 +302,7 @@ class StateClient:
             pb.RenewLeaseRequest(user_id=user_id, task_id=task_id, ttl_ms=ttl_ms),
             timeout=self._timeout,
         )
-        return response.lease  # type: ignore[no-any-return]
+        return response.lease
 
     @_translated
     async def release_lease(self, user_id: str, task_id: str) -> bool:
@@ -316,7 +316,7 @@ class StateClient:
         response = await self._stub.RequestStop(
             pb.RequestStopRequest(user_id=user_id, task_id=task_id), timeout=self._timeout
         )
-        return response.lease  # type: ignore[no-any-return]
+        return response.lease
 
     @_translated
     async def list_compactions(
