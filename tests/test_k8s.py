@@ -18,7 +18,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 import tomllib
 from collections.abc import Iterator, Mapping
@@ -43,6 +42,7 @@ from agent_service.server import _INTERRUPT_SAVE_SECONDS
 from agent_service.server import SERVICE_NAME as AGENT_SERVICE_NAME
 from agentstate.agent.v1 import agent_service_pb2 as pb
 from agentstate.agent.v1 import agent_service_pb2_grpc as pb_grpc
+from agentstate.common.service_process import ServiceProcess
 from agentstate.state.v1 import state_service_pb2 as spb
 from agentstate.state.v1 import state_service_pb2_grpc as spb_grpc
 from state_service.config import StateServiceSettings
@@ -594,29 +594,13 @@ def port_is_free(host: str, port: int) -> bool:
     return True
 
 
-class ContainerProcess:
-    """A container's command run as `python -m <module>` with the container's environment."""
+class ContainerProcess(ServiceProcess):
+    """A container's command run as `python -m <module>` with exactly the container's env."""
 
     def __init__(self, container: Obj, env: Mapping[str, str], cwd: Path) -> None:
         self.name = container["name"]
         command = [*container["command"], *container.get("args", [])]
-        module = CONSOLE_SCRIPTS[command[0]]
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", module, *command[1:]],
-            env=dict(env),
-            cwd=cwd,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        self.lines: list[str] = []
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.append(line.rstrip("\n"))
+        super().__init__(CONSOLE_SCRIPTS[command[0]], env, *command[1:], inherit_env=False, cwd=cwd)
 
     @property
     def output(self) -> str:
@@ -626,16 +610,6 @@ class ContainerProcess:
         status = Path(f"/proc/{self.proc.pid}/status").read_text()
         [kib] = re.findall(r"^VmHWM:\s+(\d+) kB", status, re.MULTILINE)
         return int(kib) * 1024
-
-    def wait(self, timeout: float) -> int:
-        code = self.proc.wait(timeout)
-        self._reader.join(5)
-        return code
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10)
 
 
 def local_command(command: list[str]) -> list[str]:

@@ -19,11 +19,21 @@ _LISTENING = re.compile(r"listening on (\S+)")
 class ServiceProcess:
     """A service started with `python -m <module>`; its log is collected in the background."""
 
-    def __init__(self, module: str, env: Mapping[str, str], *args: str) -> None:
-        full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **env}
+    def __init__(
+        self,
+        module: str,
+        env: Mapping[str, str],
+        *args: str,
+        inherit_env: bool = True,
+        cwd: str | os.PathLike[str] | None = None,
+    ) -> None:
+        """`env` is added to this process's environment, or, with inherit_env=False, is
+        the whole environment (as a container gets exactly what its manifest says)."""
+        full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **env} if inherit_env else dict(env)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", module, *args],
             env=full_env,
+            cwd=cwd,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
