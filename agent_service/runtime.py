@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import copy
 import logging
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field, replace
@@ -672,8 +671,9 @@ class TurnRunner:
             record.compactions += report.compactions
             tools = self.tools.specs(active_skills(state.context))  # a handbook may be gone
             await emit(Hint("早前的对话已压缩成摘要，完整记录仍可在历史里查看。"))
-        # Middlewares get a copy: what they change is never stored.
-        context = copy.deepcopy(state.context)
+        # Middlewares get a copy of the list and replace what they change: what they
+        # change is never stored, and nothing is copied per step for what they don't.
+        context = list(state.context)
         for middleware in self.middlewares:
             context = middleware(context)
         request = ModelRequest(

@@ -21,28 +21,7 @@ from agentstate.common.service_process import ServiceProcess
 from agentstate.state.v1 import state_service_pb2 as spb
 from tests.agent_harness import RecordingModel, Stack, metadata
 from tests.source_example import QUESTION
-from tests.telemetry_tools import OtlpReceiver, install_in_memory, metric_points, span_tree
-
-
-@pytest.fixture
-def telemetry() -> tuple[InMemorySpanExporter, InMemoryMetricReader]:
-    exporter, reader = install_in_memory()
-    exporter.clear()
-    return exporter, reader
-
-
-@pytest.fixture
-async def traced_stack(
-    telemetry: tuple[InMemorySpanExporter, InMemoryMetricReader],
-    database_url: str,
-    orders_database_url: str,
-) -> AsyncIterator[Stack]:
-    # Started after the providers are installed, so the interceptors are in place.
-    running = Stack(database_url, orders_database_url)
-    await running.start_state()
-    await running.start_agent()
-    yield running
-    await running.close()
+from tests.telemetry_tools import OtlpReceiver, metric_points, span_tree
 
 
 def _trace_of(spans: list[ReadableSpan], name: str) -> list[ReadableSpan]:
