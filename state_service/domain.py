@@ -7,6 +7,7 @@ types (using the validators below) and the stores persist them.
 from __future__ import annotations
 
 import enum
+import json
 import re
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -139,10 +140,6 @@ def lease_taken_over(task_id: int, holder_task_id: int) -> LeaseLost:
         f"the run lease of task {task_id} lapsed and task {holder_task_id} took it over; "
         "this turn's save was refused"
     )
-
-
-def bad_json(where: str, reason: str) -> InvalidArgument:
-    return InvalidArgument(f"{where} holds JSON that PostgreSQL cannot store: {reason}")
 
 
 # ---------------------------------------------------------------- records
@@ -417,3 +414,42 @@ def lease_conflict_message(lease: Lease) -> str:
         f"conversation {lease.conversation_id} has a running turn "
         f"(task {lease.task_id}, held by {lease.holder} until {lease.expire_time.isoformat()})"
     )
+
+
+# ------------------------------------------------------------- JSONB's rules
+
+
+def jsonb_problem(data: bytes, expected: type) -> str | None:
+    """Why PostgreSQL would refuse this as a jsonb object (dict) or array (list), if it
+    would. Only for small JSON (records) and for error paths: it decodes in Python."""
+    try:
+        value = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        return str(exc)
+    if not isinstance(value, expected):
+        return "it must be a JSON " + ("object" if expected is dict else "array")
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if "\x00" in item:
+                return "unsupported Unicode escape sequence: \\u0000 cannot be converted to text"
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return "invalid Unicode surrogate escape"
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return None
+
+
+def check_jsonb(data: bytes, expected: type, what: str) -> None:
+    problem = jsonb_problem(data, expected)
+    if problem is not None:
+        if problem.startswith("it must be"):
+            kind = "object" if expected is dict else "array"
+            raise InvalidArgument(f"{what} must be a JSON {kind}")
+        raise InvalidArgument(f"{what} is not JSON that PostgreSQL can store: {problem}")

@@ -24,7 +24,7 @@ from state_service.domain import (
     TurnStart,
 )
 from state_service.storage.migrations import MIGRATIONS, apply_migrations
-from state_service.storage.postgres import PostgresStore
+from state_service.storage.postgres import BigintArray, PostgresStore, TextArray
 from tests.conftest import create_database, start_state_server
 from tests.helpers import all_messages, expect_rpc_error, get_state, new_conversation, user_text
 from tests.source_example import source_state_bytes
@@ -256,3 +256,26 @@ async def test_delete_racing_turns_leases_and_writes(
         )
         assert await cur.fetchone() == (0, 0, 0, 0)
     assert refusals.get("NotFound", 0) > 0  # the race really happened both ways
+
+
+async def test_array_parameters_round_trip(pg_store: PostgresStore) -> None:
+    """The store's own text[] / bigint[] dumpers quote everything PostgreSQL's array
+    syntax treats specially."""
+    texts: list[bytes | str | None] = [
+        b'[{"text": "say \\"hi\\"\\n"}]',
+        "back\\slash, {braces}, commas",
+        None,
+        "NULL",
+        "",
+        " spaced ",
+        "中文",
+    ]
+    async with pg_store.pool.connection() as conn:
+        cur = await conn.execute(
+            "SELECT %s::text[] AS t, %s::bigint[] AS b",
+            (TextArray(texts), BigintArray([1, None, 2**62])),
+        )
+        row = await cur.fetchone()
+    assert row is not None
+    assert row["t"] == [t.decode() if isinstance(t, bytes) else t for t in texts]
+    assert row["b"] == [1, None, 2**62]

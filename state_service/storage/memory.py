@@ -9,13 +9,11 @@ changes anything, so a failed call leaves no trace.
 from __future__ import annotations
 
 import asyncio
-import json
 import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 from state_service import domain as d
 from state_service.domain import (
@@ -24,7 +22,6 @@ from state_service.domain import (
     Compaction,
     Conversation,
     DeleteCounts,
-    InvalidArgument,
     Lease,
     MessageRecord,
     MessageStatus,
@@ -58,39 +55,6 @@ class IdGenerator:
             candidate = (int(time.time() * 1000) - _EPOCH_MS) << 22
             self._last = max(candidate, self._last + 1)
             return self._last
-
-
-def _contains_unstorable(value: Any) -> str | None:
-    """Return why PostgreSQL JSONB would reject this decoded value, if it would."""
-    stack = [value]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, str):
-            if "\x00" in item:
-                return "unsupported Unicode escape sequence: \\u0000 cannot be converted to text"
-            try:
-                item.encode("utf-8")
-            except UnicodeEncodeError:
-                return "invalid Unicode surrogate escape"
-        elif isinstance(item, dict):
-            stack.extend(item.keys())
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
-    return None
-
-
-def _check_json(data: bytes, expected: type, what: str) -> None:
-    try:
-        value = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise InvalidArgument(f"{what} is not JSON that PostgreSQL can store: {exc}") from exc
-    if not isinstance(value, expected):
-        kind = "object" if expected is dict else "array"
-        raise InvalidArgument(f"{what} must be a JSON {kind}")
-    problem = _contains_unstorable(value)
-    if problem:
-        raise InvalidArgument(f"{what} is not JSON that PostgreSQL can store: {problem}")
 
 
 @dataclass
@@ -198,7 +162,7 @@ class MemoryStore(StateStore):
         held = self._leases.get(conversation_id)
         if task_id is not None and held is not None and held.task_id != task_id:
             raise d.lease_taken_over(task_id, held.task_id)
-        _check_json(payload, dict, "payload")
+        d.check_jsonb(payload, dict, "payload")
         current = self._states.get((conversation_id, state_key))
         current_version = current.version if current else 0
         if expected_version is not None and expected_version != current_version:
@@ -289,8 +253,8 @@ class MemoryStore(StateStore):
         for index, write in enumerate(writes):
             where = "message" if batch is None else f"{batch}[{index}]"
             if isinstance(write, NewMessage):
-                _check_json(write.blocks_json, list, f"{where}.blocks_json")
-                _check_json(write.metadata_json, dict, f"{where}.metadata_json")
+                d.check_jsonb(write.blocks_json, list, f"{where}.blocks_json")
+                d.check_jsonb(write.metadata_json, dict, f"{where}.metadata_json")
                 now = _now()
                 record = MessageRecord(
                     message_id=self._ids.next_id(),
@@ -312,9 +276,9 @@ class MemoryStore(StateStore):
                         where, write.message_id, found.status, write.expected_status
                     )
                 if write.blocks_json is not None:
-                    _check_json(write.blocks_json, list, f"{where}.blocks_json")
+                    d.check_jsonb(write.blocks_json, list, f"{where}.blocks_json")
                 if write.metadata_json is not None:
-                    _check_json(write.metadata_json, dict, f"{where}.metadata_json")
+                    d.check_jsonb(write.metadata_json, dict, f"{where}.metadata_json")
                 record = replace(
                     found,
                     status=write.status or found.status,

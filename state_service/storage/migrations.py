@@ -239,7 +239,8 @@ END $$;
 -- p_kinds[i] is 'insert' (p_roles, p_statuses, p_blocks, p_metadata) or
 -- 'update' (p_message_ids, and NULL in p_statuses / p_blocks / p_metadata
 -- leaves that column as it is; p_expected_statuses makes it compare-and-set).
--- JSON arrives as text and is parsed here, so a bad one is reported by index.
+-- JSON arrives as text and is parsed here; a bad one fails the statement with
+-- PostgreSQL's data error (the store then names the write, off the hot path).
 CREATE FUNCTION agentstate_write_messages(
     p_user_id text, p_conversation_id bigint, p_kinds text[], p_message_ids bigint[],
     p_roles text[], p_statuses text[], p_blocks text[], p_metadata text[],
@@ -249,31 +250,20 @@ LANGUAGE plpgsql AS $$
 DECLARE
     v_row t_agent_message;
     v_index integer := 0;
-    v_field text;
-    v_blocks jsonb;
-    v_metadata jsonb;
     v_status text;
 BEGIN
     FOR i IN 1 .. coalesce(array_length(p_kinds, 1), 0) LOOP
         v_index := i - 1;
-        BEGIN
-            v_field := 'blocks_json';
-            v_blocks := p_blocks[i]::jsonb;
-            v_field := 'metadata_json';
-            v_metadata := p_metadata[i]::jsonb;
-        EXCEPTION WHEN data_exception THEN
-            PERFORM agentstate_refuse(jsonb_build_object(
-                'kind', 'bad_json', 'index', v_index, 'field', v_field, 'reason', SQLERRM));
-        END;
         IF p_kinds[i] = 'insert' THEN
             INSERT INTO t_agent_message (user_id, conversation_id, role, blocks, status, metadata)
-            VALUES (p_user_id, p_conversation_id, p_roles[i], v_blocks, p_statuses[i], v_metadata)
+            VALUES (p_user_id, p_conversation_id, p_roles[i], p_blocks[i]::jsonb, p_statuses[i],
+                    p_metadata[i]::jsonb)
             RETURNING * INTO v_row;
         ELSE
             UPDATE t_agent_message
             SET status = coalesce(p_statuses[i], status),
-                blocks = coalesce(v_blocks, blocks),
-                metadata = coalesce(v_metadata, metadata),
+                blocks = coalesce(p_blocks[i]::jsonb, blocks),
+                metadata = coalesce(p_metadata[i]::jsonb, metadata),
                 update_time = now()
             WHERE user_id = p_user_id AND conversation_id = p_conversation_id
               AND id = p_message_ids[i]

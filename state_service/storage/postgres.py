@@ -72,15 +72,6 @@ class RawJson:
         self.data = data
 
 
-class RawText:
-    """UTF-8 text (already checked) passed as a text parameter without decoding it."""
-
-    __slots__ = ("data",)
-
-    def __init__(self, data: bytes) -> None:
-        self.data = data
-
-
 class _RawJsonbDumper(Dumper):
     oid = psycopg.postgres.types["jsonb"].oid
 
@@ -88,11 +79,48 @@ class _RawJsonbDumper(Dumper):
         return obj.data
 
 
-class _RawTextDumper(Dumper):
-    oid = psycopg.postgres.types["text"].oid
+class TextArray:
+    """A text[] parameter of UTF-8 byte strings (None: NULL), dumped in one pass.
 
-    def dump(self, obj: RawText) -> Buffer:
-        return obj.data
+    psycopg's generic list dumper works element by element in Python; a turn sends a
+    dozen small arrays, so this matters on the hot path."""
+
+    __slots__ = ("items",)
+
+    def __init__(self, items: Sequence[bytes | str | None]) -> None:
+        self.items = items
+
+
+class BigintArray:
+    """A bigint[] parameter (None: NULL)."""
+
+    __slots__ = ("items",)
+
+    def __init__(self, items: Sequence[int | None]) -> None:
+        self.items = items
+
+
+def _quoted(item: bytes | str | None) -> bytes:
+    if item is None:
+        return b"NULL"
+    data = item.encode() if isinstance(item, str) else item
+    return b'"' + data.replace(b"\\", b"\\\\").replace(b'"', b'\\"') + b'"'
+
+
+class _TextArrayDumper(Dumper):
+    oid = psycopg.postgres.types["text"].array_oid
+
+    def dump(self, obj: TextArray) -> Buffer:
+        return b"{" + b",".join(_quoted(item) for item in obj.items) + b"}"
+
+
+class _BigintArrayDumper(Dumper):
+    oid = psycopg.postgres.types["int8"].array_oid
+
+    def dump(self, obj: BigintArray) -> Buffer:
+        return (
+            "{" + ",".join("NULL" if i is None else str(int(i)) for i in obj.items) + "}"
+        ).encode()
 
 
 class _RawJsonbLoader(Loader):
@@ -104,7 +132,8 @@ class _RawJsonbLoader(Loader):
 
 async def _configure_connection(conn: Conn) -> None:
     conn.adapters.register_dumper(RawJson, _RawJsonbDumper)
-    conn.adapters.register_dumper(RawText, _RawTextDumper)
+    conn.adapters.register_dumper(TextArray, _TextArrayDumper)
+    conn.adapters.register_dumper(BigintArray, _BigintArrayDumper)
     conn.adapters.register_loader("jsonb", _RawJsonbLoader)
     # One statement per call: it is its own transaction, with no BEGIN/COMMIT round trips.
     await conn.set_autocommit(True)
@@ -159,52 +188,43 @@ def _compaction(row: Row) -> Compaction:
     )
 
 
-def _optional_text(data: bytes | None) -> RawText | None:
-    return None if data is None else RawText(data)
-
-
-def _write_arrays(writes: Sequence[MessageWrite]) -> dict[str, list[Any]]:
+def _write_arrays(writes: Sequence[MessageWrite]) -> dict[str, TextArray | BigintArray]:
     """Message writes as the parallel arrays agentstate_write_messages() takes."""
-    columns: dict[str, list[Any]] = {
-        name: []
-        for name in (
-            "kinds",
-            "message_ids",
-            "roles",
-            "statuses",
-            "blocks",
-            "metadata",
-            "expected_statuses",
-        )
-    }
-
-    def add(**values: Any) -> None:
-        for name, column in columns.items():
-            column.append(values.get(name))
-
+    kinds: list[str] = []
+    message_ids: list[int | None] = []
+    roles: list[str | None] = []
+    statuses: list[str | None] = []
+    blocks: list[bytes | None] = []
+    metadata: list[bytes | None] = []
+    expected: list[str | None] = []
     for write in writes:
         if isinstance(write, NewMessage):
-            add(
-                kinds="insert",
-                roles=write.role.value,
-                statuses=write.status.value,
-                blocks=RawText(write.blocks_json),
-                metadata=RawText(write.metadata_json),
-            )
+            kinds.append("insert")
+            message_ids.append(None)
+            roles.append(write.role.value)
+            statuses.append(write.status.value)
+            expected.append(None)
         else:
-            add(
-                kinds="update",
-                message_ids=write.message_id,
-                statuses=write.status.value if write.status else None,
-                blocks=_optional_text(write.blocks_json),
-                metadata=_optional_text(write.metadata_json),
-                expected_statuses=write.expected_status.value if write.expected_status else None,
-            )
-    return columns
+            kinds.append("update")
+            message_ids.append(write.message_id)
+            roles.append(None)
+            statuses.append(write.status.value if write.status else None)
+            expected.append(write.expected_status.value if write.expected_status else None)
+        blocks.append(write.blocks_json)
+        metadata.append(write.metadata_json)
+    return {
+        "kinds": TextArray(kinds),
+        "message_ids": BigintArray(message_ids),
+        "roles": TextArray(roles),
+        "statuses": TextArray(statuses),
+        "blocks": TextArray(blocks),
+        "metadata": TextArray(metadata),
+        "expected_statuses": TextArray(expected),
+    }
 
 
-def _compaction_arrays(compactions: Sequence[Compaction]) -> dict[str, list[Any]]:
-    numbers: list[int] = []
+def _compaction_arrays(compactions: Sequence[Compaction]) -> dict[str, TextArray | BigintArray]:
+    numbers: list[int | None] = []
     for c in compactions:
         numbers += [
             c.messages_before,
@@ -213,7 +233,20 @@ def _compaction_arrays(compactions: Sequence[Compaction]) -> dict[str, list[Any]
             c.tokens_after,
             c.summary_chars,
         ]
-    return {"compactions": numbers, "reasons": [c.reason for c in compactions]}
+    return {
+        "compactions": BigintArray(numbers),
+        "reasons": TextArray([c.reason for c in compactions]),
+    }
+
+
+def _check_write_json(write: MessageWrite, where: str) -> None:
+    """InvalidArgument if this write holds JSON that PostgreSQL refuses."""
+    for field, data, kind in (
+        ("blocks_json", write.blocks_json, list),
+        ("metadata_json", write.metadata_json, dict),
+    ):
+        if data is not None:
+            d.check_jsonb(data, kind, f"{where}.{field}")
 
 
 def _where(index: Any, batch: str | None) -> str:
@@ -242,9 +275,6 @@ def _refusal(detail: dict[str, Any], batch: str | None) -> d.StateServiceError:
             str(detail["status"]),
             str(detail["expected"]),
         )
-    if kind == "bad_json":
-        where = f"{_where(detail['index'], batch)}.{detail['field']}"
-        return d.bad_json(where, str(detail["reason"]))
     if kind == "user_lease_limit":
         return d.user_lease_limit(int(detail["running"]), int(detail["limit"]))
     if kind == "lease_held":
@@ -311,13 +341,17 @@ class PostgresStore(StateStore):
 
     @contextlib.asynccontextmanager
     async def _connection(
-        self, batch: str | None = None, bad_data: str = "rejected by the database"
+        self,
+        batch: str | None = None,
+        writes: Sequence[MessageWrite] = (),
+        bad_data: str = "rejected by the database",
     ) -> AsyncIterator[Conn]:
-        """A pooled connection. Refusals become domain errors, data the database cannot
-        take InvalidArgument (`bad_data` says what it was), outages StoreUnavailable,
-        anything else StoreError; in every case nothing changed.
+        """A pooled connection. Refusals become domain errors, outages StoreUnavailable,
+        data the database cannot take InvalidArgument naming the message write it was in
+        (else `bad_data` says what it was), anything else StoreError. In every case
+        nothing changed.
 
-        `batch`: the request field the message writes came from, for error messages."""
+        `batch`: the request field `writes` came from, for error messages."""
         try:
             async with self._pool.connection() as conn:
                 yield conn
@@ -326,6 +360,8 @@ class PostgresStore(StateStore):
                 detail = json.loads(exc.diag.message_detail or "{}")
                 raise _refusal(detail, batch) from None
             if isinstance(exc, psycopg.DataError | psycopg.errors.CheckViolation):
+                for index, write in enumerate(writes):  # the error path: find the culprit
+                    _check_write_json(write, _where(index, batch))
                 raise InvalidArgument(f"{bad_data}: {pg_reason(exc)}") from exc
             log.exception("database error")
             raise StoreError(f"database error, nothing was changed: {pg_reason(exc)}") from exc
@@ -336,10 +372,11 @@ class PostgresStore(StateStore):
         params: dict[str, Any],
         *,
         batch: str | None = None,
+        writes: Sequence[MessageWrite] = (),
         bad_data: str = "rejected by the database",
     ) -> list[Row]:
         """Run one statement: one round trip, its own transaction."""
-        async with self._connection(batch, bad_data) as conn:
+        async with self._connection(batch, writes, bad_data) as conn:
             cur = await conn.execute(statement, params)
             return await cur.fetchall()
 
@@ -429,6 +466,7 @@ class PostgresStore(StateStore):
             sql.SAVE_STATE,
             params,
             batch="message_writes",
+            writes=message_writes,
             bad_data="payload is not JSON that PostgreSQL can store",
         )
         first = rows[0]
@@ -455,12 +493,14 @@ class PostgresStore(StateStore):
             "require_awaiting_message_id": (
                 guard.message_id if isinstance(guard, RequireAwaiting) else None
             ),
-            "roles": [m.role.value for m in start.new_messages],
-            "statuses": [m.status.value for m in start.new_messages],
-            "blocks": [RawText(m.blocks_json) for m in start.new_messages],
-            "metadata": [RawText(m.metadata_json) for m in start.new_messages],
+            "roles": TextArray([m.role.value for m in start.new_messages]),
+            "statuses": TextArray([m.status.value for m in start.new_messages]),
+            "blocks": TextArray([m.blocks_json for m in start.new_messages]),
+            "metadata": TextArray([m.metadata_json for m in start.new_messages]),
         }
-        (row,) = await self._rows(sql.BEGIN_TURN, params, batch="new_messages")
+        (row,) = await self._rows(
+            sql.BEGIN_TURN, params, batch="new_messages", writes=start.new_messages
+        )
         conversation = Conversation(
             conversation_id=int(row["conversation_id"]),
             user_id=user_id,
@@ -544,7 +584,10 @@ class PostgresStore(StateStore):
     async def delete_conversations(
         self, user_id: str, conversation_ids: Sequence[int]
     ) -> DeleteCounts:
-        params = {"user_id": user_id, "conversation_ids": sorted(set(conversation_ids))}
+        params = {
+            "user_id": user_id,
+            "conversation_ids": BigintArray(sorted(set(conversation_ids))),
+        }
         (row,) = await self._rows(sql.DELETE_CONVERSATIONS, params)
         return _counts(row)
 
@@ -561,7 +604,8 @@ class PostgresStore(StateStore):
                     by_user.setdefault(row["user_id"], []).append(int(row["id"]))
                 for user_id, ids in by_user.items():
                     cur = await conn.execute(
-                        sql.DELETE_CONVERSATIONS, {"user_id": user_id, "conversation_ids": ids}
+                        sql.DELETE_CONVERSATIONS,
+                        {"user_id": user_id, "conversation_ids": BigintArray(ids)},
                     )
                     counts = await cur.fetchone()
                     assert counts is not None
@@ -585,7 +629,7 @@ class PostgresStore(StateStore):
         self, user_id: str, conversation_id: int, write: MessageWrite
     ) -> MessageRecord:
         params = {"user_id": user_id, "conversation_id": conversation_id, **_write_arrays([write])}
-        (row,) = await self._rows(sql.WRITE_MESSAGE, params)
+        (row,) = await self._rows(sql.WRITE_MESSAGE, params, writes=[write])
         return _message(row)
 
     async def list_messages(

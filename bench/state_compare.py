@@ -1,0 +1,550 @@
+"""Side by side, in one run on one PostgreSQL: the state service over gRPC, the same
+SQL in-process, and LangGraph's AsyncPostgresSaver.
+
+    .venv/bin/pip install -e '.[bench]'      # LangGraph's saver and matplotlib
+    .venv/bin/python -m bench.state_compare [--sizes 8,64,512] [--concurrency 1,8,32]
+        [--seconds 3] [--calls 300] [--plots docs/img] [--json results.json]
+
+- gRPC: the state service as its own process (`python -m state_service`, pool of 10),
+  called from this process with the asyncio gRPC client.
+- in-process: `PostgresStore` (the state service's own storage class, the same SQL and
+  pool size) called directly from this process: what the service costs on top of it.
+- LangGraph: one `AsyncPostgresSaver` over a pool of 10 shared by every session (as an
+  application shares its checkpointer), a turn being `aget_tuple` + `aput` of a
+  checkpoint whose one channel holds the same state; `langgraph (per session)` gives
+  every session a saver of its own, for comparison.
+
+Part 1, latency (one caller): GetState and a compare-and-set UpsertState of an
+N-message AgentState (the source's 8-message example repeated). Part 2, throughput:
+`c` sessions, each running turns on its own conversation for `--seconds`. Our turn is
+BeginTurn (lease, two records, state) + EndTurn (state with compare-and-set, a record
+update, lease release): everything a real turn costs; LangGraph's has no lease and no
+records. Ratios are taken within the run. PostgreSQL keeps fsync on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import statistics
+import tempfile
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import psycopg
+
+from agentstate.common.embedded_postgres import EmbeddedPostgres
+from agentstate.common.service_process import ServiceProcess
+from agentstate.state.v1 import state_service_pb2 as pb
+from agentstate.state.v1 import state_service_pb2_grpc as pb_grpc
+from bench.state_latency import grown_state
+from state_service.domain import (
+    MessageRole,
+    MessageStatus,
+    MessageUpdate,
+    NewMessage,
+    TurnStart,
+)
+from state_service.storage.postgres import PostgresStore
+
+POOL_SIZE = 10
+USER = "bench"
+QUESTION_BLOCKS = json.dumps([{"type": "text", "text": "我的订单88235现在什么状态？"}]).encode()
+REPLY_BLOCKS = json.dumps([{"type": "text", "text": "订单88235目前是已支付待发货。"}]).encode()
+
+
+@dataclass
+class Latency:
+    op: str
+    messages: int
+    payload_bytes: int
+    contender: str
+    p50_ms: float
+    p90_ms: float
+    p99_ms: float
+
+
+@dataclass
+class Throughput:
+    messages: int
+    concurrency: int
+    contender: str
+    turns_per_s: float
+    p50_turn_ms: float
+
+
+# ------------------------------------------------------------------ contenders
+
+
+class Ours:
+    """Our turn and calls, through gRPC or in-process: the same operations either way."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    async def new_conversation(self) -> str:
+        raise NotImplementedError
+
+    async def get(self, cid: str) -> None:
+        raise NotImplementedError
+
+    async def upsert(self, cid: str, payload: bytes, version: int) -> int:
+        raise NotImplementedError
+
+    async def turn(self, cid: str, payload: bytes, version: int) -> int:
+        raise NotImplementedError
+
+
+class OverGrpc(Ours):
+    def __init__(self, stub: pb_grpc.StateServiceAsyncStub) -> None:
+        super().__init__("gRPC")
+        self.stub = stub
+
+    async def new_conversation(self) -> str:
+        response = await self.stub.CreateConversation(pb.CreateConversationRequest(user_id=USER))
+        return response.conversation.conversation_id
+
+    async def get(self, cid: str) -> None:
+        await self.stub.GetState(pb.GetStateRequest(user_id=USER, conversation_id=cid))
+
+    async def upsert(self, cid: str, payload: bytes, version: int) -> int:
+        request = pb.UpsertStateRequest(user_id=USER, conversation_id=cid, payload=payload)
+        request.expected_version = version
+        return int((await self.stub.UpsertState(request)).version)
+
+    async def turn(self, cid: str, payload: bytes, version: int) -> int:
+        begun = await self.stub.BeginTurn(
+            pb.BeginTurnRequest(
+                user_id=USER,
+                conversation_id=cid,
+                holder="bench",
+                ttl_ms=60_000,
+                require_none_awaiting=True,
+                new_messages=[
+                    pb.NewMessage(role=pb.MESSAGE_ROLE_USER, blocks_json=QUESTION_BLOCKS),
+                    pb.NewMessage(
+                        role=pb.MESSAGE_ROLE_ASSISTANT, status=pb.MESSAGE_STATUS_STREAMING
+                    ),
+                ],
+            )
+        )
+        ended = await self.stub.EndTurn(
+            pb.EndTurnRequest(
+                user_id=USER,
+                conversation_id=cid,
+                task_id=begun.lease.task_id,
+                payload=payload,
+                expected_version=begun.version,
+                message_writes=[
+                    pb.MessageWrite(
+                        update=pb.MessageUpdate(
+                            message_id=begun.messages[1].message_id,
+                            status=pb.MESSAGE_STATUS_NORMAL,
+                            blocks_json=REPLY_BLOCKS,
+                        )
+                    )
+                ],
+            )
+        )
+        return int(ended.version)
+
+
+class InProcess(Ours):
+    def __init__(self, store: PostgresStore) -> None:
+        super().__init__("in-process")
+        self.store = store
+        self.start = TurnStart(
+            holder="bench",
+            ttl_ms=60_000,
+            new_messages=(
+                NewMessage(MessageRole.USER, QUESTION_BLOCKS),
+                NewMessage(MessageRole.ASSISTANT, status=MessageStatus.STREAMING),
+            ),
+        )
+
+    async def new_conversation(self) -> str:
+        return str((await self.store.create_conversation(USER, "bench")).conversation_id)
+
+    async def get(self, cid: str) -> None:
+        await self.store.get_state(USER, int(cid), "agent_state")
+
+    async def upsert(self, cid: str, payload: bytes, version: int) -> int:
+        result = await self.store.upsert_state(USER, int(cid), "agent_state", payload, version)
+        return result.version
+
+    async def turn(self, cid: str, payload: bytes, version: int) -> int:
+        begun = await self.store.begin_turn(USER, int(cid), self.start)
+        ended = await self.store.end_turn(
+            USER,
+            int(cid),
+            "agent_state",
+            payload,
+            begun.state.version if begun.state else 0,
+            begun.lease.task_id,
+            [
+                MessageUpdate(
+                    begun.messages[1].message_id,
+                    status=MessageStatus.NORMAL,
+                    blocks_json=REPLY_BLOCKS,
+                )
+            ],
+        )
+        return ended.version
+
+
+class LangGraph:
+    """LangGraph's AsyncPostgresSaver: a turn loads the latest checkpoint, saves the next."""
+
+    def __init__(self, name: str, saver_for: Callable[[int], Any]) -> None:
+        self.name = name
+        self.saver_for = saver_for  # session number -> saver
+
+    async def turn(self, session: int, thread: str, state: dict[str, Any]) -> None:
+        from langgraph.checkpoint.base import empty_checkpoint
+
+        saver = self.saver_for(session)
+        config: dict[str, Any] = {"configurable": {"thread_id": thread, "checkpoint_ns": ""}}
+        latest = await saver.aget_tuple(config)
+        current = latest.checkpoint["channel_versions"].get("state") if latest else None
+        checkpoint = empty_checkpoint()
+        version = saver.get_next_version(current, None)
+        checkpoint["channel_values"] = {"state": state}
+        checkpoint["channel_versions"] = {"state": version}
+        parent = latest.config if latest else config
+        await saver.aput(parent, checkpoint, {"source": "loop", "step": 1}, {"state": version})
+
+
+# --------------------------------------------------------------------- measuring
+
+
+def _percentiles(samples: list[float]) -> tuple[float, float, float]:
+    q = statistics.quantiles(samples, n=100, method="inclusive")
+    return statistics.median(samples), q[89], q[98]
+
+
+async def _timed(calls: int, fn: Callable[[], Awaitable[object]]) -> list[float]:
+    for _ in range(min(30, calls)):  # connections, prepared statements
+        await fn()
+    samples = []
+    for _ in range(calls):
+        start = time.perf_counter()
+        await fn()
+        samples.append((time.perf_counter() - start) * 1000)
+    return samples
+
+
+async def latency(contenders: list[Ours], sizes: list[int], calls: int) -> list[Latency]:
+    rows = []
+    for messages in sizes:
+        payload = json.dumps(grown_state(messages), ensure_ascii=False).encode()
+        n = calls if messages <= 64 else max(60, calls // 3)
+        for contender in contenders:
+            cid = await contender.new_conversation()
+            version = await contender.upsert(cid, payload, 0)
+
+            async def upsert(c: Ours = contender, cid: str = cid, body: bytes = payload) -> None:
+                nonlocal version
+                version = await c.upsert(cid, body, version)
+
+            async def get(c: Ours = contender, cid: str = cid) -> None:
+                await c.get(cid)
+
+            for op, fn in (("GetState", get), ("UpsertState (CAS)", upsert)):
+                p50, p90, p99 = _percentiles(await _timed(n, fn))
+                rows.append(Latency(op, messages, len(payload), contender.name, p50, p90, p99))
+    return rows
+
+
+async def _sessions(
+    concurrency: int, seconds: float, one_turn: Callable[[int], Awaitable[object]]
+) -> tuple[float, float]:
+    """Run `concurrency` sessions of back-to-back turns; (turns/s, p50 turn ms)."""
+    for session in range(concurrency):  # warm-up: one turn each
+        await one_turn(session)
+    samples: list[float] = []
+    deadline = time.perf_counter() + seconds
+
+    async def session_loop(session: int) -> None:
+        while time.perf_counter() < deadline:
+            start = time.perf_counter()
+            await one_turn(session)
+            samples.append((time.perf_counter() - start) * 1000)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(session_loop(s) for s in range(concurrency)))
+    elapsed = time.perf_counter() - started
+    return len(samples) / elapsed, statistics.median(samples)
+
+
+async def throughput(
+    ours: list[Ours],
+    langgraph: list[LangGraph],
+    sizes: list[int],
+    levels: list[int],
+    seconds: float,
+) -> list[Throughput]:
+    rows = []
+    for messages in sizes:
+        state = grown_state(messages)
+        payload = json.dumps(state, ensure_ascii=False).encode()
+        for concurrency in levels:
+            for contender in ours:
+                cids = [await contender.new_conversation() for _ in range(concurrency)]
+
+                async def our_turn(
+                    session: int, c: Ours = contender, cids: list[str] = cids, body: bytes = payload
+                ) -> None:
+                    await c.turn(cids[session], body, 0)
+
+                rate, p50 = await _sessions(concurrency, seconds, our_turn)
+                rows.append(Throughput(messages, concurrency, contender.name, rate, p50))
+            for saver in langgraph:
+                threads = [f"thread-{uuid.uuid4()}" for _ in range(concurrency)]
+
+                async def lg_turn(
+                    session: int,
+                    s: LangGraph = saver,
+                    threads: list[str] = threads,
+                    value: dict[str, Any] = state,
+                ) -> None:
+                    await s.turn(session, threads[session], value)
+
+                rate, p50 = await _sessions(concurrency, seconds, lg_turn)
+                rows.append(Throughput(messages, concurrency, saver.name, rate, p50))
+            print(f"  measured N={messages} c={concurrency}", flush=True)
+    return rows
+
+
+# ------------------------------------------------------------------------ output
+
+
+def print_tables(lat: list[Latency], thr: list[Throughput]) -> None:
+    print("\nLatency, one caller (ms)")
+    print(f"{'op':<18} {'N':>4} {'bytes':>7} {'contender':<11} {'p50':>6} {'p90':>6} {'p99':>6}")
+    for r in lat:
+        print(
+            f"{r.op:<18} {r.messages:>4} {r.payload_bytes:>7} {r.contender:<11} "
+            f"{r.p50_ms:>6.2f} {r.p90_ms:>6.2f} {r.p99_ms:>6.2f}"
+        )
+    print("\nRatio gRPC / in-process (p50)")
+    for op in dict.fromkeys(r.op for r in lat):
+        for n in dict.fromkeys(r.messages for r in lat):
+            cell = {r.contender: r for r in lat if r.op == op and r.messages == n}
+            if "gRPC" in cell and "in-process" in cell:
+                ratio = cell["gRPC"].p50_ms / cell["in-process"].p50_ms
+                print(f"{op:<18} N={n:<4} {ratio:5.2f}x")
+    print("\nTurns per second (p50 turn ms)")
+    names = list(dict.fromkeys(r.contender for r in thr))
+    print(f"{'N':>4} {'c':>3} " + " ".join(f"{n:>24}" for n in names))
+    for n in dict.fromkeys(r.messages for r in thr):
+        for c in dict.fromkeys(r.concurrency for r in thr):
+            by = {r.contender: r for r in thr if r.messages == n and r.concurrency == c}
+            cells = [
+                f"{by[name].turns_per_s:>13.0f} ({by[name].p50_turn_ms:>6.1f})"
+                if name in by
+                else ""
+                for name in names
+            ]
+            print(f"{n:>4} {c:>3} " + " ".join(f"{cell:>24}" for cell in cells))
+    print("\nRatios of turns/s")
+    for n in dict.fromkeys(r.messages for r in thr):
+        for c in dict.fromkeys(r.concurrency for r in thr):
+            rate = {
+                r.contender: r.turns_per_s for r in thr if r.messages == n and r.concurrency == c
+            }
+            parts = [f"gRPC/in-process {rate['gRPC'] / rate['in-process']:.2f}x"]
+            for name in names:
+                if name.startswith("langgraph"):
+                    parts.append(f"gRPC/{name} {rate['gRPC'] / rate[name]:.2f}x")
+            print(f"N={n:<4} c={c:<3} " + "   ".join(parts))
+
+
+def plot(lat: list[Latency], thr: list[Throughput], out_dir: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    sizes = list(dict.fromkeys(r.messages for r in lat))
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for ax, op in zip(axes, ("GetState", "UpsertState (CAS)"), strict=True):
+        for contender in ("gRPC", "in-process"):
+            values = [
+                next(
+                    r.p50_ms
+                    for r in lat
+                    if r.op == op and r.messages == n and r.contender == contender
+                )
+                for n in sizes
+            ]
+            ax.plot(sizes, values, marker="o", label=contender)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(sizes, [str(n) for n in sizes])
+        ax.set_xlabel("messages in the AgentState")
+        ax.set_ylabel("p50 latency, ms")
+        ax.set_title(op)
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    path = out_dir / "state_latency.png"
+    fig.savefig(path, dpi=110)
+    written.append(path)
+    plt.close(fig)
+
+    sizes = list(dict.fromkeys(r.messages for r in thr))
+    levels = list(dict.fromkeys(r.concurrency for r in thr))
+    names = list(dict.fromkeys(r.contender for r in thr))
+    fig, axes = plt.subplots(1, len(sizes), figsize=(4 * len(sizes), 4), squeeze=False)
+    for ax, n in zip(axes[0], sizes, strict=True):
+        width = 0.8 / len(names)
+        for i, name in enumerate(names):
+            values = [
+                next(
+                    r.turns_per_s
+                    for r in thr
+                    if r.messages == n and r.concurrency == c and r.contender == name
+                )
+                for c in levels
+            ]
+            ax.bar([x + i * width for x in range(len(levels))], values, width, label=name)
+        ax.set_xticks(
+            [x + width * (len(names) - 1) / 2 for x in range(len(levels))],
+            [f"c={c}" for c in levels],
+        )
+        ax.set_title(f"{n} messages")
+        ax.set_ylabel("turns per second")
+        ax.grid(axis="y", alpha=0.3)
+    axes[0][0].legend(fontsize=8)
+    fig.tight_layout()
+    path = out_dir / "turn_throughput.png"
+    fig.savefig(path, dpi=110)
+    written.append(path)
+    plt.close(fig)
+    return written
+
+
+# --------------------------------------------------------------------------- run
+
+
+def _scratch_dir() -> Path:
+    root = Path(tempfile.mkdtemp(prefix="agentstate-compare-"))
+    root.chmod(0o755)  # the postgres user must reach the data directory
+    return root
+
+
+def _database(server: EmbeddedPostgres, name: str) -> str:
+    with psycopg.connect(server.dsn, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{name}"')
+    return server.dsn.replace("dbname=postgres", f"dbname={name}")
+
+
+async def run(args: argparse.Namespace) -> tuple[list[Latency], list[Throughput]]:
+    sizes = [int(s) for s in args.sizes.split(",")]
+    levels = [int(c) for c in args.concurrency.split(",")]
+    root = _scratch_dir()
+    server = EmbeddedPostgres(root / "pgdata")
+    server.start()
+    service = None
+    closers: list[Callable[[], Awaitable[object]]] = []
+    try:
+        service = ServiceProcess(
+            "state_service",
+            {
+                "STATE_LISTEN_ADDRESS": "127.0.0.1:0",
+                "DATABASE_URL": _database(server, "via_grpc"),
+                "STATE_DB_POOL_MAX_SIZE": str(POOL_SIZE),
+                "STATE_MAX_PAYLOAD_BYTES": str(64 * 1024 * 1024),
+                "STATE_GRPC_MAX_MESSAGE_BYTES": str(64 * 1024 * 1024),
+            },
+        )
+        channel = grpc.aio.insecure_channel(service.wait_ready())
+        closers.append(lambda: channel.close(None))
+        store = PostgresStore(
+            _database(server, "in_process"), min_size=POOL_SIZE, max_size=POOL_SIZE
+        )
+        await store.open()
+        closers.append(store.close)
+        ours: list[Ours] = [OverGrpc(pb_grpc.StateServiceStub(channel)), InProcess(store)]
+        langgraph: list[LangGraph] = []
+        if not args.no_langgraph:
+            langgraph = await _langgraph(_database(server, "langgraph"), max(levels), closers)
+        lat = await latency(ours, sizes, args.calls)
+        thr = await throughput(ours, langgraph, sizes, levels, args.seconds)
+        return lat, thr
+    finally:
+        for close in reversed(closers):
+            await close()
+        if service is not None:
+            service.terminate()
+        server.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+async def _langgraph(
+    url: str, sessions: int, closers: list[Callable[[], Awaitable[object]]]
+) -> list[LangGraph]:
+    from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
+    from psycopg.rows import dict_row
+    from psycopg_pool import AsyncConnectionPool
+
+    kwargs = {"autocommit": True, "row_factory": dict_row, "prepare_threshold": 0}
+    pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
+        url, min_size=POOL_SIZE, max_size=POOL_SIZE, kwargs=kwargs, open=False
+    )
+    await pool.open(wait=True)
+    closers.append(pool.close)
+    shared = AsyncPostgresSaver(pool)
+    await shared.setup()
+    own = []
+    for _ in range(sessions):
+        conn = await psycopg.AsyncConnection.connect(url, autocommit=True, row_factory=dict_row)
+        closers.append(conn.close)
+        own.append(AsyncPostgresSaver(conn))
+    return [
+        LangGraph("langgraph (shared saver)", lambda _session: shared),
+        LangGraph("langgraph (per session)", lambda session: own[session]),
+    ]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="8,64,512", help="AgentState sizes in messages")
+    parser.add_argument("--concurrency", default="1,8,32", help="concurrent sessions")
+    parser.add_argument("--seconds", type=float, default=3.0, help="per throughput cell")
+    parser.add_argument("--calls", type=int, default=300, help="per latency cell")
+    parser.add_argument("--no-langgraph", action="store_true")
+    parser.add_argument("--plots", type=Path, help="write PNG plots into this directory")
+    parser.add_argument("--json", type=Path, help="write the results as JSON")
+    args = parser.parse_args()
+    print(
+        f"{os.cpu_count()} cores; PostgreSQL embedded, fsync on; sizes {args.sizes}; "
+        f"concurrency {args.concurrency}; {args.seconds:g}s per throughput cell",
+        flush=True,
+    )
+    lat, thr = asyncio.run(run(args))
+    print_tables(lat, thr)
+    if args.json:
+        args.json.write_text(
+            json.dumps(
+                {"latency": [asdict(r) for r in lat], "throughput": [asdict(r) for r in thr]},
+                indent=1,
+            )
+        )
+    if args.plots:
+        for path in plot(lat, thr, args.plots):
+            print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
