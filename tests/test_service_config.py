@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncIterator
+from typing import Any
 
 import grpc
 import pytest
@@ -19,13 +19,12 @@ from agent_service.config import AgentServiceSettings
 from agent_service.server import AgentServiceApp
 from agentstate.agent.v1 import agent_service_pb2 as apb
 from agentstate.agent.v1 import agent_service_pb2_grpc as apb_grpc
-from agentstate.common.grpc_server import bind, create_server
 from agentstate.common.service_config import channel_options, service_config_json
 from agentstate.state.v1 import state_service_pb2 as pb
 from agentstate.state.v1 import state_service_pb2_grpc as pb_grpc
-from state_service.servicer import StateServicer
 from state_service.storage.postgres import PostgresStore
 from tests.agent_harness import metadata
+from tests.fault_injection import Blips, state_service_with_blips
 
 READS = {
     "agentstate.state.v1.StateService": {
@@ -40,48 +39,10 @@ READS = {
 }
 
 
-if TYPE_CHECKING:
-    Interceptor = grpc.aio.ServerInterceptor[Any, Any]
-else:  # not subscriptable at run time
-    Interceptor = grpc.aio.ServerInterceptor
-
-
-class Blips(Interceptor):
-    """Fails the first `failures` attempts of each method with UNAVAILABLE; counts attempts."""
-
-    def __init__(self) -> None:
-        self.failures = 0
-        self.attempts: Counter[str] = Counter()
-
-    async def intercept_service(
-        self,
-        continuation: Callable[
-            [grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any]]
-        ],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler[Any, Any]:
-        method = handler_call_details.method.rsplit("/", 1)[-1]
-        self.attempts[method] += 1
-        if self.attempts[method] <= self.failures:
-            return grpc.unary_unary_rpc_method_handler(self._unavailable)
-        return await continuation(handler_call_details)
-
-    @staticmethod
-    async def _unavailable(request: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> None:
-        await context.abort(grpc.StatusCode.UNAVAILABLE, "injected: the sidecar is restarting")
-
-
 @pytest.fixture
 async def blips_and_state(pg_store: PostgresStore) -> AsyncIterator[tuple[Blips, str]]:
-    blips = Blips()
-    server = create_server(max_message_bytes=1 << 20, interceptors=[blips])
-    pb_grpc.add_StateServiceServicer_to_server(
-        StateServicer(pg_store, max_payload_bytes=1 << 20), server
-    )
-    address = bind(server, "127.0.0.1:0")
-    await server.start()
-    yield blips, address
-    await server.stop(None)
+    async with state_service_with_blips(pg_store) as running:
+        yield running
 
 
 def test_the_config_names_exactly_the_reads() -> None:

@@ -3,16 +3,19 @@
 tests/java/AgentClient.java (grpc-java 1.41) drives the source's worked example through a
 real agent service, which keeps its state in a real state service on PostgreSQL;
 tests/go/state_client.go (grpc-go, GOPATH mode) drives the state RPCs. Both read the
-google.rpc.ErrorInfo details and apply agentstate/service_config.json. The clients print one
-JSON object; the assertions here are on what they saw. See tests/xlang_build.py for when
-these tests skip (never in CI).
+google.rpc.ErrorInfo details and apply agentstate/service_config.json; small RetryCheck
+programs (Java, Go, Node) show that the config, passed as the README says, retries a read
+served UNAVAILABLE. The clients print one JSON object; the assertions here are on what they
+saw. See tests/xlang_build.py for when these tests skip (never in CI).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -23,7 +26,11 @@ import pytest
 from agentstate.common.service_process import ServiceProcess
 from agentstate.state.v1 import state_service_pb2 as spb
 from agentstate.state.v1 import state_service_pb2_grpc as spb_grpc
+from state_service.storage.postgres import PostgresStore
+from tests.fault_injection import state_service_with_blips
 from tests.source_example import QUESTION
+from tests.test_cross_language import NODE_DIR
+from tests.test_cross_language import _node as node
 from tests.xlang_build import SERVICE_CONFIG, Built, build_go, build_java
 
 
@@ -46,9 +53,9 @@ def built(builds: dict[str, Future[Built]], language: str) -> Built:
         pytest.fail(f"building the {language} client failed: {exc}", pytrace=False)
 
 
-def run_client(client: Built, *args: str) -> dict[str, Any]:
+def run_client(client: Built, program: str, *args: str) -> dict[str, Any]:
     proc = subprocess.run(
-        [*client.command, *args],
+        [*client.commands[program], *args],
         env=client.env,
         capture_output=True,
         text=True,
@@ -97,7 +104,9 @@ def test_java_client_runs_the_worked_example(
     client = built(builds, "java")
     print(f"java client built in {client.seconds:.1f}s")
     user_id = f"java-{uuid.uuid4()}"
-    out = run_client(client, agent_address, state_address, user_id, QUESTION, str(SERVICE_CONFIG))
+    out = run_client(
+        client, "AgentClient", agent_address, state_address, user_id, QUESTION, str(SERVICE_CONFIG)
+    )
 
     anonymous = out["anonymous_chat"]
     assert (anonymous["code"], anonymous["reason"]) == ("UNAUTHENTICATED", "UNAUTHENTICATED")
@@ -156,7 +165,7 @@ def test_go_client_drives_the_state_rpcs(
     client = built(builds, "go")
     print(f"go client built in {client.seconds:.1f}s")
     user_id = f"go-{uuid.uuid4()}"
-    out = run_client(client, state_address, user_id, str(SERVICE_CONFIG))
+    out = run_client(client, "state_client", state_address, user_id, str(SERVICE_CONFIG))
 
     assert out["service_config_ok"] is True
     assert (out["create_version"], out["cas_version"]) == (1, 2)
@@ -187,3 +196,43 @@ def test_go_client_drives_the_state_rpcs(
             spb.ListConversationsRequest(user_id=user_id), timeout=10
         )
     assert list(listed.conversations) == []
+
+
+async def test_every_language_retries_reads_with_the_service_config(
+    builds: dict[str, Future[Built]], pg_store: PostgresStore, user_id: str
+) -> None:
+    """The README's way of passing agentstate/service_config.json works in each language:
+    a read served UNAVAILABLE twice succeeds on the third attempt."""
+    clients = {
+        "java": built(builds, "java").commands["RetryCheck"],
+        "go": built(builds, "go").commands["retry_check"],
+        "node": [node(), str(NODE_DIR / "retry_check.mjs")],
+    }
+    env = built(builds, "go").env  # GRPC_GO_RETRY=on for Debian's grpc-go 1.33
+    async with state_service_with_blips(pg_store) as (blips, address):
+        async with grpc.aio.insecure_channel(address) as channel:
+            created = await spb_grpc.StateServiceStub(channel).CreateConversation(
+                spb.CreateConversationRequest(user_id=user_id, title="retry")
+            )
+        cid = created.conversation.conversation_id
+        for language, command in clients.items():
+            blips.failures, blips.attempts = 2, Counter()
+            # Not subprocess.run: the server answering it runs on this event loop.
+            proc = await asyncio.create_subprocess_exec(
+                *command,
+                address,
+                cid,
+                user_id,
+                str(SERVICE_CONFIG),
+                env=env,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+            )
+            stdout, stderr = await asyncio.wait_for(proc.communicate(), 120)
+            report = f"{language}: exit {proc.returncode}\n{stdout.decode()}\n{stderr.decode()}"
+            assert proc.returncode == 0, report
+            assert json.loads(stdout.decode().strip().splitlines()[-1]) == {
+                "code": "OK",
+                "conversation_id": cid,
+            }, report
+            assert blips.attempts["GetConversation"] == 3, report
