@@ -9,13 +9,12 @@ written by a newer runtime survives a round trip through an older one.
 
 from __future__ import annotations
 
-import copy
 import enum
-import json
 import uuid
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, TypeVar
+
+import msgspec
 
 JSON = dict[str, Any]
 B = TypeVar("B")
@@ -47,45 +46,35 @@ class ToolResultState(enum.StrEnum):
 PERMISSION_DENIED_TEXT = "Permission denied by user"
 
 
-@dataclass
-class TextBlock:
-    text: str
+class TextBlock(msgspec.Struct, tag="text", tag_field="type"):
+    text: str = ""
 
     def to_json(self) -> JSON:
-        return {"type": "text", "text": self.text}
+        return _builtins(self)
 
 
-@dataclass
-class ThinkingBlock:
-    thinking: str
+class ThinkingBlock(msgspec.Struct, tag="thinking", tag_field="type"):
+    thinking: str = ""
 
     def to_json(self) -> JSON:
-        return {"type": "thinking", "thinking": self.thinking}
+        return _builtins(self)
 
 
-@dataclass
-class ToolUseBlock:
+class ToolUseBlock(msgspec.Struct, tag="tool_use", tag_field="type"):
     id: str
     name: str
-    input: JSON
+    input: JSON = {}
     state: ToolUseState = ToolUseState.PENDING
 
     def to_json(self) -> JSON:
-        return {
-            "type": "tool_use",
-            "id": self.id,
-            "name": self.name,
-            "input": self.input,
-            "state": self.state.value,
-        }
+        return _builtins(self)
 
 
-@dataclass
-class ToolResultBlock:
+class ToolResultBlock(msgspec.Struct, tag="tool_result", tag_field="type"):
     id: str
     name: str
-    state: ToolResultState
-    output: list[JSON]  # [{"type": "text", "text": ...}]
+    state: ToolResultState = ToolResultState.SUCCESS
+    output: list[JSON] = []  # [{"type": "text", "text": ...}]
 
     @property
     def text(self) -> str:
@@ -96,39 +85,23 @@ class ToolResultBlock:
         return cls(id=id, name=name, state=state, output=[{"type": "text", "text": text}])
 
     def to_json(self) -> JSON:
-        return {
-            "type": "tool_result",
-            "id": self.id,
-            "name": self.name,
-            "state": self.state.value,
-            "output": self.output,
-        }
+        return _builtins(self)
 
 
 Block = TextBlock | ThinkingBlock | ToolUseBlock | ToolResultBlock
 
 
+def _builtins(value: msgspec.Struct) -> JSON:
+    data: JSON = msgspec.to_builtins(value)
+    return data
+
+
 def block_from_json(data: JSON) -> Block:
-    kind = data.get("type")
-    if kind == "text":
-        return TextBlock(str(data.get("text", "")))
-    if kind == "thinking":
-        return ThinkingBlock(str(data.get("thinking", "")))
-    if kind == "tool_use":
-        return ToolUseBlock(
-            id=str(data["id"]),
-            name=str(data["name"]),
-            input=dict(data.get("input") or {}),
-            state=ToolUseState(data.get("state", "pending")),
-        )
-    if kind == "tool_result":
-        return ToolResultBlock(
-            id=str(data["id"]),
-            name=str(data["name"]),
-            state=ToolResultState(data.get("state", "success")),
-            output=list(data.get("output") or []),
-        )
-    raise ValueError(f"unknown block type {kind!r}")
+    try:
+        block: Block = msgspec.convert(data, Block)
+        return block
+    except msgspec.ValidationError as exc:
+        raise ValueError(f"not a block: {exc}") from exc
 
 
 def now_timestamp() -> str:
@@ -136,15 +109,18 @@ def now_timestamp() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
 
 
-@dataclass
-class Msg:
+def _new_id() -> str:
+    return str(uuid.uuid4())
+
+
+class Msg(msgspec.Struct):
     role: Role
-    content: list[Block]
+    content: list[Block] = []
     name: str = "RagentAI"
-    id: str = field(default_factory=lambda: str(uuid.uuid4()))
-    metadata: JSON = field(default_factory=dict)
+    id: str = msgspec.field(default_factory=_new_id)
+    metadata: JSON = {}
     usage: JSON | None = None
-    timestamp: str = field(default_factory=now_timestamp)
+    timestamp: str = msgspec.field(default_factory=now_timestamp)
 
     @property
     def text(self) -> str:
@@ -154,27 +130,11 @@ class Msg:
         return [b for b in self.content if isinstance(b, kind)]
 
     def to_json(self) -> JSON:
-        return {
-            "id": self.id,
-            "name": self.name,
-            "role": self.role.value,
-            "content": [b.to_json() for b in self.content],
-            "metadata": self.metadata,
-            "usage": self.usage,
-            "timestamp": self.timestamp,
-        }
+        return _builtins(self)
 
     @classmethod
     def from_json(cls, data: JSON) -> Msg:
-        return cls(
-            id=str(data.get("id") or uuid.uuid4()),
-            name=str(data.get("name") or ""),
-            role=Role(data["role"]),
-            content=[block_from_json(b) for b in data.get("content") or []],
-            metadata=dict(data.get("metadata") or {}),
-            usage=data.get("usage"),
-            timestamp=str(data.get("timestamp") or ""),
-        )
+        return msgspec.convert(data, cls)
 
 
 def default_permission_context() -> JSON:
@@ -189,66 +149,48 @@ def default_tool_context() -> JSON:
     }
 
 
-@dataclass
-class AgentState:
-    """The framework's working data for one conversation (the source's 11 fields)."""
+class AgentState(msgspec.Struct):
+    """The framework's working data for one conversation (the source's 11 fields).
+
+    A msgspec Struct: the whole state is encoded and decoded in C, typed on the way in
+    (a malformed stored state is refused, not half-read), and unknown keys inside the
+    free-form sub-contexts survive a round trip.
+    """
 
     session_id: str
     user_id: str
-    context: list[Msg] = field(default_factory=list)
+    context: list[Msg] = []
     summary: str = ""
     reply_id: str = ""
     cur_iter: int = 0
     shutdown_interrupted: bool = False
-    permission_context: JSON = field(default_factory=default_permission_context)
-    tool_context: JSON = field(default_factory=default_tool_context)
-    tasks_context: JSON = field(default_factory=lambda: {"tasks": []})
-    plan_mode_context: JSON = field(default_factory=lambda: {"enabled": False, "plan": None})
+    permission_context: JSON = msgspec.field(default_factory=default_permission_context)
+    tool_context: JSON = msgspec.field(default_factory=default_tool_context)
+    tasks_context: JSON = msgspec.field(default_factory=lambda: {"tasks": []})
+    plan_mode_context: JSON = msgspec.field(
+        default_factory=lambda: {"enabled": False, "plan": None}
+    )
 
     def to_json(self) -> JSON:
-        return {
-            "session_id": self.session_id,
-            "user_id": self.user_id,
-            "context": [m.to_json() for m in self.context],
-            "summary": self.summary,
-            "reply_id": self.reply_id,
-            "cur_iter": self.cur_iter,
-            "shutdown_interrupted": self.shutdown_interrupted,
-            "permission_context": self.permission_context,
-            "tool_context": self.tool_context,
-            "tasks_context": self.tasks_context,
-            "plan_mode_context": self.plan_mode_context,
-        }
+        return _builtins(self)
 
     @classmethod
     def from_json(cls, data: JSON) -> AgentState:
-        defaults = cls(session_id="", user_id="")
-        return cls(
-            session_id=str(data.get("session_id", "")),
-            user_id=str(data.get("user_id", "")),
-            context=[Msg.from_json(m) for m in data.get("context") or []],
-            summary=str(data.get("summary") or ""),
-            reply_id=str(data.get("reply_id") or ""),
-            cur_iter=int(data.get("cur_iter") or 0),
-            shutdown_interrupted=bool(data.get("shutdown_interrupted", False)),
-            permission_context=dict(data.get("permission_context") or defaults.permission_context),
-            tool_context=dict(data.get("tool_context") or defaults.tool_context),
-            tasks_context=dict(data.get("tasks_context") or defaults.tasks_context),
-            plan_mode_context=dict(data.get("plan_mode_context") or defaults.plan_mode_context),
-        )
+        return msgspec.convert(data, cls)
 
     def encode(self) -> bytes:
-        return json.dumps(self.to_json(), ensure_ascii=False, separators=(",", ":")).encode()
+        return _ENCODER.encode(self)
 
     @classmethod
     def decode(cls, payload: bytes) -> AgentState:
-        data = json.loads(payload)
-        if not isinstance(data, dict):
-            raise ValueError("an AgentState must be a JSON object")
-        return cls.from_json(data)
+        """Raise ValueError when the payload is not an AgentState."""
+        try:
+            return _DECODER.decode(payload)
+        except msgspec.DecodeError as exc:  # ValidationError included
+            raise ValueError(f"not an AgentState: {exc}") from exc
 
     def copy(self) -> AgentState:
-        return copy.deepcopy(self)
+        return _DECODER.decode(_ENCODER.encode(self))
 
     # ----------------------------------------------------------- tool cycles
 
@@ -269,3 +211,7 @@ class AgentState:
             for block in msg.content
             if isinstance(block, ToolUseBlock) and block.id not in answered
         ]
+
+
+_ENCODER = msgspec.json.Encoder()
+_DECODER = msgspec.json.Decoder(AgentState)

@@ -27,6 +27,14 @@ class Conflict(AgentError):
     another turn is running, a card is pending, a card was already handled or expired."""
 
 
+class CardPending(Conflict):
+    """A confirmation card of the conversation is still open; `message_id` names it."""
+
+    def __init__(self, message: str, message_id: str) -> None:
+        super().__init__(message)
+        self.message_id = message_id
+
+
 class StateVersionConflict(AgentError):
     """The stored state changed under this turn; it was not overwritten (ABORTED)."""
 

@@ -1,14 +1,19 @@
 """Middlewares run on the copy of the context about to be sent to the model.
 
-They never touch the stored state: the runtime hands them a deep copy.
+They never touch the stored state: the runtime hands them a new list of the same
+messages, and a middleware that changes a message puts a changed copy of it in
+its place (copy on write: nothing is copied for the messages it leaves alone).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+import msgspec
+
 from agent_service.agent_state import (
     PERMISSION_DENIED_TEXT,
+    Block,
     Msg,
     ToolResultBlock,
     ToolResultState,
@@ -30,17 +35,26 @@ def rewrite_denials(context: list[Msg]) -> list[Msg]:
     Left as it is, a model reads it as missing permissions and may tell the user
     they lack rights or suggest fixing them; the user simply chose not to run it.
     """
+    rewritten = []
     for msg in context:
-        for index, block in enumerate(msg.content):
-            if (
-                isinstance(block, ToolResultBlock)
-                and block.state is ToolResultState.DENIED
-                and block.text.strip() == PERMISSION_DENIED_TEXT
-            ):
-                msg.content[index] = ToolResultBlock.of_text(
-                    block.id, block.name, block.state, DENIAL_REWRITE_TEXT
-                )
-    return context
+        if any(_is_raw_denial(block) for block in msg.content):
+            content: list[Block] = [
+                ToolResultBlock.of_text(block.id, block.name, block.state, DENIAL_REWRITE_TEXT)
+                if isinstance(block, ToolResultBlock) and _is_raw_denial(block)
+                else block
+                for block in msg.content
+            ]
+            msg = msgspec.structs.replace(msg, content=content)
+        rewritten.append(msg)
+    return rewritten
+
+
+def _is_raw_denial(block: Block) -> bool:
+    return (
+        isinstance(block, ToolResultBlock)
+        and block.state is ToolResultState.DENIED
+        and block.text.strip() == PERMISSION_DENIED_TEXT
+    )
 
 
 DEFAULT_MIDDLEWARES: tuple[ContextMiddleware, ...] = (rewrite_denials,)

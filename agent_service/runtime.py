@@ -11,11 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import copy
-import json
 import logging
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -50,7 +48,6 @@ from agent_service.events import (
     Hint,
     Meta,
     ToolStatus,
-    TurnEvent,
 )
 from agent_service.middleware import DEFAULT_MIDDLEWARES, ContextMiddleware
 from agent_service.model.base import (
@@ -61,6 +58,18 @@ from agent_service.model.base import (
     ThinkingDelta,
     ToolCall,
     Usage,
+)
+from agent_service.records import (
+    BegunTurn,
+    CompactionNote,
+    NewRecord,
+    NoOpenCard,
+    OpenCard,
+    RecordRole,
+    RecordStatus,
+    RecordUpdate,
+    RecordWrite,
+    TurnRequest,
 )
 from agent_service.state_client import StateClient
 from agent_service.telemetry import (
@@ -80,7 +89,6 @@ from agent_service.tools.registry import (
 from agent_service.tools.skills import active_skills
 from agent_service.turns import TurnControl, TurnRegistry, TurnStopped
 from agentstate.common.telemetry import tracer
-from agentstate.state.v1 import state_service_pb2 as spb
 
 log = logging.getLogger(__name__)
 
@@ -123,8 +131,11 @@ class _TurnRecord:
         self.blocks.append(block.to_json())
 
 
-def _blocks_json(blocks: list[dict[str, Any]]) -> bytes:
-    return json.dumps(blocks, ensure_ascii=False).encode()
+def _card_pending_text(message_id: str) -> str:
+    return (
+        f"confirmation card {message_id} is still pending: "
+        "answer it with Confirm before asking something new"
+    )
 
 
 def _now() -> datetime:
@@ -196,70 +207,64 @@ class TurnRunner:
             raise errors.InvalidInput("question must not be empty")
         if len(question) > MAX_QUESTION_CHARS:
             raise errors.InvalidInput(f"question is longer than {MAX_QUESTION_CHARS} characters")
+        if "\x00" in question:
+            raise errors.InvalidInput("question must not contain NUL characters")
         self._ensure_accepting()
-        new_conversation = not conversation_id
-        if not new_conversation:
-            # No separate existence check: taking the lease is NOT_FOUND for a missing one.
-            await self._chat_turn(user_id, conversation_id, question, emit, new_conversation)
-            return
-        title = " ".join(question.split())[:40]
-        conversation_id = (await self.state.create_conversation(user_id, title)).conversation_id
-        started = False
-
-        async def tracking_emit(event: TurnEvent) -> None:
-            nonlocal started
-            started = True
-            await emit(event)
-
-        try:
-            await self._chat_turn(user_id, conversation_id, question, tracking_emit, True)
-        except errors.AgentError:
-            if not started:  # refused before it began: leave no empty conversation behind
-                with contextlib.suppress(errors.AgentError):
-                    await self.state.delete_conversations(user_id, [conversation_id])
-            raise
-
-    async def _chat_turn(
-        self,
-        user_id: str,
-        conversation_id: str,
-        question: str,
-        emit: Emit,
-        new_conversation: bool,
-    ) -> None:
-        async with self._lease(user_id, conversation_id) as control:
-            loaded = await self.state.load(user_id, conversation_id)
-            state = loaded.state or AgentState(session_id=conversation_id, user_id=user_id)
+        # The question's record and the reply's (STREAMING until saved) are appended
+        # when the turn starts: their ids are known before the loop runs.
+        request = TurnRequest(
+            user_id=user_id,
+            conversation_id=conversation_id,
+            title=" ".join(question.split())[:40],
+            holder=self.settings.holder,
+            ttl_ms=self.settings.lease_ttl_ms,
+            max_user_leases=self.settings.max_turns_per_user,
+            new_records=(
+                NewRecord(RecordRole.USER, blocks=[TextBlock(question).to_json()]),
+                NewRecord(RecordRole.ASSISTANT, status=RecordStatus.STREAMING),
+            ),
+            guard=NoOpenCard(),
+        )
+        async with contextlib.AsyncExitStack() as stack:
+            try:
+                control, begun = await stack.enter_async_context(self._lease(request))
+            except errors.CardPending as exc:
+                # A card is open: a new question may only settle it if it has expired.
+                await self._refuse_unless_expired(user_id, conversation_id, exc.message_id)
+                retry = replace(request, guard=OpenCard(exc.message_id))
+                control, begun = await stack.enter_async_context(self._lease(retry))
+            conversation_id = begun.conversation_id
+            state = begun.state or AgentState(session_id=conversation_id, user_id=user_id)
             hints = self._recover_interrupted(state, control)
-            writes: list[spb.MessageWrite] = []
+            writes: list[RecordWrite] = []
             pending = state.pending_calls()
             if pending:
                 card_msg = pending[0][0]
                 card = _card_of(card_msg)
-                if not _card_expired(card, _now()):
-                    raise errors.Conflict(
-                        f"confirmation card {card['record_id']} is still pending: "
-                        "answer it with Confirm before asking something new"
-                    )
+                if not _card_expired(card, _now()):  # the record and the state disagree
+                    raise errors.Conflict(_card_pending_text(str(card["record_id"])))
                 writes += self._settle_expired(state, card_msg)
                 hints.append("上一张确认卡片已过期，其中的操作没有执行。")
-            await self.state.append_message(
-                user_id,
-                conversation_id,
-                spb.NewMessage(
-                    role=spb.MESSAGE_ROLE_USER,
-                    blocks_json=_blocks_json([TextBlock(question).to_json()]),
-                ),
-            )
-            record = await self._open_record(user_id, conversation_id)
-            await emit(Meta(conversation_id, control.task_id, new_conversation))
+            record = _TurnRecord(begun.record_ids[1])
+            await emit(Meta(conversation_id, control.task_id, begun.conversation_created))
             for hint in hints:
                 await emit(Hint(hint))
             # A new question is one user message holding only its text.
             state.context.append(Msg(role=Role.USER, name="user", content=[TextBlock(question)]))
             state.reply_id = control.task_id
-            outcome = await self._run_and_save(control, state, loaded.version, record, writes, emit)
+            outcome = await self._run_and_save(control, state, begun.version, record, writes, emit)
         await self._finish(outcome, emit)
+
+    async def _refuse_unless_expired(
+        self, user_id: str, conversation_id: str, message_id: str
+    ) -> None:
+        """Conflict unless the open card `message_id` has expired (a rare path: one more
+        state call, before anything is written)."""
+        loaded = await self.state.load(user_id, conversation_id)
+        pending = loaded.state.pending_calls() if loaded.state else []
+        card = _card_of(pending[0][0]) if pending else {}
+        if card.get("record_id") == message_id and not _card_expired(card, _now()):
+            raise errors.Conflict(_card_pending_text(message_id))
 
     async def confirm(
         self, user_id: str, conversation_id: str, message_id: str, approved: bool, emit: Emit
@@ -273,24 +278,37 @@ class TurnRunner:
     ) -> None:
         if not message_id:
             raise errors.InvalidInput("message_id is required")
+        if not conversation_id:
+            raise errors.InvalidInput("conversation_id is required")
         self._ensure_accepting()
-        async with self._lease(user_id, conversation_id) as control:
-            loaded = await self.state.load(user_id, conversation_id)
-            if loaded.state is None:
-                raise errors.NotFound(f"confirmation card {message_id} not found")
-            state = loaded.state
-            hints = self._recover_interrupted(state, control)
-            pending = state.pending_calls()
+        # The card's record must still await confirmation: a card is answered once.
+        request = TurnRequest(
+            user_id=user_id,
+            conversation_id=conversation_id,
+            holder=self.settings.holder,
+            ttl_ms=self.settings.lease_ttl_ms,
+            max_user_leases=self.settings.max_turns_per_user,
+            new_records=(NewRecord(RecordRole.ASSISTANT, status=RecordStatus.STREAMING),),
+            guard=OpenCard(message_id),
+        )
+        async with self._lease(request) as (control, begun):
+            record = _TurnRecord(begun.record_ids[0])
+            state = begun.state
+            pending = state.pending_calls() if state else []
             card_msg = pending[0][0] if pending else None
             card = _card_of(card_msg) if card_msg else {}
-            if card_msg is None or card.get("record_id") != message_id:
-                # Not the pending card: an old one (already handled) or none at all.
-                await self.state.get_message(user_id, conversation_id, message_id)
+            if state is None or card_msg is None or card.get("record_id") != message_id:
+                # The record awaits confirmation but the state has no such card: refuse,
+                # and leave the reply record this turn opened saying why.
+                await self._mark_record_failed(control, record)
                 raise errors.Conflict(f"confirmation card {message_id} was already handled")
+            hints = self._recover_interrupted(state, control)
             if _card_expired(card, _now()):
-                writes = self._settle_expired(state, card_msg)
-                await self.state.save(user_id, conversation_id, state, loaded.version, writes)
                 CONFIRMATIONS.add(1, {"decision": "expired"})
+                # The reply record this turn opened says what happened.
+                record.add(TextBlock(EXPIRED_CARD_TEXT))
+                settled = self._settle_expired(state, card_msg)
+                await self._save(control, state, begun.version, record, settled, {})
                 raise errors.Conflict(
                     f"confirmation card {message_id} expired at {card['expires_at']}; "
                     "its operations were not executed"
@@ -307,25 +325,22 @@ class TurnRunner:
                     ]
                 },
             )
-            record = await self._open_record(user_id, conversation_id)
-            await emit(Meta(conversation_id, control.task_id, False))
+            await emit(Meta(begun.conversation_id, control.task_id, False))
             for hint in hints:
                 await emit(Hint(hint))
             card["status"] = "approved" if approved else "denied"
             CONFIRMATIONS.add(1, {"decision": card["status"]})
-            writes = [
-                spb.MessageWrite(
-                    update=spb.MessageUpdate(
-                        message_id=message_id,
-                        status=spb.MESSAGE_STATUS_NORMAL,
-                        metadata_json=json.dumps({"card": card}, ensure_ascii=False).encode(),
-                        expected_status=spb.MESSAGE_STATUS_AWAITING_CONFIRM,
-                    )
+            writes: list[RecordWrite] = [
+                RecordUpdate(
+                    message_id=message_id,
+                    status=RecordStatus.NORMAL,
+                    metadata={"card": card},
+                    expected_status=RecordStatus.AWAITING_CONFIRM,
                 )
             ]
             state.reply_id = control.task_id
             outcome = await self._run_and_save(
-                control, state, loaded.version, record, writes, emit, decision=decision
+                control, state, begun.version, record, writes, emit, decision=decision
             )
         await self._finish(outcome, emit)
 
@@ -344,72 +359,43 @@ class TurnRunner:
             raise errors.Unavailable("this agent replica is shutting down; retry on another")
 
     @contextlib.asynccontextmanager
-    async def _lease(self, user_id: str, conversation_id: str) -> AsyncIterator[TurnControl]:
+    async def _lease(self, request: TurnRequest) -> AsyncIterator[tuple[TurnControl, BegunTurn]]:
+        """Start the turn (one state call: lease, records, state), keep its lease alive
+        while it runs, and release it at the end if the turn's save did not."""
         self._ensure_accepting()
         try:
-            acquired = await self.state.acquire_lease(
-                user_id,
-                conversation_id,
-                self.settings.holder,
-                self.settings.lease_ttl_ms,
-                self.settings.max_turns_per_user,
-            )
-        except errors.Conflict:
-            LEASE_CONFLICTS.add(1)
+            begun = await self.state.begin_turn(request)
+        except errors.Conflict as exc:
+            if not isinstance(exc, errors.CardPending):
+                LEASE_CONFLICTS.add(1)
             raise
-        control = TurnControl(user_id, conversation_id, str(acquired.lease.task_id))
-        if acquired.lapsed_task_id:
-            control.repaired_records = await self._repair_lapsed_turn(user_id, conversation_id)
+        control = TurnControl(request.user_id, begun.conversation_id, begun.task_id)
+        control.repaired_records = begun.interrupted_records
+        if begun.interrupted_records:
+            log.warning(
+                "conversation %s: marked %d records of a turn that never finished as interrupted",
+                begun.conversation_id,
+                begun.interrupted_records,
+            )
         span = trace.get_current_span()
-        span.set_attribute("agentstate.conversation_id", conversation_id)
+        span.set_attribute("agentstate.conversation_id", begun.conversation_id)
         span.set_attribute("agentstate.task_id", control.task_id)
         task = asyncio.current_task()
         assert task is not None
         self.registry.add(control, task)
         heartbeat = asyncio.create_task(self._heartbeat(control))
         try:
-            yield control
+            yield control, begun
         finally:
             heartbeat.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await heartbeat
-            try:
-                await asyncio.shield(self.state.release_lease(user_id, control.task_id))
-            except errors.AgentError as exc:
-                # It lapses by itself after its ttl.
-                log.warning("could not release lease of task %s: %s", control.task_id, exc)
-
-    async def _repair_lapsed_turn(self, user_id: str, conversation_id: str) -> int:
-        """An earlier turn died without saving (its lease lapsed, never released): mark
-        its records that still say STREAMING as INTERRUPTED. Its state was never saved,
-        so the stored context is still the one before that turn."""
-        page = await self.state.list_messages(
-            user_id, conversation_id, REPAIR_WINDOW, "", newest_first=True
-        )
-        repaired = 0
-        for record in page.messages:
-            if record.status != spb.MESSAGE_STATUS_STREAMING:
-                continue
-            try:
-                await self.state.update_message(
-                    user_id,
-                    conversation_id,
-                    spb.MessageUpdate(
-                        message_id=record.message_id,
-                        status=spb.MESSAGE_STATUS_INTERRUPTED,
-                        expected_status=spb.MESSAGE_STATUS_STREAMING,
-                    ),
-                )
-                repaired += 1
-            except errors.Conflict:
-                continue  # settled meanwhile
-        if repaired:
-            log.warning(
-                "conversation %s: marked %d records of a turn that never finished as interrupted",
-                conversation_id,
-                repaired,
-            )
-        return repaired
+            if not control.released:
+                try:
+                    await asyncio.shield(self.state.release_lease(request.user_id, control.task_id))
+                except errors.AgentError as exc:
+                    # It lapses by itself after its ttl.
+                    log.warning("could not release lease of task %s: %s", control.task_id, exc)
 
     async def _heartbeat(self, control: TurnControl) -> None:
         """Keep the lease alive; pick up Stop requests made on any replica."""
@@ -430,14 +416,6 @@ class TurnRunner:
 
     # ------------------------------------------------------------- the turn
 
-    async def _open_record(self, user_id: str, conversation_id: str) -> _TurnRecord:
-        record = await self.state.append_message(
-            user_id,
-            conversation_id,
-            spb.NewMessage(role=spb.MESSAGE_ROLE_ASSISTANT, status=spb.MESSAGE_STATUS_STREAMING),
-        )
-        return _TurnRecord(record.message_id)
-
     def _recover_interrupted(self, state: AgentState, control: TurnControl) -> list[str]:
         hints = []
         if state.shutdown_interrupted:
@@ -447,7 +425,7 @@ class TurnRunner:
             hints.append("上一轮没有正常结束（服务异常退出），它未完成的回复已标记为中断。")
         return hints
 
-    def _settle_expired(self, state: AgentState, card_msg: Msg) -> list[spb.MessageWrite]:
+    def _settle_expired(self, state: AgentState, card_msg: Msg) -> list[RecordWrite]:
         """Answer every pending call of an expired card as not executed."""
         for _, call in state.pending_calls():
             state.context.append(
@@ -464,13 +442,11 @@ class TurnRunner:
         if "record_id" not in card:
             return []
         return [
-            spb.MessageWrite(
-                update=spb.MessageUpdate(
-                    message_id=str(card.get("record_id", "")),
-                    status=spb.MESSAGE_STATUS_NORMAL,
-                    metadata_json=json.dumps({"card": card}, ensure_ascii=False).encode(),
-                    expected_status=spb.MESSAGE_STATUS_AWAITING_CONFIRM,
-                )
+            RecordUpdate(
+                message_id=str(card["record_id"]),
+                status=RecordStatus.NORMAL,
+                metadata={"card": card},
+                expected_status=RecordStatus.AWAITING_CONFIRM,
             )
         ]
 
@@ -480,14 +456,14 @@ class TurnRunner:
         state: AgentState,
         version: int,
         record: _TurnRecord,
-        writes: list[spb.MessageWrite],
+        writes: list[RecordWrite],
         emit: Emit,
         *,
         decision: Msg | None = None,
     ) -> Finished | CardShown | Cancelled:
         """Run the loop; save whatever it completed, whatever way it ends; return the outcome."""
         outcome: Finished | CardShown | Cancelled
-        status = spb.MESSAGE_STATUS_NORMAL
+        status = RecordStatus.NORMAL
         metadata: dict[str, Any] = {}
         failure: errors.AgentError | None = None
         try:
@@ -495,7 +471,7 @@ class TurnRunner:
                 await self._apply_decision(control, state, decision, record, emit)
             outcome = await self._react(control, state, record, emit)
             if isinstance(outcome, CardShown):
-                status = spb.MESSAGE_STATUS_AWAITING_CONFIRM
+                status = RecordStatus.AWAITING_CONFIRM
                 metadata = {"card": outcome.card}
         except (TurnStopped, asyncio.CancelledError) as exc:
             reason = control.stop_reason or "interrupted"
@@ -503,64 +479,15 @@ class TurnRunner:
                 control.request_stop("the service is shutting down", shutdown=True)
                 reason = control.stop_reason or reason
             state.shutdown_interrupted = control.shutdown
-            status = spb.MESSAGE_STATUS_INTERRUPTED
+            status = RecordStatus.INTERRUPTED
             outcome = Cancelled(record.record_id, reason)
         except ModelError as exc:
             failure = errors.Unavailable(f"the model failed: {exc}")
-            status = spb.MESSAGE_STATUS_ERROR
+            status = RecordStatus.ERROR
             outcome = Cancelled(record.record_id, str(failure))
         if decision is not None and state.pending_calls():
             writes = []  # interrupted before every call was answered: the card stays open
-        writes = [
-            *writes,
-            spb.MessageWrite(
-                update=spb.MessageUpdate(
-                    message_id=record.record_id,
-                    status=status,
-                    blocks_json=_blocks_json(record.blocks),
-                    metadata_json=json.dumps(metadata, ensure_ascii=False).encode(),
-                )
-            ),
-        ]
-        try:
-            # Never send the state service more than it accepts.
-            payload, fitted = await self.context.fit_for_save(state)
-        except errors.LimitReached as exc:
-            await self._mark_record_failed(control, record)
-            await emit(Delta(DeltaKind.ERROR, str(exc)))
-            raise
-        record.compactions += fitted
-        compactions = [
-            spb.CompactionRecord(
-                messages_before=c.messages_before,
-                messages_after=c.messages_after,
-                tokens_before=c.tokens_before,
-                tokens_after=c.tokens_after,
-                summary_chars=c.summary_chars,
-                reason=c.reason,
-            )
-            for c in record.compactions
-        ]
-        # Shielded: an interrupted turn still saves what it completed.
-        save = asyncio.ensure_future(
-            self.state.save(
-                control.user_id,
-                control.conversation_id,
-                state,
-                version,
-                writes,
-                compactions,
-                payload=payload,
-            )
-        )
-        try:
-            await asyncio.shield(save)
-        except asyncio.CancelledError:
-            await save
-        except errors.AgentError as exc:
-            await self._mark_record_failed(control, record)
-            await emit(Delta(DeltaKind.ERROR, f"保存会话状态失败：{exc}"))
-            raise
+        await self._save(control, state, version, record, writes, metadata, status, emit)
         if failure is not None:
             await emit(Delta(DeltaKind.ERROR, str(failure)))
             raise failure
@@ -577,6 +504,71 @@ class TurnRunner:
         )
         return outcome
 
+    async def _save(
+        self,
+        control: TurnControl,
+        state: AgentState,
+        version: int,
+        record: _TurnRecord,
+        writes: list[RecordWrite],
+        metadata: dict[str, Any],
+        status: RecordStatus = RecordStatus.NORMAL,
+        emit: Emit | None = None,
+    ) -> None:
+        """End the turn: save the state with the version it loaded, the writes and this
+        turn's reply record, and release the lease, in one state call. On failure the
+        reply record is marked ERROR, the client is told (`emit`) and the stored state is
+        left as it was."""
+        writes = [
+            *writes,
+            RecordUpdate(
+                message_id=record.record_id, status=status, blocks=record.blocks, metadata=metadata
+            ),
+        ]
+        try:
+            # Never send the state service more than it accepts.
+            payload, fitted = await self.context.fit_for_save(state)
+        except errors.LimitReached as exc:
+            await self._mark_record_failed(control, record)
+            if emit is not None:
+                await emit(Delta(DeltaKind.ERROR, str(exc)))
+            raise
+        record.compactions += fitted
+        compactions = [
+            CompactionNote(
+                messages_before=c.messages_before,
+                messages_after=c.messages_after,
+                tokens_before=c.tokens_before,
+                tokens_after=c.tokens_after,
+                summary_chars=c.summary_chars,
+                reason=c.reason,
+            )
+            for c in record.compactions
+        ]
+        # Shielded: an interrupted turn still saves what it completed.
+        save = asyncio.ensure_future(
+            self.state.end_turn(
+                control.user_id,
+                control.conversation_id,
+                control.task_id,
+                payload=payload,
+                message_count=len(state.context),
+                expected_version=version,
+                writes=writes,
+                compactions=compactions,
+            )
+        )
+        try:
+            ended = await asyncio.shield(save)
+        except asyncio.CancelledError:
+            ended = await save
+        except errors.AgentError as exc:
+            await self._mark_record_failed(control, record)
+            if emit is not None:
+                await emit(Delta(DeltaKind.ERROR, f"保存会话状态失败：{exc}"))
+            raise
+        control.released = ended.lease_released
+
     @staticmethod
     async def _finish(outcome: Finished | CardShown | Cancelled, emit: Emit) -> None:
         """The last events, sent once the lease is released: a client may start the next
@@ -589,10 +581,8 @@ class TurnRunner:
             await self.state.update_message(
                 control.user_id,
                 control.conversation_id,
-                spb.MessageUpdate(
-                    message_id=record.record_id,
-                    status=spb.MESSAGE_STATUS_ERROR,
-                    blocks_json=_blocks_json(record.blocks),
+                RecordUpdate(
+                    message_id=record.record_id, status=RecordStatus.ERROR, blocks=record.blocks
                 ),
             )
 
@@ -681,8 +671,9 @@ class TurnRunner:
             record.compactions += report.compactions
             tools = self.tools.specs(active_skills(state.context))  # a handbook may be gone
             await emit(Hint("早前的对话已压缩成摘要，完整记录仍可在历史里查看。"))
-        # Middlewares get a copy: what they change is never stored.
-        context = copy.deepcopy(state.context)
+        # Middlewares get a copy of the list and replace what they change: what they
+        # change is never stored, and nothing is copied per step for what they don't.
+        context = list(state.context)
         for middleware in self.middlewares:
             context = middleware(context)
         request = ModelRequest(

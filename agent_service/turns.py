@@ -21,6 +21,8 @@ class TurnControl:
     shutdown: bool = False
     # Records of an earlier turn that died without finishing were marked INTERRUPTED.
     repaired_records: int = 0
+    # The turn's save released its lease (nothing left to release at the end).
+    released: bool = False
 
     def request_stop(self, reason: str, *, shutdown: bool = False) -> None:
         if self.stop_reason is None:

@@ -80,6 +80,71 @@ class StoreUnavailable(StateServiceError):
     """The database could not be reached; the call may be retried."""
 
 
+class LeaseHeld(FailedPrecondition):
+    """Another turn holds the conversation's unexpired run lease."""
+
+
+class LeaseLost(FailedPrecondition):
+    """The caller's lease was released or taken over by another turn."""
+
+
+class CardPending(FailedPrecondition):
+    """A record of the conversation awaits confirmation; `message_id` names it."""
+
+    def __init__(self, message_id: int) -> None:
+        super().__init__(
+            f"confirmation card {message_id} is still pending: answer it before "
+            "starting another turn"
+        )
+        self.message_id = message_id
+
+
+# ------------------------------------------------------- messages to callers
+# One place for the words of errors both stores raise.
+
+
+def conversation_not_found(conversation_id: int, *, nothing_deleted: bool = False) -> NotFound:
+    tail = "; nothing was deleted" if nothing_deleted else ""
+    return NotFound(f"conversation {conversation_id} not found{tail}")
+
+
+def message_not_found(message_id: int, conversation_id: int, where: str = "") -> NotFound:
+    prefix = f"{where}: " if where else ""
+    return NotFound(
+        f"{prefix}message {message_id} not found in conversation {conversation_id}", "message"
+    )
+
+
+def status_mismatch(where: str, message_id: int, status: str, expected: str) -> FailedPrecondition:
+    return FailedPrecondition(
+        f"{where}: message {message_id} has status {status}, expected {expected}"
+    )
+
+
+def not_awaiting(message_id: int, status: str) -> FailedPrecondition:
+    return FailedPrecondition(
+        f"confirmation card {message_id} was already handled "
+        f"(its record's status is {status}, not AWAITING_CONFIRM)"
+    )
+
+
+def user_lease_limit(running: int, limit: int) -> ResourceExhausted:
+    return ResourceExhausted(
+        f"user already has {running} running turns (limit {limit}); retry when one finishes"
+    )
+
+
+def lease_taken_over(task_id: int, holder_task_id: int) -> LeaseLost:
+    return LeaseLost(
+        f"the run lease of task {task_id} lapsed and task {holder_task_id} took it over; "
+        "this turn's save was refused"
+    )
+
+
+def bad_json(where: str, reason: str) -> InvalidArgument:
+    return InvalidArgument(f"{where} holds JSON that PostgreSQL cannot store: {reason}")
+
+
 # ---------------------------------------------------------------- records
 
 
@@ -176,10 +241,50 @@ class StoredState:
 
 
 @dataclass(frozen=True)
+class RequireNoneAwaiting:
+    """Card guard: no record of the conversation may await confirmation."""
+
+
+@dataclass(frozen=True)
+class RequireAwaiting:
+    """Card guard: this record must await confirmation (a card is answered once)."""
+
+    message_id: int
+
+
+CardGuard = RequireNoneAwaiting | RequireAwaiting
+
+
+@dataclass(frozen=True)
+class TurnStart:
+    """What BeginTurn needs besides the user and the conversation."""
+
+    holder: str
+    ttl_ms: int
+    max_user_leases: int = 0
+    title: str = DEFAULT_TITLE  # for a new conversation
+    state_key: str = DEFAULT_STATE_KEY
+    new_messages: tuple[NewMessage, ...] = ()
+    guard: CardGuard | None = None
+
+
+@dataclass(frozen=True)
+class BegunTurn:
+    conversation: Conversation
+    conversation_created: bool
+    lease: Lease
+    lapsed_task_id: int | None
+    interrupted_records: int
+    state: StoredState | None  # None: no state yet
+    messages: list[MessageRecord]
+
+
+@dataclass(frozen=True)
 class UpsertResult:
     version: int
     update_time: datetime
     messages: list[MessageRecord] = field(default_factory=list)
+    lease_released: bool = False  # EndTurn only
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -30,8 +31,9 @@ log = logging.getLogger(__name__)
 
 CURRENT_VERSION_TRAILER = "agentstate-current-version"
 MISSING_TRAILER = "agentstate-missing"
+AWAITING_MESSAGE_TRAILER = "agentstate-awaiting-message"
 
-_STATUS_CODES: dict[type[d.StateServiceError], grpc.StatusCode] = {
+_STATUS_CODES: dict[type, grpc.StatusCode] = {
     d.InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
     d.NotFound: grpc.StatusCode.NOT_FOUND,
     d.VersionConflict: grpc.StatusCode.ABORTED,
@@ -77,7 +79,9 @@ def _grpc_errors(handler: Handler[Request, Response]) -> Handler[Request, Respon
                 trailers = ((CURRENT_VERSION_TRAILER, str(exc.current_version)),)
             elif isinstance(exc, d.NotFound):
                 trailers = ((MISSING_TRAILER, exc.missing),)
-            code = _STATUS_CODES.get(type(exc), grpc.StatusCode.INTERNAL)
+            elif isinstance(exc, d.CardPending):
+                trailers = ((AWAITING_MESSAGE_TRAILER, str(exc.message_id)),)
+            code = status_code(exc)
             if code is grpc.StatusCode.UNAVAILABLE:
                 log.warning("%s: %s", handler.__name__, exc)
             # The trailers stay for existing clients; the ErrorInfo detail says the same.
@@ -85,6 +89,16 @@ def _grpc_errors(handler: Handler[Request, Response]) -> Handler[Request, Respon
             await error_details.abort(context, code, str(exc), detail, trailers)
 
     return wrapper
+
+
+def status_code(exc: d.StateServiceError) -> grpc.StatusCode:
+    """The status of an error: that of its nearest class in the table (a subclass
+    such as LeaseHeld answers as FailedPrecondition does)."""
+    for kind in type(exc).__mro__:
+        code = _STATUS_CODES.get(kind)
+        if code is not None:
+            return code
+    return grpc.StatusCode.INTERNAL
 
 
 @contextlib.contextmanager
@@ -224,6 +238,19 @@ def message_write_from_pb(write: pb.MessageWrite, index: int) -> d.MessageWrite:
     raise d.InvalidArgument(f"{what} must set insert or update")
 
 
+@dataclass(frozen=True)
+class _Save:
+    """A validated UpsertState / EndTurn request."""
+
+    user_id: str
+    conversation_id: int
+    state_key: str
+    payload: bytes
+    expected_version: int | None
+    writes: list[d.MessageWrite]
+    compactions: list[d.Compaction]
+
+
 class StateServicer(pb_grpc.StateServiceServicer):
     def __init__(self, store: StateStore, *, max_payload_bytes: int) -> None:
         self._store = store
@@ -244,30 +271,119 @@ class StateServicer(pb_grpc.StateServiceServicer):
             payload=state.payload, version=state.version, update_time=_timestamp(state.update_time)
         )
 
-    @_grpc_errors
-    async def UpsertState(
-        self, request: pb.UpsertStateRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> pb.UpsertStateResponse:
-        user_id = d.validate_user_id(request.user_id)
-        conversation_id = d.parse_id(request.conversation_id, "conversation_id")
-        state_key = d.validate_state_key(request.state_key)
+    def _save_request(self, request: pb.UpsertStateRequest | pb.EndTurnRequest) -> _Save:
         expected: int | None = None
         if request.HasField("expected_version"):
             expected = request.expected_version
             if expected < 0:
                 raise d.InvalidArgument("expected_version must not be negative")
         d.check_state_payload(request.payload, self._max_payload_bytes)
-        writes = [message_write_from_pb(w, i) for i, w in enumerate(request.message_writes)]
-        compactions = [compaction_from_pb(c, i) for i, c in enumerate(request.compaction_records)]
+        save = _Save(
+            user_id=d.validate_user_id(request.user_id),
+            conversation_id=d.parse_id(request.conversation_id, "conversation_id"),
+            state_key=d.validate_state_key(request.state_key),
+            payload=request.payload,
+            expected_version=expected,
+            writes=[message_write_from_pb(w, i) for i, w in enumerate(request.message_writes)],
+            compactions=[
+                compaction_from_pb(c, i) for i, c in enumerate(request.compaction_records)
+            ],
+        )
         PAYLOAD_SIZE.record(len(request.payload), {"side": "server", "op": "save"})
+        return save
+
+    @_grpc_errors
+    async def UpsertState(
+        self, request: pb.UpsertStateRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.UpsertStateResponse:
+        save = self._save_request(request)
         with _timed(SAVE_DURATION):
             result = await self._store.upsert_state(
-                user_id, conversation_id, state_key, request.payload, expected, writes, compactions
+                save.user_id,
+                save.conversation_id,
+                save.state_key,
+                save.payload,
+                save.expected_version,
+                save.writes,
+                save.compactions,
             )
         return pb.UpsertStateResponse(
             version=result.version,
             update_time=_timestamp(result.update_time),
             messages=[message_to_pb(m) for m in result.messages],
+        )
+
+    @_grpc_errors
+    async def BeginTurn(
+        self, request: pb.BeginTurnRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.BeginTurnResponse:
+        if request.max_user_leases < 0:
+            raise d.InvalidArgument("max_user_leases must not be negative")
+        guard: d.CardGuard | None = None
+        which = request.WhichOneof("awaiting_confirm_guard")
+        if which == "require_none_awaiting" and request.require_none_awaiting:
+            guard = d.RequireNoneAwaiting()
+        elif which == "require_awaiting_message_id":
+            guard = d.RequireAwaiting(
+                d.parse_id(request.require_awaiting_message_id, "require_awaiting_message_id")
+            )
+        user_id = d.validate_user_id(request.user_id)
+        conversation_id = (
+            d.parse_id(request.conversation_id, "conversation_id")
+            if request.conversation_id
+            else None
+        )
+        start = d.TurnStart(
+            holder=d.validate_holder(request.holder),
+            ttl_ms=d.validate_ttl_ms(request.ttl_ms),
+            max_user_leases=request.max_user_leases,
+            title=d.normalize_title(request.title, default=d.DEFAULT_TITLE),
+            state_key=d.validate_state_key(request.state_key),
+            new_messages=tuple(
+                new_message_from_pb(m, f"new_messages[{i}]")
+                for i, m in enumerate(request.new_messages)
+            ),
+            guard=guard,
+        )
+        with _timed(LOAD_DURATION):
+            begun = await self._store.begin_turn(user_id, conversation_id, start)
+        response = pb.BeginTurnResponse(
+            conversation=conversation_to_pb(begun.conversation),
+            conversation_created=begun.conversation_created,
+            lease=lease_to_pb(begun.lease),
+            lapsed_task_id=str(begun.lapsed_task_id) if begun.lapsed_task_id else "",
+            interrupted_records=begun.interrupted_records,
+            messages=[message_to_pb(m) for m in begun.messages],
+        )
+        if begun.state is not None:
+            response.payload = begun.state.payload
+            response.version = begun.state.version
+            response.state_update_time.CopyFrom(_timestamp(begun.state.update_time))
+            PAYLOAD_SIZE.record(len(begun.state.payload), {"side": "server", "op": "load"})
+        return response
+
+    @_grpc_errors
+    async def EndTurn(
+        self, request: pb.EndTurnRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.EndTurnResponse:
+        save = self._save_request(request)
+        task_id = d.parse_id(request.task_id, "task_id")
+        with _timed(SAVE_DURATION):
+            result = await self._store.end_turn(
+                save.user_id,
+                save.conversation_id,
+                save.state_key,
+                save.payload,
+                save.expected_version,
+                task_id,
+                save.writes,
+                save.compactions,
+            )
+        return pb.EndTurnResponse(
+            version=result.version,
+            update_time=_timestamp(result.update_time),
+            messages=[message_to_pb(m) for m in result.messages],
+            lease_released=result.lease_released,
         )
 
     @_grpc_errors

@@ -11,6 +11,8 @@ from pathlib import Path
 import grpc
 import psycopg
 import pytest
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from agentstate.common.embedded_postgres import EmbeddedPostgres
 from agentstate.common.grpc_server import bind, create_server
@@ -20,6 +22,7 @@ from state_service.storage.base import StateStore
 from state_service.storage.memory import MemoryStore
 from state_service.storage.postgres import PostgresStore
 from tests.agent_harness import Stack
+from tests.telemetry_tools import install_in_memory
 
 TEST_MAX_PAYLOAD_BYTES = 1024 * 1024
 
@@ -119,6 +122,29 @@ def orders_database_url(postgres: EmbeddedPostgres) -> str:
 async def stack(database_url: str, orders_database_url: str) -> AsyncIterator[Stack]:
     """A state service on PostgreSQL and one agent replica, in this process, on loopback."""
     running = Stack(database_url, orders_database_url)
+    await running.start_state()
+    await running.start_agent()
+    yield running
+    await running.close()
+
+
+@pytest.fixture
+def telemetry() -> tuple[InMemorySpanExporter, InMemoryMetricReader]:
+    exporter, reader = install_in_memory()
+    exporter.clear()
+    return exporter, reader
+
+
+@pytest.fixture
+async def traced_stack(
+    telemetry: tuple[InMemorySpanExporter, InMemoryMetricReader],
+    database_url: str,
+    orders_database_url: str,
+) -> AsyncIterator[Stack]:
+    """A stack whose spans land in `telemetry`. Lease renewals are slowed down so that
+    a turn's trace holds only the state calls the turn itself makes."""
+    # Started after the providers are installed, so the interceptors are in place.
+    running = Stack(database_url, orders_database_url, lease_renew_seconds=5)
     await running.start_state()
     await running.start_agent()
     yield running

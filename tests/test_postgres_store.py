@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
 from typing import TypeAlias
 
@@ -16,6 +16,13 @@ import pytest
 from agentstate.common.embedded_postgres import EmbeddedPostgres
 from agentstate.state.v1 import state_service_pb2 as pb
 from agentstate.state.v1 import state_service_pb2_grpc as pb_grpc
+from state_service.domain import (
+    LeaseHeld,
+    MessageRole,
+    NewMessage,
+    NotFound,
+    TurnStart,
+)
 from state_service.storage.migrations import MIGRATIONS, apply_migrations
 from state_service.storage.postgres import PostgresStore
 from tests.conftest import create_database, start_state_server
@@ -205,3 +212,47 @@ async def test_database_outage_is_unavailable_then_recovers(world_traversable_di
     finally:
         await store.close()
         server.stop()
+
+
+RACE_ROUNDS = 1500
+
+
+async def test_delete_racing_turns_leases_and_writes(
+    pg_store: PostgresStore, database_url: str, user_id: str
+) -> None:
+    """Thousands of rounds of a delete racing every kind of write: a turn starting
+    (BeginTurn, which also creates records), a lease being taken, an unconditional
+    upsert and an append. Each call either wins (and is deleted with the conversation)
+    or finds nothing; none fails any other way, and nothing is left behind."""
+    start = TurnStart(holder="r", ttl_ms=60_000, new_messages=(NewMessage(MessageRole.USER),))
+    refusals: dict[str, int] = {}
+
+    async def attempt(call: Awaitable[object]) -> None:
+        try:
+            await call
+        except (NotFound, LeaseHeld) as exc:  # lost the race: fine
+            refusals[type(exc).__name__] = refusals.get(type(exc).__name__, 0) + 1
+
+    for round_no in range(RACE_ROUNDS):
+        cid = (await pg_store.create_conversation(user_id, "race")).conversation_id
+        racers = [
+            attempt(pg_store.begin_turn(user_id, cid, start)),
+            attempt(pg_store.acquire_lease(user_id, cid, "r2", 60_000, 0)),
+            attempt(pg_store.upsert_state(user_id, cid, "agent_state", b"{}", None)),
+            attempt(pg_store.append_message(user_id, cid, NewMessage(MessageRole.USER))),
+        ]
+        # The delete goes in at a different place each round.
+        position = round_no % (len(racers) + 1)
+        deleted = asyncio.ensure_future(pg_store.delete_conversations(user_id, [cid]))
+        await asyncio.gather(*racers[:position], deleted, *racers[position:])
+        assert deleted.result().conversations == 1
+    async with await psycopg.AsyncConnection.connect(database_url) as conn:
+        cur = await conn.execute(
+            """SELECT (SELECT count(*) FROM t_conversation WHERE user_id = %(u)s),
+                      (SELECT count(*) FROM t_agent_message WHERE user_id = %(u)s),
+                      (SELECT count(*) FROM t_agent_state WHERE user_id = %(u)s),
+                      (SELECT count(*) FROM t_run_lease WHERE user_id = %(u)s)""",
+            {"u": user_id},
+        )
+        assert await cur.fetchone() == (0, 0, 0, 0)
+    assert refusals.get("NotFound", 0) > 0  # the race really happened both ways

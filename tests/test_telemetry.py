@@ -21,28 +21,7 @@ from agentstate.common.service_process import ServiceProcess
 from agentstate.state.v1 import state_service_pb2 as spb
 from tests.agent_harness import RecordingModel, Stack, metadata
 from tests.source_example import QUESTION
-from tests.telemetry_tools import OtlpReceiver, install_in_memory, metric_points, span_tree
-
-
-@pytest.fixture
-def telemetry() -> tuple[InMemorySpanExporter, InMemoryMetricReader]:
-    exporter, reader = install_in_memory()
-    exporter.clear()
-    return exporter, reader
-
-
-@pytest.fixture
-async def traced_stack(
-    telemetry: tuple[InMemorySpanExporter, InMemoryMetricReader],
-    database_url: str,
-    orders_database_url: str,
-) -> AsyncIterator[Stack]:
-    # Started after the providers are installed, so the interceptors are in place.
-    running = Stack(database_url, orders_database_url)
-    await running.start_state()
-    await running.start_agent()
-    yield running
-    await running.close()
+from tests.telemetry_tools import OtlpReceiver, metric_points, span_tree
 
 
 def _trace_of(spans: list[ReadableSpan], name: str) -> list[ReadableSpan]:
@@ -107,24 +86,29 @@ async def test_one_trace_per_turn_across_services_and_database(
     for span in (load, save):
         assert span.parent is not None and span.parent.span_id == turn.context.span_id
 
-    # state.save -> gRPC client span -> state service server span -> PostgreSQL spans.
-    (client_call,) = _children(turn_spans, save)
-    assert client_call.kind == SpanKind.CLIENT
-    assert client_call.name == "/agentstate.state.v1.StateService/UpsertState"
-    (server_call,) = _children(turn_spans, client_call)
-    assert server_call.kind == SpanKind.SERVER
-    database = _children(turn_spans, server_call)
-    assert database and all(
-        s.attributes and s.attributes.get("db.system") == "postgresql" for s in database
-    )
-    assert any("t_agent_state" in str((s.attributes or {}).get("db.statement")) for s in database)
+    # state.load / state.save -> gRPC client span -> state service server span -> ONE
+    # PostgreSQL statement each: the turn is two state calls of one round trip each.
+    for span, rpc, function in (
+        (load, "BeginTurn", "agentstate_begin_turn"),
+        (save, "EndTurn", "agentstate_save_state"),
+    ):
+        (client_call,) = _children(turn_spans, span)
+        assert client_call.kind == SpanKind.CLIENT
+        assert client_call.name == f"/agentstate.state.v1.StateService/{rpc}"
+        (server_call,) = _children(turn_spans, client_call)
+        assert server_call.kind == SpanKind.SERVER
+        (database,) = _children(turn_spans, server_call)
+        assert database.attributes and database.attributes.get("db.system") == "postgresql"
+        assert function in str(database.attributes.get("db.statement"))
+    state_calls = [s for s in turn_spans if s.name.startswith("/agentstate.state.v1.")]
+    assert len([s for s in state_calls if s.kind == SpanKind.CLIENT]) == 2
 
     assert len([s for s in turn_spans if s.name == "model.call"]) == 1
     tool = _one(turn_spans, "tool.call") if any(s.name == "tool.call" for s in turn_spans) else None
     assert tool is None  # denied: the tool never ran
 
     tree = span_tree(turn_spans, turn.context.trace_id)
-    assert "state.load" in tree and "UpsertState" in tree
+    assert "state.load" in tree and "EndTurn" in tree
 
     histogram = metric_points(reader, "agentstate.state.save.duration")
     assert any(a.get("side") == "client" for a, _ in histogram)
@@ -249,7 +233,7 @@ def test_otlp_export_from_both_services_configured_by_environment(
     }
     assert ("agentstate-agent", "state.load") in in_trace
     assert ("agentstate-agent", "state.save") in in_trace
-    assert ("agentstate-state", "/agentstate.state.v1.StateService/UpsertState") in in_trace
+    assert ("agentstate-state", "/agentstate.state.v1.StateService/EndTurn") in in_trace
     assert any(
         service == "agentstate-state"
         and name not in {"/agentstate.state.v1.StateService/UpsertState"}

@@ -16,6 +16,8 @@ import logging
 from collections.abc import Sequence
 from typing import Protocol
 
+import msgspec
+
 from agent_service.agent_state import Msg
 from agent_service.model.base import ToolSpec
 
@@ -79,8 +81,13 @@ def make_counter(setting: str, model_name: str) -> TokenCounter:
 
 
 def message_tokens(counter: TokenCounter, msg: Msg) -> int:
-    body = json.dumps([b.to_json() for b in msg.content], ensure_ascii=False)
+    # The blocks as compact JSON, encoded in C; the counter caches by text, so an
+    # unchanged message costs an encode and a lookup per model step.
+    body = _BLOCKS.encode(msg.content).decode()
     return counter.count(body) + MESSAGE_OVERHEAD_TOKENS
+
+
+_BLOCKS = msgspec.json.Encoder()
 
 
 def request_tokens(

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 Conn = psycopg.AsyncConnection[tuple[Any, ...]]
+ConnT = TypeVar("ConnT", bound=psycopg.AsyncConnection[Any])
 Unavailable = Callable[[str], Exception]
 
 
@@ -24,10 +25,10 @@ def pg_reason(exc: psycopg.Error) -> str:
     return f"{primary} ({detail})" if detail else primary
 
 
-class GuardedPool:
+class GuardedPool(Generic[ConnT]):
     def __init__(
         self,
-        pool: AsyncConnectionPool[Conn],
+        pool: AsyncConnectionPool[ConnT],
         *,
         what: str,
         unavailable: Unavailable,
@@ -51,7 +52,7 @@ class GuardedPool:
         await self.pool.close()
 
     @contextlib.asynccontextmanager
-    async def connection(self) -> AsyncIterator[Conn]:
+    async def connection(self) -> AsyncIterator[ConnT]:
         """A pooled connection; a pool timeout or a lost server becomes `unavailable`."""
         try:
             async with self.pool.connection() as conn:

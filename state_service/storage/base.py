@@ -14,6 +14,7 @@ from datetime import datetime
 
 from state_service.domain import (
     AcquiredLease,
+    BegunTurn,
     Compaction,
     Conversation,
     DeleteCounts,
@@ -24,6 +25,7 @@ from state_service.domain import (
     NewMessage,
     Page,
     StoredState,
+    TurnStart,
     UpsertResult,
 )
 
@@ -50,6 +52,35 @@ class StateStore(abc.ABC):
         stored version is N (else VersionConflict). NotFound when the
         conversation does not exist. Nothing changes on any error.
         """
+
+    @abc.abstractmethod
+    async def begin_turn(
+        self, user_id: str, conversation_id: int | None, start: TurnStart
+    ) -> BegunTurn:
+        """Start a turn atomically: create (conversation_id None) or lock the
+        conversation, take its lease (as acquire_lease), check the card guard, mark
+        STREAMING records INTERRUPTED, append `start.new_messages`, read the state.
+
+        Errors as acquire_lease, plus CardPending / FailedPrecondition / NotFound
+        from the guard. Nothing changes on any error.
+        """
+
+    @abc.abstractmethod
+    async def end_turn(
+        self,
+        user_id: str,
+        conversation_id: int,
+        state_key: str,
+        payload: bytes,
+        expected_version: int | None,
+        task_id: int,
+        message_writes: Sequence[MessageWrite] = (),
+        compactions: Sequence[Compaction] = (),
+    ) -> UpsertResult:
+        """upsert_state, then release the lease of `task_id`, atomically.
+
+        LeaseLost when another task holds the conversation's lease (this turn's
+        lapsed and was taken over). Nothing changes on any error."""
 
     @abc.abstractmethod
     async def create_conversation(self, user_id: str, title: str) -> Conversation: ...

@@ -17,22 +17,26 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from state_service import domain as d
 from state_service.domain import (
     AcquiredLease,
+    BegunTurn,
     Compaction,
     Conversation,
     DeleteCounts,
-    FailedPrecondition,
     InvalidArgument,
     Lease,
     MessageRecord,
+    MessageStatus,
     MessageUpdate,
     MessageWrite,
     NewMessage,
     NotFound,
     Page,
-    ResourceExhausted,
+    RequireAwaiting,
+    RequireNoneAwaiting,
     StoredState,
+    TurnStart,
     UpsertResult,
     VersionConflict,
     lease_conflict_message,
@@ -144,25 +148,130 @@ class MemoryStore(StateStore):
         compactions: Sequence[Compaction] = (),
     ) -> UpsertResult:
         async with self._lock:
-            conversation = self._conversation(user_id, conversation_id)
-            _check_json(payload, dict, "payload")
-            current = self._states.get((conversation_id, state_key))
-            current_version = current.version if current else 0
-            if expected_version is not None and expected_version != current_version:
-                raise VersionConflict(expected_version, current_version)
-            staged = self._stage_messages(user_id, conversation_id, message_writes)
-            # Everything is valid: apply.
-            now = _now()
-            row = _StateRow(payload, current_version + 1, now)
-            self._states[(conversation_id, state_key)] = row
-            records = self._messages.setdefault(conversation_id, {})
-            for record in staged:
-                records[record.message_id] = record
-            self._compactions.setdefault(conversation_id, []).extend(
-                replace(c, compaction_id=self._ids.next_id(), create_time=now) for c in compactions
+            return self._save(
+                user_id,
+                conversation_id,
+                state_key,
+                payload,
+                expected_version,
+                None,
+                message_writes,
+                compactions,
             )
+
+    async def end_turn(
+        self,
+        user_id: str,
+        conversation_id: int,
+        state_key: str,
+        payload: bytes,
+        expected_version: int | None,
+        task_id: int,
+        message_writes: Sequence[MessageWrite] = (),
+        compactions: Sequence[Compaction] = (),
+    ) -> UpsertResult:
+        async with self._lock:
+            return self._save(
+                user_id,
+                conversation_id,
+                state_key,
+                payload,
+                expected_version,
+                task_id,
+                message_writes,
+                compactions,
+            )
+
+    def _save(
+        self,
+        user_id: str,
+        conversation_id: int,
+        state_key: str,
+        payload: bytes,
+        expected_version: int | None,
+        task_id: int | None,
+        message_writes: Sequence[MessageWrite],
+        compactions: Sequence[Compaction],
+    ) -> UpsertResult:
+        """Under the lock: validate everything, then apply (a failure leaves no trace)."""
+        conversation = self._conversation(user_id, conversation_id)
+        held = self._leases.get(conversation_id)
+        if task_id is not None and held is not None and held.task_id != task_id:
+            raise d.lease_taken_over(task_id, held.task_id)
+        _check_json(payload, dict, "payload")
+        current = self._states.get((conversation_id, state_key))
+        current_version = current.version if current else 0
+        if expected_version is not None and expected_version != current_version:
+            raise VersionConflict(expected_version, current_version)
+        staged = self._stage_messages(user_id, conversation_id, message_writes)
+        # Everything is valid: apply.
+        now = _now()
+        row = _StateRow(payload, current_version + 1, now)
+        self._states[(conversation_id, state_key)] = row
+        records = self._messages.setdefault(conversation_id, {})
+        for record in staged:
+            records[record.message_id] = record
+        self._compactions.setdefault(conversation_id, []).extend(
+            replace(c, compaction_id=self._ids.next_id(), create_time=now) for c in compactions
+        )
+        self._touch(conversation)
+        released = task_id is not None and held is not None
+        if released:
+            del self._leases[conversation_id]
+        return UpsertResult(row.version, row.update_time, staged, lease_released=released)
+
+    async def begin_turn(
+        self, user_id: str, conversation_id: int | None, start: TurnStart
+    ) -> BegunTurn:
+        async with self._lock:
+            now = _now()
+            if conversation_id is None:
+                conversation = Conversation(self._ids.next_id(), user_id, start.title, now, now)
+            else:
+                conversation = self._conversation(user_id, conversation_id)
+            cid = conversation.conversation_id
+            held = self._check_lease(user_id, cid, start.max_user_leases)
+            records = self._messages.get(cid, {})
+            guard = start.guard
+            if isinstance(guard, RequireNoneAwaiting):
+                awaiting = sorted(
+                    m.message_id
+                    for m in records.values()
+                    if m.status is MessageStatus.AWAITING_CONFIRM
+                )
+                if awaiting:
+                    raise d.CardPending(awaiting[0])
+            elif isinstance(guard, RequireAwaiting):
+                card = records.get(guard.message_id)
+                if card is None:
+                    raise d.message_not_found(guard.message_id, cid)
+                if card.status is not MessageStatus.AWAITING_CONFIRM:
+                    raise d.not_awaiting(guard.message_id, card.status.value)
+            staged = self._stage_messages(user_id, cid, start.new_messages, batch="new_messages")
+            # Everything is valid: apply.
+            self._conversations[cid] = conversation
             self._touch(conversation)
-            return UpsertResult(row.version, row.update_time, staged)
+            lease = self._new_lease(user_id, cid, start.holder, start.ttl_ms)
+            interrupted = 0
+            for record in list(records.values()):
+                if record.status is MessageStatus.STREAMING:
+                    records[record.message_id] = replace(
+                        record, status=MessageStatus.INTERRUPTED, update_time=now
+                    )
+                    interrupted += 1
+            mine = self._messages.setdefault(cid, {})
+            for record in staged:
+                mine[record.message_id] = record
+            row = self._states.get((cid, start.state_key))
+            return BegunTurn(
+                conversation=self._conversations[cid],
+                conversation_created=conversation_id is None,
+                lease=lease,
+                lapsed_task_id=held.task_id if held is not None else None,
+                interrupted_records=interrupted,
+                state=StoredState(row.payload, row.version, row.update_time) if row else None,
+                messages=staged,
+            )
 
     def _stage_messages(
         self,
@@ -170,13 +279,15 @@ class MemoryStore(StateStore):
         conversation_id: int,
         writes: Sequence[MessageWrite],
         *,
-        single: bool = False,
+        batch: str | None = "message_writes",
     ) -> list[MessageRecord]:
+        """Validate writes and build the records they produce, changing nothing.
+        `batch`: the request field they came from (None: a single write)."""
         staged: dict[int, MessageRecord] = {}
         written: list[MessageRecord] = []
         existing = self._messages.get(conversation_id, {})
         for index, write in enumerate(writes):
-            where = "message" if single else f"message_writes[{index}]"
+            where = "message" if batch is None else f"{batch}[{index}]"
             if isinstance(write, NewMessage):
                 _check_json(write.blocks_json, list, f"{where}.blocks_json")
                 _check_json(write.metadata_json, dict, f"{where}.metadata_json")
@@ -195,15 +306,10 @@ class MemoryStore(StateStore):
             else:
                 found = staged.get(write.message_id) or existing.get(write.message_id)
                 if found is None:
-                    raise NotFound(
-                        f"{where}: message {write.message_id} not found "
-                        f"in conversation {conversation_id}",
-                        "message",
-                    )
+                    raise d.message_not_found(write.message_id, conversation_id, where)
                 if write.expected_status and found.status != write.expected_status:
-                    raise FailedPrecondition(
-                        f"{where}: message {write.message_id} has status {found.status}, "
-                        f"expected {write.expected_status}"
+                    raise d.status_mismatch(
+                        where, write.message_id, found.status, write.expected_status
                     )
                 if write.blocks_json is not None:
                     _check_json(write.blocks_json, list, f"{where}.blocks_json")
@@ -318,7 +424,7 @@ class MemoryStore(StateStore):
     ) -> MessageRecord:
         async with self._lock:
             conversation = self._conversation(user_id, conversation_id)
-            (record,) = self._stage_messages(user_id, conversation_id, [write], single=True)
+            (record,) = self._stage_messages(user_id, conversation_id, [write], batch=None)
             self._messages.setdefault(conversation_id, {})[record.message_id] = record
             self._touch(conversation)
             return record
@@ -376,33 +482,41 @@ class MemoryStore(StateStore):
     ) -> AcquiredLease:
         async with self._lock:
             self._conversation(user_id, conversation_id)
-            now = _now()
-            if max_user_leases > 0:
-                running = sum(
-                    1
-                    for lease in self._leases.values()
-                    if lease.user_id == user_id
-                    and lease.expire_time > now
-                    and lease.conversation_id != conversation_id
-                )
-                if running >= max_user_leases:
-                    raise ResourceExhausted(
-                        f"user already has {running} running turns (limit {max_user_leases}); "
-                        "retry when one finishes"
-                    )
-            held = self._leases.get(conversation_id)
-            if held is not None and held.expire_time > now:
-                raise FailedPrecondition(lease_conflict_message(held))
-            lease = Lease(
-                task_id=self._ids.next_id(),
-                conversation_id=conversation_id,
-                user_id=user_id,
-                holder=holder,
-                expire_time=now + timedelta(milliseconds=ttl_ms),
-                stop_requested=False,
-            )
-            self._leases[conversation_id] = lease
+            held = self._check_lease(user_id, conversation_id, max_user_leases)
+            lease = self._new_lease(user_id, conversation_id, holder, ttl_ms)
             return AcquiredLease(lease, held.task_id if held is not None else None)
+
+    def _check_lease(
+        self, user_id: str, conversation_id: int, max_user_leases: int
+    ) -> Lease | None:
+        """Refuse if the lease cannot be taken; return the lapsed lease it would replace."""
+        now = _now()
+        if max_user_leases > 0:
+            running = sum(
+                1
+                for lease in self._leases.values()
+                if lease.user_id == user_id
+                and lease.expire_time > now
+                and lease.conversation_id != conversation_id
+            )
+            if running >= max_user_leases:
+                raise d.user_lease_limit(running, max_user_leases)
+        held = self._leases.get(conversation_id)
+        if held is not None and held.expire_time > now:
+            raise d.LeaseHeld(lease_conflict_message(held))
+        return held
+
+    def _new_lease(self, user_id: str, conversation_id: int, holder: str, ttl_ms: int) -> Lease:
+        lease = Lease(
+            task_id=self._ids.next_id(),
+            conversation_id=conversation_id,
+            user_id=user_id,
+            holder=holder,
+            expire_time=_now() + timedelta(milliseconds=ttl_ms),
+            stop_requested=False,
+        )
+        self._leases[conversation_id] = lease
+        return lease
 
     def _lease_of_task(self, user_id: str, task_id: int) -> Lease | None:
         for lease in self._leases.values():
@@ -414,9 +528,7 @@ class MemoryStore(StateStore):
         async with self._lock:
             lease = self._lease_of_task(user_id, task_id)
             if lease is None:
-                raise FailedPrecondition(
-                    f"lease of task {task_id} was lost (released or taken over)"
-                )
+                raise d.LeaseLost(f"lease of task {task_id} was lost (released or taken over)")
             renewed = replace(lease, expire_time=_now() + timedelta(milliseconds=ttl_ms))
             self._leases[lease.conversation_id] = renewed
             return renewed

@@ -9,8 +9,10 @@ under a transaction-scoped advisory lock so two replicas starting at once (or a
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import psycopg
+from psycopg.rows import tuple_row
 
 
 @dataclass(frozen=True)
@@ -137,17 +139,382 @@ CREATE INDEX t_context_compaction_conversation_idx
 CREATE INDEX t_conversation_update_time_idx ON t_conversation (update_time);
 """,
     ),
+    Migration(
+        5,
+        "one round trip per call: turn and write functions, open-record index, autovacuum",
+        """
+-- Every refusal the functions below make is SQLSTATE AS000 with a JSON DETAIL
+-- ({"kind": ..., ...}); the store turns it into the domain's error and message.
+CREATE FUNCTION agentstate_refuse(p_detail jsonb) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE EXCEPTION USING ERRCODE = 'AS000', MESSAGE = p_detail->>'kind', DETAIL = p_detail::text;
+END $$;
+
+-- Records that a turn still has open (its STREAMING reply) or that wait for a
+-- confirmation: found without scanning a long conversation's records.
+CREATE INDEX t_agent_message_open_idx ON t_agent_message (user_id, conversation_id)
+    WHERE status IN ('STREAMING', 'AWAITING_CONFIRM');
+
+-- Lock a conversation row for a write and mark the activity. Writes to one
+-- conversation queue behind each other; a delete (FOR UPDATE) either commits
+-- first, and this finds no row (no resurrection), or waits for this one.
+CREATE FUNCTION agentstate_touch_conversation(p_user_id text, p_conversation_id bigint)
+RETURNS t_conversation
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_row t_conversation;
+BEGIN
+    UPDATE t_conversation SET update_time = now()
+    WHERE user_id = p_user_id AND id = p_conversation_id
+    RETURNING * INTO v_row;
+    IF NOT FOUND THEN
+        PERFORM agentstate_refuse(jsonb_build_object(
+            'kind', 'not_found', 'missing', 'conversation', 'conversation_id', p_conversation_id));
+    END IF;
+    RETURN v_row;
+END $$;
+
+-- Take a conversation's run lease. The caller holds the conversation's row lock.
+CREATE FUNCTION agentstate_take_lease(
+    p_user_id text, p_conversation_id bigint, p_holder text, p_ttl_ms integer,
+    p_max_user_leases integer,
+    OUT task_id bigint, OUT expire_time timestamptz, OUT stop_requested boolean,
+    OUT lapsed_task_id bigint)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_running integer;
+    v_held t_run_lease;
+BEGIN
+    -- Serialises one user's acquisitions, so the per-user limit holds under races.
+    PERFORM pg_advisory_xact_lock(hashtextextended(p_user_id, 7));
+    IF p_max_user_leases > 0 THEN
+        SELECT count(*) INTO v_running FROM t_run_lease
+        WHERE user_id = p_user_id AND expire_time > now() AND conversation_id <> p_conversation_id;
+        IF v_running >= p_max_user_leases THEN
+            PERFORM agentstate_refuse(jsonb_build_object(
+                'kind', 'user_lease_limit', 'running', v_running, 'limit', p_max_user_leases));
+        END IF;
+    END IF;
+    SELECT * INTO v_held FROM t_run_lease WHERE conversation_id = p_conversation_id FOR UPDATE;
+    IF FOUND AND v_held.expire_time > now() THEN
+        PERFORM agentstate_refuse(jsonb_build_object(
+            'kind', 'lease_held', 'conversation_id', p_conversation_id,
+            'task_id', v_held.task_id, 'holder', v_held.holder,
+            'expire_time', v_held.expire_time));
+    END IF;
+    -- A row still there lapsed without being released: its turn never finished.
+    lapsed_task_id := v_held.task_id;
+    INSERT INTO t_run_lease AS l (conversation_id, user_id, task_id, holder, expire_time)
+    VALUES (p_conversation_id, p_user_id, agentstate_next_id(), p_holder,
+            now() + p_ttl_ms * interval '1 millisecond')
+    ON CONFLICT (conversation_id) DO UPDATE
+    SET task_id = EXCLUDED.task_id, holder = EXCLUDED.holder,
+        expire_time = EXCLUDED.expire_time, stop_requested = false, create_time = now()
+    RETURNING l.task_id, l.expire_time, l.stop_requested
+    INTO task_id, expire_time, stop_requested;
+END $$;
+
+-- AcquireLease: the lease alone, in one statement.
+CREATE FUNCTION agentstate_acquire_lease(
+    p_user_id text, p_conversation_id bigint, p_holder text, p_ttl_ms integer,
+    p_max_user_leases integer,
+    OUT task_id bigint, OUT expire_time timestamptz, OUT stop_requested boolean,
+    OUT lapsed_task_id bigint)
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM 1 FROM t_conversation
+    WHERE user_id = p_user_id AND id = p_conversation_id FOR NO KEY UPDATE;
+    IF NOT FOUND THEN
+        PERFORM agentstate_refuse(jsonb_build_object(
+            'kind', 'not_found', 'missing', 'conversation', 'conversation_id', p_conversation_id));
+    END IF;
+    SELECT * INTO task_id, expire_time, stop_requested, lapsed_task_id
+    FROM agentstate_take_lease(p_user_id, p_conversation_id, p_holder, p_ttl_ms,
+                               p_max_user_leases);
+END $$;
+
+-- Apply message record writes in order; return the rows written, in order.
+-- p_kinds[i] is 'insert' (p_roles, p_statuses, p_blocks, p_metadata) or
+-- 'update' (p_message_ids, and NULL in p_statuses / p_blocks / p_metadata
+-- leaves that column as it is; p_expected_statuses makes it compare-and-set).
+-- JSON arrives as text and is parsed here, so a bad one is reported by index.
+CREATE FUNCTION agentstate_write_messages(
+    p_user_id text, p_conversation_id bigint, p_kinds text[], p_message_ids bigint[],
+    p_roles text[], p_statuses text[], p_blocks text[], p_metadata text[],
+    p_expected_statuses text[])
+RETURNS SETOF t_agent_message
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_row t_agent_message;
+    v_index integer := 0;
+    v_field text;
+    v_blocks jsonb;
+    v_metadata jsonb;
+    v_status text;
+BEGIN
+    FOR i IN 1 .. coalesce(array_length(p_kinds, 1), 0) LOOP
+        v_index := i - 1;
+        BEGIN
+            v_field := 'blocks_json';
+            v_blocks := p_blocks[i]::jsonb;
+            v_field := 'metadata_json';
+            v_metadata := p_metadata[i]::jsonb;
+        EXCEPTION WHEN data_exception THEN
+            PERFORM agentstate_refuse(jsonb_build_object(
+                'kind', 'bad_json', 'index', v_index, 'field', v_field, 'reason', SQLERRM));
+        END;
+        IF p_kinds[i] = 'insert' THEN
+            INSERT INTO t_agent_message (user_id, conversation_id, role, blocks, status, metadata)
+            VALUES (p_user_id, p_conversation_id, p_roles[i], v_blocks, p_statuses[i], v_metadata)
+            RETURNING * INTO v_row;
+        ELSE
+            UPDATE t_agent_message
+            SET status = coalesce(p_statuses[i], status),
+                blocks = coalesce(v_blocks, blocks),
+                metadata = coalesce(v_metadata, metadata),
+                update_time = now()
+            WHERE user_id = p_user_id AND conversation_id = p_conversation_id
+              AND id = p_message_ids[i]
+              AND (p_expected_statuses[i] IS NULL OR status = p_expected_statuses[i])
+            RETURNING * INTO v_row;
+            IF NOT FOUND THEN
+                SELECT status INTO v_status FROM t_agent_message
+                WHERE user_id = p_user_id AND conversation_id = p_conversation_id
+                  AND id = p_message_ids[i];
+                IF NOT FOUND THEN
+                    PERFORM agentstate_refuse(jsonb_build_object(
+                        'kind', 'not_found', 'missing', 'message', 'index', v_index,
+                        'message_id', p_message_ids[i], 'conversation_id', p_conversation_id));
+                END IF;
+                PERFORM agentstate_refuse(jsonb_build_object(
+                    'kind', 'status_mismatch', 'index', v_index, 'message_id', p_message_ids[i],
+                    'status', v_status, 'expected', p_expected_statuses[i]));
+            END IF;
+        END IF;
+        RETURN NEXT v_row;
+    END LOOP;
+END $$;
+
+-- UpsertState and EndTurn: the whole payload (compare-and-set), the message
+-- writes and the compaction records, and for EndTurn (p_task_id set) the
+-- lease fence and release. One row per message written, in order (one row of
+-- NULL message columns when there are none), each carrying the state's result.
+CREATE FUNCTION agentstate_save_state(
+    p_user_id text, p_conversation_id bigint, p_state_key text, p_payload jsonb,
+    p_expected_version bigint, p_task_id bigint,
+    p_kinds text[], p_message_ids bigint[], p_roles text[], p_statuses text[],
+    p_blocks text[], p_metadata text[], p_expected_statuses text[],
+    p_compactions bigint[], p_compaction_reasons text[])
+RETURNS TABLE (version bigint, state_update_time timestamptz, lease_released boolean,
+               message t_agent_message)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_version bigint;
+    v_update_time timestamptz;
+    v_current bigint;
+    v_holder bigint;
+    v_released boolean := false;
+    v_row t_agent_message;
+    v_written integer := 0;
+BEGIN
+    PERFORM agentstate_touch_conversation(p_user_id, p_conversation_id);
+    IF p_task_id IS NOT NULL THEN
+        -- Fencing: a turn whose lapsed lease another turn took over must not write.
+        SELECT task_id INTO v_holder FROM t_run_lease
+        WHERE conversation_id = p_conversation_id FOR UPDATE;
+        IF FOUND AND v_holder <> p_task_id THEN
+            PERFORM agentstate_refuse(jsonb_build_object(
+                'kind', 'lease_lost', 'task_id', p_task_id, 'holder_task_id', v_holder));
+        END IF;
+    END IF;
+    IF p_expected_version IS NULL THEN
+        INSERT INTO t_agent_state AS s (user_id, session_id, state_key, payload, version)
+        VALUES (p_user_id, p_conversation_id, p_state_key, p_payload, 1)
+        ON CONFLICT (user_id, session_id, state_key)
+        DO UPDATE SET payload = EXCLUDED.payload, version = s.version + 1, update_time = now()
+        RETURNING s.version, s.update_time INTO v_version, v_update_time;
+    ELSIF p_expected_version = 0 THEN
+        INSERT INTO t_agent_state AS s (user_id, session_id, state_key, payload, version)
+        VALUES (p_user_id, p_conversation_id, p_state_key, p_payload, 1)
+        ON CONFLICT (user_id, session_id, state_key) DO NOTHING
+        RETURNING s.version, s.update_time INTO v_version, v_update_time;
+    ELSE
+        UPDATE t_agent_state AS s
+        SET payload = p_payload, version = s.version + 1, update_time = now()
+        WHERE s.user_id = p_user_id AND s.session_id = p_conversation_id
+          AND s.state_key = p_state_key AND s.version = p_expected_version
+        RETURNING s.version, s.update_time INTO v_version, v_update_time;
+    END IF;
+    IF v_version IS NULL THEN
+        SELECT s.version INTO v_current FROM t_agent_state AS s
+        WHERE s.user_id = p_user_id AND s.session_id = p_conversation_id
+          AND s.state_key = p_state_key;
+        PERFORM agentstate_refuse(jsonb_build_object(
+            'kind', 'version_conflict', 'expected', p_expected_version,
+            'current', coalesce(v_current, 0)));
+    END IF;
+    -- Compactions: five numbers each, flattened (see sql.py), and a reason.
+    INSERT INTO t_context_compaction (user_id, conversation_id, messages_before, messages_after,
+                                      tokens_before, tokens_after, summary_chars, reason)
+    SELECT p_user_id, p_conversation_id, p_compactions[i * 5 + 1], p_compactions[i * 5 + 2],
+           p_compactions[i * 5 + 3], p_compactions[i * 5 + 4], p_compactions[i * 5 + 5],
+           p_compaction_reasons[i + 1]
+    FROM generate_series(0, coalesce(array_length(p_compaction_reasons, 1), 0) - 1) AS i
+    ORDER BY i;
+    IF p_task_id IS NOT NULL THEN
+        DELETE FROM t_run_lease WHERE conversation_id = p_conversation_id AND task_id = p_task_id;
+        v_released := FOUND;
+    END IF;
+    FOR v_row IN
+        SELECT * FROM agentstate_write_messages(
+            p_user_id, p_conversation_id, p_kinds, p_message_ids, p_roles, p_statuses, p_blocks,
+            p_metadata, p_expected_statuses)
+    LOOP
+        v_written := v_written + 1;
+        RETURN QUERY SELECT v_version, v_update_time, v_released, v_row;
+    END LOOP;
+    IF v_written = 0 THEN
+        RETURN QUERY SELECT v_version, v_update_time, v_released, NULL::t_agent_message;
+    END IF;
+END $$;
+
+-- BeginTurn: create or lock the conversation, take the lease, check the card
+-- guard, interrupt what a dead turn left STREAMING, append the turn's records
+-- and read the state. One row.
+CREATE FUNCTION agentstate_begin_turn(
+    p_user_id text, p_conversation_id bigint, p_title text, p_state_key text,
+    p_holder text, p_ttl_ms integer, p_max_user_leases integer,
+    p_require_none_awaiting boolean, p_require_awaiting_message_id bigint,
+    p_roles text[], p_statuses text[], p_blocks text[], p_metadata text[])
+RETURNS TABLE (conversation t_conversation, conversation_created boolean,
+               task_id bigint, expire_time timestamptz, stop_requested boolean,
+               lapsed_task_id bigint, interrupted_records integer,
+               payload jsonb, version bigint, state_update_time timestamptz,
+               message_ids bigint[], message_time timestamptz)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_conversation t_conversation;
+    v_created boolean := p_conversation_id IS NULL;
+    v_lease record;
+    v_awaiting bigint;
+    v_status text;
+    v_interrupted integer;
+    v_ids bigint[];
+    n integer := coalesce(array_length(p_roles, 1), 0);
+BEGIN
+    IF v_created THEN
+        INSERT INTO t_conversation (user_id, title) VALUES (p_user_id, p_title)
+        RETURNING * INTO v_conversation;
+    ELSE
+        v_conversation := agentstate_touch_conversation(p_user_id, p_conversation_id);
+    END IF;
+    SELECT * INTO v_lease FROM agentstate_take_lease(
+        p_user_id, v_conversation.id, p_holder, p_ttl_ms, p_max_user_leases);
+    IF p_require_none_awaiting THEN
+        SELECT id INTO v_awaiting FROM t_agent_message
+        WHERE user_id = p_user_id AND conversation_id = v_conversation.id
+          AND status = 'AWAITING_CONFIRM'
+        ORDER BY id LIMIT 1;
+        IF FOUND THEN
+            PERFORM agentstate_refuse(jsonb_build_object(
+                'kind', 'card_pending', 'message_id', v_awaiting));
+        END IF;
+    ELSIF p_require_awaiting_message_id IS NOT NULL THEN
+        SELECT status INTO v_status FROM t_agent_message
+        WHERE user_id = p_user_id AND conversation_id = v_conversation.id
+          AND id = p_require_awaiting_message_id;
+        IF NOT FOUND THEN
+            PERFORM agentstate_refuse(jsonb_build_object(
+                'kind', 'not_found', 'missing', 'message',
+                'message_id', p_require_awaiting_message_id,
+                'conversation_id', v_conversation.id));
+        ELSIF v_status <> 'AWAITING_CONFIRM' THEN
+            PERFORM agentstate_refuse(jsonb_build_object(
+                'kind', 'not_awaiting', 'message_id', p_require_awaiting_message_id,
+                'status', v_status));
+        END IF;
+    END IF;
+    -- Holding the lease means no turn runs: a record still STREAMING is a dead turn's.
+    UPDATE t_agent_message SET status = 'INTERRUPTED', update_time = now()
+    WHERE user_id = p_user_id AND conversation_id = v_conversation.id AND status = 'STREAMING';
+    GET DIAGNOSTICS v_interrupted = ROW_COUNT;
+    SELECT array_agg(m.id ORDER BY m.ordinality) INTO v_ids FROM agentstate_write_messages(
+        p_user_id, v_conversation.id, array_fill('insert'::text, ARRAY[n]),
+        array_fill(NULL::bigint, ARRAY[n]), p_roles, p_statuses, p_blocks, p_metadata,
+        array_fill(NULL::text, ARRAY[n])) WITH ORDINALITY AS m;
+    RETURN QUERY
+    SELECT v_conversation, v_created, v_lease.task_id, v_lease.expire_time,
+           v_lease.stop_requested, v_lease.lapsed_task_id, v_interrupted,
+           s.payload, s.version, s.update_time, coalesce(v_ids, '{}'), now()
+    FROM (SELECT 1) AS one
+    LEFT JOIN t_agent_state AS s
+      ON s.user_id = p_user_id AND s.session_id = v_conversation.id
+     AND s.state_key = p_state_key;
+END $$;
+
+-- DeleteConversation / BatchDeleteConversations: lock every row in id order
+-- (concurrent batches cannot deadlock; writers queue behind), all or nothing,
+-- children first. Returns the counts.
+CREATE FUNCTION agentstate_delete_conversations(p_user_id text, p_ids bigint[],
+    OUT conversations bigint, OUT messages bigint, OUT states bigint)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_found bigint[];
+    v_missing bigint;
+BEGIN
+    SELECT coalesce(array_agg(id), '{}') INTO v_found FROM (
+        SELECT id FROM t_conversation
+        WHERE user_id = p_user_id AND id = ANY(p_ids)
+        ORDER BY id FOR UPDATE) AS locked;
+    SELECT min(wanted) INTO v_missing FROM unnest(p_ids) AS wanted
+    WHERE wanted <> ALL(v_found);
+    IF v_missing IS NOT NULL THEN
+        PERFORM agentstate_refuse(jsonb_build_object(
+            'kind', 'not_found', 'missing', 'conversation', 'conversation_id', v_missing,
+            'nothing_deleted', true));
+    END IF;
+    DELETE FROM t_run_lease WHERE user_id = p_user_id AND conversation_id = ANY(v_found);
+    DELETE FROM t_context_compaction WHERE user_id = p_user_id AND conversation_id = ANY(v_found);
+    DELETE FROM t_agent_state WHERE user_id = p_user_id AND session_id = ANY(v_found);
+    GET DIAGNOSTICS states = ROW_COUNT;
+    DELETE FROM t_agent_message WHERE user_id = p_user_id AND conversation_id = ANY(v_found);
+    GET DIAGNOSTICS messages = ROW_COUNT;
+    DELETE FROM t_conversation WHERE user_id = p_user_id AND id = ANY(v_found);
+    GET DIAGNOSTICS conversations = ROW_COUNT;
+END $$;
+
+-- Every save replaces the whole payload and leaves a dead copy behind (in the
+-- TOAST table once the payload is over ~2 kB compressed). Vacuum this hot,
+-- churning table after 1% of its rows (not the default 20%) plus 100 changes,
+-- in the main and the TOAST table; leave room on each page for HOT updates
+-- (no indexed column changes on a save, so the new row version can stay on
+-- the page and the old one is pruned without a vacuum).
+ALTER TABLE t_agent_state SET (
+    fillfactor = 70,
+    autovacuum_vacuum_scale_factor = 0.01,
+    autovacuum_vacuum_threshold = 100,
+    autovacuum_analyze_scale_factor = 0.05,
+    toast.autovacuum_vacuum_scale_factor = 0.01,
+    toast.autovacuum_vacuum_threshold = 100
+);
+""",
+    ),
 ]
 
 
-async def apply_migrations(conn: psycopg.AsyncConnection[object]) -> list[int]:
+async def apply_migrations(conn: psycopg.AsyncConnection[Any]) -> list[int]:
     """Apply missing migrations in order; return the versions applied now."""
     applied_now: list[int] = []
     async with conn.transaction():
         await conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK_ID,))
         await conn.execute(CREATE_MIGRATIONS_TABLE)
-        cur = await conn.execute("SELECT version FROM agentstate_schema_migrations")
-        done = {int(row[0]) for row in await cur.fetchall()}  # type: ignore[index]
+        cur = conn.cursor(row_factory=tuple_row)
+        await cur.execute("SELECT version FROM agentstate_schema_migrations")
+        done = {int(row[0]) for row in await cur.fetchall()}
         for migration in sorted(MIGRATIONS, key=lambda m: m.version):
             if migration.version in done:
                 continue

@@ -1,13 +1,17 @@
 """The PostgreSQL store: psycopg 3 with an async connection pool.
 
-Transactions are explicit (`conn.transaction()`); every write that touches a
-conversation first takes its row lock (TOUCH_CONVERSATION), which is what makes
-compare-and-set, no-resurrection and atomic delete hold across replicas.
+One RPC, one statement, one round trip: connections are in autocommit and the
+writes that take several steps run as PL/pgSQL functions (migrations.py), each
+its own transaction. A function refuses with SQLSTATE AS000 and a JSON detail;
+`_refusal` turns that into the domain's error. Every write that touches a
+conversation first takes its row lock, which is what makes compare-and-set,
+no-resurrection and atomic delete hold across replicas.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 from collections.abc import AsyncIterator, Sequence
 from datetime import datetime
@@ -16,17 +20,18 @@ from typing import Any
 import psycopg
 import psycopg.errors
 from psycopg.adapt import Buffer, Dumper, Loader
-from psycopg.rows import tuple_row
+from psycopg.rows import DictRow, dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from agentstate.common import telemetry
-from agentstate.common.pg_pool import Conn, GuardedPool, pg_reason
+from agentstate.common.pg_pool import GuardedPool, pg_reason
+from state_service import domain as d
 from state_service.domain import (
     AcquiredLease,
+    BegunTurn,
     Compaction,
     Conversation,
     DeleteCounts,
-    FailedPrecondition,
     InvalidArgument,
     Lease,
     MessageRecord,
@@ -37,19 +42,25 @@ from state_service.domain import (
     NewMessage,
     NotFound,
     Page,
-    ResourceExhausted,
+    RequireAwaiting,
+    RequireNoneAwaiting,
     StoredState,
     StoreError,
     StoreUnavailable,
+    TurnStart,
     UpsertResult,
     VersionConflict,
-    lease_conflict_message,
 )
 from state_service.storage import sql
 from state_service.storage.base import StateStore
 from state_service.storage.migrations import apply_migrations
 
 log = logging.getLogger(__name__)
+
+Conn = psycopg.AsyncConnection[DictRow]
+Row = dict[str, Any]
+
+REFUSAL_SQLSTATE = "AS000"  # raised by agentstate_refuse() in migrations.py
 
 
 class RawJson:
@@ -61,13 +72,26 @@ class RawJson:
         self.data = data
 
 
-_JSONB_OID = psycopg.postgres.types["jsonb"].oid
+class RawText:
+    """UTF-8 text (already checked) passed as a text parameter without decoding it."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
 
 
 class _RawJsonbDumper(Dumper):
-    oid = _JSONB_OID
+    oid = psycopg.postgres.types["jsonb"].oid
 
     def dump(self, obj: RawJson) -> Buffer:
+        return obj.data
+
+
+class _RawTextDumper(Dumper):
+    oid = psycopg.postgres.types["text"].oid
+
+    def dump(self, obj: RawText) -> Buffer:
         return obj.data
 
 
@@ -80,44 +104,166 @@ class _RawJsonbLoader(Loader):
 
 async def _configure_connection(conn: Conn) -> None:
     conn.adapters.register_dumper(RawJson, _RawJsonbDumper)
-    conn.adapters.register_loader(_JSONB_OID, _RawJsonbLoader)
-    await conn.set_autocommit(False)
+    conn.adapters.register_dumper(RawText, _RawTextDumper)
+    conn.adapters.register_loader("jsonb", _RawJsonbLoader)
+    # One statement per call: it is its own transaction, with no BEGIN/COMMIT round trips.
+    await conn.set_autocommit(True)
     telemetry.instrument_psycopg_connection(conn)  # database spans, when tracing is on
 
 
-def _conversation(row: tuple[Any, ...]) -> Conversation:
-    return Conversation(int(row[0]), row[1], row[2], row[3], row[4])
+def _conversation(row: Row) -> Conversation:
+    return Conversation(
+        conversation_id=int(row["id"]),
+        user_id=row["user_id"],
+        title=row["title"],
+        create_time=row["create_time"],
+        update_time=row["update_time"],
+    )
 
 
-def _message(row: tuple[Any, ...]) -> MessageRecord:
+def _message(row: Row) -> MessageRecord:
     return MessageRecord(
-        message_id=int(row[0]),
-        conversation_id=int(row[1]),
-        user_id=row[2],
-        role=MessageRole(row[3]),
-        blocks_json=row[4],
-        status=MessageStatus(row[5]),
-        metadata_json=row[6],
-        create_time=row[7],
-        update_time=row[8],
+        message_id=int(row["id"]),
+        conversation_id=int(row["conversation_id"]),
+        user_id=row["user_id"],
+        role=MessageRole(row["role"]),
+        blocks_json=row["blocks"],
+        status=MessageStatus(row["status"]),
+        metadata_json=row["metadata"],
+        create_time=row["create_time"],
+        update_time=row["update_time"],
     )
 
 
-def _lease(row: tuple[Any, ...]) -> Lease:
-    return Lease(int(row[0]), int(row[1]), row[2], row[3], row[4], bool(row[5]))
+def _lease(row: Row) -> Lease:
+    return Lease(
+        task_id=int(row["task_id"]),
+        conversation_id=int(row["conversation_id"]),
+        user_id=row["user_id"],
+        holder=row["holder"],
+        expire_time=row["expire_time"],
+        stop_requested=bool(row["stop_requested"]),
+    )
 
 
-def _compaction(row: tuple[Any, ...]) -> Compaction:
+def _compaction(row: Row) -> Compaction:
     return Compaction(
-        compaction_id=int(row[0]),
-        messages_before=int(row[1]),
-        messages_after=int(row[2]),
-        tokens_before=int(row[3]),
-        tokens_after=int(row[4]),
-        summary_chars=int(row[5]),
-        reason=row[6],
-        create_time=row[7],
+        compaction_id=int(row["id"]),
+        messages_before=int(row["messages_before"]),
+        messages_after=int(row["messages_after"]),
+        tokens_before=int(row["tokens_before"]),
+        tokens_after=int(row["tokens_after"]),
+        summary_chars=int(row["summary_chars"]),
+        reason=row["reason"],
+        create_time=row["create_time"],
     )
+
+
+def _optional_text(data: bytes | None) -> RawText | None:
+    return None if data is None else RawText(data)
+
+
+def _write_arrays(writes: Sequence[MessageWrite]) -> dict[str, list[Any]]:
+    """Message writes as the parallel arrays agentstate_write_messages() takes."""
+    columns: dict[str, list[Any]] = {
+        name: []
+        for name in (
+            "kinds",
+            "message_ids",
+            "roles",
+            "statuses",
+            "blocks",
+            "metadata",
+            "expected_statuses",
+        )
+    }
+
+    def add(**values: Any) -> None:
+        for name, column in columns.items():
+            column.append(values.get(name))
+
+    for write in writes:
+        if isinstance(write, NewMessage):
+            add(
+                kinds="insert",
+                roles=write.role.value,
+                statuses=write.status.value,
+                blocks=RawText(write.blocks_json),
+                metadata=RawText(write.metadata_json),
+            )
+        else:
+            add(
+                kinds="update",
+                message_ids=write.message_id,
+                statuses=write.status.value if write.status else None,
+                blocks=_optional_text(write.blocks_json),
+                metadata=_optional_text(write.metadata_json),
+                expected_statuses=write.expected_status.value if write.expected_status else None,
+            )
+    return columns
+
+
+def _compaction_arrays(compactions: Sequence[Compaction]) -> dict[str, list[Any]]:
+    numbers: list[int] = []
+    for c in compactions:
+        numbers += [
+            c.messages_before,
+            c.messages_after,
+            c.tokens_before,
+            c.tokens_after,
+            c.summary_chars,
+        ]
+    return {"compactions": numbers, "reasons": [c.reason for c in compactions]}
+
+
+def _where(index: Any, batch: str | None) -> str:
+    """How an error names the write it is about: "message" or "message_writes[2]"."""
+    return "message" if batch is None else f"{batch}[{index}]"
+
+
+def _refusal(detail: dict[str, Any], batch: str | None) -> d.StateServiceError:
+    """The domain error for one of the functions' refusals (see migrations.py)."""
+    kind = detail.get("kind")
+    if kind == "not_found":
+        if detail.get("missing") == "message":
+            where = _where(detail["index"], batch) if "index" in detail else ""
+            return d.message_not_found(
+                int(detail["message_id"]), int(detail["conversation_id"]), where
+            )
+        return d.conversation_not_found(
+            int(detail["conversation_id"]), nothing_deleted=bool(detail.get("nothing_deleted"))
+        )
+    if kind == "version_conflict":
+        return VersionConflict(int(detail["expected"]), int(detail["current"]))
+    if kind == "status_mismatch":
+        return d.status_mismatch(
+            _where(detail["index"], batch),
+            int(detail["message_id"]),
+            str(detail["status"]),
+            str(detail["expected"]),
+        )
+    if kind == "bad_json":
+        where = f"{_where(detail['index'], batch)}.{detail['field']}"
+        return d.bad_json(where, str(detail["reason"]))
+    if kind == "user_lease_limit":
+        return d.user_lease_limit(int(detail["running"]), int(detail["limit"]))
+    if kind == "lease_held":
+        held = Lease(
+            task_id=int(detail["task_id"]),
+            conversation_id=int(detail["conversation_id"]),
+            user_id="",
+            holder=str(detail["holder"]),
+            expire_time=datetime.fromisoformat(detail["expire_time"]),
+            stop_requested=False,
+        )
+        return d.LeaseHeld(d.lease_conflict_message(held))
+    if kind == "lease_lost":
+        return d.lease_taken_over(int(detail["task_id"]), int(detail["holder_task_id"]))
+    if kind == "card_pending":
+        return d.CardPending(int(detail["message_id"]))
+    if kind == "not_awaiting":
+        return d.not_awaiting(int(detail["message_id"]), str(detail["status"]))
+    return StoreError(f"unexpected refusal from the database: {detail}")
 
 
 class PostgresStore(StateStore):
@@ -140,7 +286,7 @@ class PostgresStore(StateStore):
                 timeout=timeout,
                 open=False,
                 configure=_configure_connection,
-                kwargs={"row_factory": tuple_row},
+                kwargs={"row_factory": dict_row},
                 name="agentstate-state",
             ),
             what="database",
@@ -164,29 +310,54 @@ class PostgresStore(StateStore):
         await self._pool.close()
 
     @contextlib.asynccontextmanager
-    async def _connection(self) -> AsyncIterator[Conn]:
-        """A pooled connection; outages are StoreUnavailable, other refusals StoreError."""
+    async def _connection(
+        self, batch: str | None = None, bad_data: str = "rejected by the database"
+    ) -> AsyncIterator[Conn]:
+        """A pooled connection. Refusals become domain errors, data the database cannot
+        take InvalidArgument (`bad_data` says what it was), outages StoreUnavailable,
+        anything else StoreError; in every case nothing changed.
+
+        `batch`: the request field the message writes came from, for error messages."""
         try:
             async with self._pool.connection() as conn:
                 yield conn
         except psycopg.Error as exc:
-            # Anything else the database refused: the transaction was rolled back.
+            if exc.sqlstate == REFUSAL_SQLSTATE:
+                detail = json.loads(exc.diag.message_detail or "{}")
+                raise _refusal(detail, batch) from None
+            if isinstance(exc, psycopg.DataError | psycopg.errors.CheckViolation):
+                raise InvalidArgument(f"{bad_data}: {pg_reason(exc)}") from exc
             log.exception("database error")
             raise StoreError(f"database error, nothing was changed: {pg_reason(exc)}") from exc
+
+    async def _rows(
+        self,
+        statement: str,
+        params: dict[str, Any],
+        *,
+        batch: str | None = None,
+        bad_data: str = "rejected by the database",
+    ) -> list[Row]:
+        """Run one statement: one round trip, its own transaction."""
+        async with self._connection(batch, bad_data) as conn:
+            cur = await conn.execute(statement, params)
+            return await cur.fetchall()
 
     # ------------------------------------------------------------------ state
 
     async def get_state(self, user_id: str, conversation_id: int, state_key: str) -> StoredState:
-        params = {"user_id": user_id, "conversation_id": conversation_id, "state_key": state_key}
-        async with self._connection() as conn:
-            cur = await conn.execute(sql.SELECT_STATE, params)
-            row = await cur.fetchone()
-            if row is None:
-                await self._require_conversation(conn, user_id, conversation_id)
-                raise NotFound(
-                    f"conversation {conversation_id} has no state {state_key!r} yet", "state"
-                )
-        return StoredState(payload=row[0], version=int(row[1]), update_time=row[2])
+        rows = await self._rows(
+            sql.SELECT_STATE,
+            {"user_id": user_id, "conversation_id": conversation_id, "state_key": state_key},
+        )
+        if not rows:
+            raise d.conversation_not_found(conversation_id)
+        row = rows[0]
+        if row["version"] is None:
+            raise NotFound(
+                f"conversation {conversation_id} has no state {state_key!r} yet", "state"
+            )
+        return StoredState(row["payload"], int(row["version"]), row["update_time"])
 
     async def upsert_state(
         self,
@@ -198,73 +369,163 @@ class PostgresStore(StateStore):
         message_writes: Sequence[MessageWrite] = (),
         compactions: Sequence[Compaction] = (),
     ) -> UpsertResult:
+        return await self._save(
+            user_id,
+            conversation_id,
+            state_key,
+            payload,
+            expected_version,
+            None,
+            message_writes,
+            compactions,
+        )
+
+    async def end_turn(
+        self,
+        user_id: str,
+        conversation_id: int,
+        state_key: str,
+        payload: bytes,
+        expected_version: int | None,
+        task_id: int,
+        message_writes: Sequence[MessageWrite] = (),
+        compactions: Sequence[Compaction] = (),
+    ) -> UpsertResult:
+        return await self._save(
+            user_id,
+            conversation_id,
+            state_key,
+            payload,
+            expected_version,
+            task_id,
+            message_writes,
+            compactions,
+        )
+
+    async def _save(
+        self,
+        user_id: str,
+        conversation_id: int,
+        state_key: str,
+        payload: bytes,
+        expected_version: int | None,
+        task_id: int | None,
+        message_writes: Sequence[MessageWrite],
+        compactions: Sequence[Compaction],
+    ) -> UpsertResult:
         params = {
             "user_id": user_id,
             "conversation_id": conversation_id,
             "state_key": state_key,
             "payload": RawJson(payload),
             "expected_version": expected_version,
+            "task_id": task_id,
+            **_write_arrays(message_writes),
+            **_compaction_arrays(compactions),
         }
-        async with self._connection() as conn, conn.transaction():
-            await self._touch_conversation(conn, user_id, conversation_id)
-            if expected_version is None:
-                statement = sql.UPSERT_STATE
-            elif expected_version == 0:
-                statement = sql.INSERT_STATE_IF_ABSENT
-            else:
-                statement = sql.UPDATE_STATE_IF_VERSION
-            try:
-                cur = await conn.execute(statement, params)
-            except (psycopg.DataError, psycopg.errors.CheckViolation) as exc:
-                raise InvalidArgument(
-                    f"payload is not JSON that PostgreSQL can store: {pg_reason(exc)}"
-                ) from exc
-            row = await cur.fetchone()
-            if row is None:
-                assert expected_version is not None
-                cur = await conn.execute(sql.SELECT_STATE_VERSION, params)
-                current = await cur.fetchone()
-                raise VersionConflict(expected_version, int(current[0]) if current else 0)
-            messages = [
-                await self._write_message(conn, user_id, conversation_id, write, index)
-                for index, write in enumerate(message_writes)
-            ]
-            for compaction in compactions:
-                await conn.execute(
-                    sql.INSERT_COMPACTION,
-                    {
-                        "user_id": user_id,
-                        "conversation_id": conversation_id,
-                        "messages_before": compaction.messages_before,
-                        "messages_after": compaction.messages_after,
-                        "tokens_before": compaction.tokens_before,
-                        "tokens_after": compaction.tokens_after,
-                        "summary_chars": compaction.summary_chars,
-                        "reason": compaction.reason,
-                    },
-                )
-        return UpsertResult(version=int(row[0]), update_time=row[1], messages=messages)
+        # The payload is the one JSON parsed at bind time: a data error is about it
+        # (message JSON is parsed inside the function and refused by index).
+        rows = await self._rows(
+            sql.SAVE_STATE,
+            params,
+            batch="message_writes",
+            bad_data="payload is not JSON that PostgreSQL can store",
+        )
+        first = rows[0]
+        return UpsertResult(
+            version=int(first["version"]),
+            update_time=first["state_update_time"],
+            messages=[_message(row) for row in rows if row["id"] is not None],
+            lease_released=bool(first["lease_released"]),
+        )
+
+    async def begin_turn(
+        self, user_id: str, conversation_id: int | None, start: TurnStart
+    ) -> BegunTurn:
+        guard = start.guard
+        params = {
+            "user_id": user_id,
+            "conversation_id": conversation_id,
+            "title": start.title,
+            "state_key": start.state_key,
+            "holder": start.holder,
+            "ttl_ms": start.ttl_ms,
+            "max_user_leases": start.max_user_leases,
+            "require_none_awaiting": isinstance(guard, RequireNoneAwaiting),
+            "require_awaiting_message_id": (
+                guard.message_id if isinstance(guard, RequireAwaiting) else None
+            ),
+            "roles": [m.role.value for m in start.new_messages],
+            "statuses": [m.status.value for m in start.new_messages],
+            "blocks": [RawText(m.blocks_json) for m in start.new_messages],
+            "metadata": [RawText(m.metadata_json) for m in start.new_messages],
+        }
+        (row,) = await self._rows(sql.BEGIN_TURN, params, batch="new_messages")
+        conversation = Conversation(
+            conversation_id=int(row["conversation_id"]),
+            user_id=user_id,
+            title=row["title"],
+            create_time=row["create_time"],
+            update_time=row["update_time"],
+        )
+        lease = Lease(
+            task_id=int(row["task_id"]),
+            conversation_id=conversation.conversation_id,
+            user_id=user_id,
+            holder=start.holder,
+            expire_time=row["expire_time"],
+            stop_requested=bool(row["stop_requested"]),
+        )
+        state = None
+        if row["version"] is not None:
+            state = StoredState(row["payload"], int(row["version"]), row["state_update_time"])
+        # The appended records are what was sent, with the ids and time they were given.
+        messages = [
+            MessageRecord(
+                message_id=int(message_id),
+                conversation_id=conversation.conversation_id,
+                user_id=user_id,
+                role=new.role,
+                blocks_json=new.blocks_json,
+                status=new.status,
+                metadata_json=new.metadata_json,
+                create_time=row["message_time"],
+                update_time=row["message_time"],
+            )
+            for message_id, new in zip(row["message_ids"], start.new_messages, strict=True)
+        ]
+        lapsed = row["lapsed_task_id"]
+        return BegunTurn(
+            conversation=conversation,
+            conversation_created=bool(row["conversation_created"]),
+            lease=lease,
+            lapsed_task_id=int(lapsed) if lapsed is not None else None,
+            interrupted_records=int(row["interrupted_records"]),
+            state=state,
+            messages=messages,
+        )
 
     # ---------------------------------------------------------- conversations
 
     async def create_conversation(self, user_id: str, title: str) -> Conversation:
-        async with self._connection() as conn, conn.transaction():
-            cur = await conn.execute(sql.INSERT_CONVERSATION, {"user_id": user_id, "title": title})
-            row = await cur.fetchone()
-        assert row is not None
+        (row,) = await self._rows(sql.INSERT_CONVERSATION, {"user_id": user_id, "title": title})
         return _conversation(row)
 
     async def get_conversation(self, user_id: str, conversation_id: int) -> Conversation:
-        async with self._connection() as conn:
-            return await self._require_conversation(conn, user_id, conversation_id)
+        rows = await self._rows(
+            sql.SELECT_CONVERSATION, {"user_id": user_id, "conversation_id": conversation_id}
+        )
+        if not rows:
+            raise d.conversation_not_found(conversation_id)
+        return _conversation(rows[0])
 
     async def list_conversations(
         self, user_id: str, page_size: int, before_id: int | None
     ) -> Page[Conversation]:
-        params = {"user_id": user_id, "before_id": before_id, "limit": page_size + 1}
-        async with self._connection() as conn:
-            cur = await conn.execute(sql.LIST_CONVERSATIONS, params)
-            rows = await cur.fetchall()
+        rows = await self._rows(
+            sql.LIST_CONVERSATIONS,
+            {"user_id": user_id, "before_id": before_id, "limit": page_size + 1},
+        )
         items = [_conversation(r) for r in rows[:page_size]]
         token = str(items[-1].conversation_id) if len(rows) > page_size else ""
         return Page(items, token)
@@ -272,38 +533,20 @@ class PostgresStore(StateStore):
     async def rename_conversation(
         self, user_id: str, conversation_id: int, title: str
     ) -> Conversation:
-        params = {"user_id": user_id, "conversation_id": conversation_id, "title": title}
-        async with self._connection() as conn, conn.transaction():
-            cur = await conn.execute(sql.RENAME_CONVERSATION, params)
-            row = await cur.fetchone()
-        if row is None:
-            raise NotFound(f"conversation {conversation_id} not found")
-        return _conversation(row)
+        rows = await self._rows(
+            sql.RENAME_CONVERSATION,
+            {"user_id": user_id, "conversation_id": conversation_id, "title": title},
+        )
+        if not rows:
+            raise d.conversation_not_found(conversation_id)
+        return _conversation(rows[0])
 
     async def delete_conversations(
         self, user_id: str, conversation_ids: Sequence[int]
     ) -> DeleteCounts:
-        wanted = sorted(set(conversation_ids))
-        params = {"user_id": user_id, "conversation_ids": wanted}
-        async with self._connection() as conn, conn.transaction():
-            cur = await conn.execute(sql.LOCK_CONVERSATIONS_FOR_DELETE, params)
-            found = {int(r[0]) for r in await cur.fetchall()}
-            missing = [cid for cid in wanted if cid not in found]
-            if missing:
-                raise NotFound(f"conversation {missing[0]} not found; nothing was deleted")
-            return await self._delete_locked(conn, user_id, wanted)
-
-    async def _delete_locked(
-        self, conn: Conn, user_id: str, conversation_ids: Sequence[int]
-    ) -> DeleteCounts:
-        """Delete conversations whose rows this transaction has locked, children first."""
-        params = {"user_id": user_id, "conversation_ids": list(conversation_ids)}
-        await conn.execute(sql.DELETE_LEASES, params)
-        await conn.execute(sql.DELETE_COMPACTIONS, params)
-        states = (await conn.execute(sql.DELETE_STATES, params)).rowcount
-        messages = (await conn.execute(sql.DELETE_MESSAGES, params)).rowcount
-        conversations = (await conn.execute(sql.DELETE_CONVERSATIONS, params)).rowcount
-        return DeleteCounts(conversations=conversations, messages=messages, states=states)
+        params = {"user_id": user_id, "conversation_ids": sorted(set(conversation_ids))}
+        (row,) = await self._rows(sql.DELETE_CONVERSATIONS, params)
+        return _counts(row)
 
     async def purge_inactive(self, before: datetime, batch_size: int = 500) -> DeleteCounts:
         total = DeleteCounts(0, 0, 0)
@@ -314,10 +557,15 @@ class PostgresStore(StateStore):
                 )
                 rows = await cur.fetchall()
                 by_user: dict[str, list[int]] = {}
-                for conversation_id, user_id in rows:
-                    by_user.setdefault(user_id, []).append(int(conversation_id))
+                for row in rows:
+                    by_user.setdefault(row["user_id"], []).append(int(row["id"]))
                 for user_id, ids in by_user.items():
-                    total = total + await self._delete_locked(conn, user_id, ids)
+                    cur = await conn.execute(
+                        sql.DELETE_CONVERSATIONS, {"user_id": user_id, "conversation_ids": ids}
+                    )
+                    counts = await cur.fetchone()
+                    assert counts is not None
+                    total = total + _counts(counts)
             if len(rows) < batch_size:
                 return total
 
@@ -326,16 +574,19 @@ class PostgresStore(StateStore):
     async def append_message(
         self, user_id: str, conversation_id: int, message: NewMessage
     ) -> MessageRecord:
-        async with self._connection() as conn, conn.transaction():
-            await self._touch_conversation(conn, user_id, conversation_id)
-            return await self._write_message(conn, user_id, conversation_id, message, None)
+        return await self._write_one(user_id, conversation_id, message)
 
     async def update_message(
         self, user_id: str, conversation_id: int, update: MessageUpdate
     ) -> MessageRecord:
-        async with self._connection() as conn, conn.transaction():
-            await self._touch_conversation(conn, user_id, conversation_id)
-            return await self._write_message(conn, user_id, conversation_id, update, None)
+        return await self._write_one(user_id, conversation_id, update)
+
+    async def _write_one(
+        self, user_id: str, conversation_id: int, write: MessageWrite
+    ) -> MessageRecord:
+        params = {"user_id": user_id, "conversation_id": conversation_id, **_write_arrays([write])}
+        (row,) = await self._rows(sql.WRITE_MESSAGE, params)
+        return _message(row)
 
     async def list_messages(
         self,
@@ -345,40 +596,41 @@ class PostgresStore(StateStore):
         after_id: int | None,
         newest_first: bool = False,
     ) -> Page[MessageRecord]:
-        params = {
-            "user_id": user_id,
-            "conversation_id": conversation_id,
-            "after_id": after_id,
-            "limit": page_size + 1,
-        }
         statement = sql.LIST_MESSAGES_NEWEST_FIRST if newest_first else sql.LIST_MESSAGES
-        async with self._connection() as conn:
-            await self._require_conversation(conn, user_id, conversation_id)
-            cur = await conn.execute(statement, params)
-            rows = await cur.fetchall()
-        items = [_message(r) for r in rows[:page_size]]
-        token = str(items[-1].message_id) if len(rows) > page_size else ""
+        rows = await self._rows(
+            statement,
+            {
+                "user_id": user_id,
+                "conversation_id": conversation_id,
+                "after_id": after_id,
+                "limit": page_size + 1,
+            },
+        )
+        if not rows:
+            raise d.conversation_not_found(conversation_id)
+        records = [_message(r) for r in rows if r["id"] is not None]
+        items = records[:page_size]
+        token = str(items[-1].message_id) if len(records) > page_size else ""
         return Page(items, token)
 
     async def list_compactions(self, user_id: str, conversation_id: int) -> list[Compaction]:
-        params = {"user_id": user_id, "conversation_id": conversation_id}
-        async with self._connection() as conn:
-            await self._require_conversation(conn, user_id, conversation_id)
-            cur = await conn.execute(sql.LIST_COMPACTIONS, params)
-            return [_compaction(row) for row in await cur.fetchall()]
+        rows = await self._rows(
+            sql.LIST_COMPACTIONS, {"user_id": user_id, "conversation_id": conversation_id}
+        )
+        if not rows:
+            raise d.conversation_not_found(conversation_id)
+        return [_compaction(row) for row in rows if row["id"] is not None]
 
     async def get_message(
         self, user_id: str, conversation_id: int, message_id: int
     ) -> MessageRecord:
-        params = {"user_id": user_id, "conversation_id": conversation_id, "message_id": message_id}
-        async with self._connection() as conn:
-            cur = await conn.execute(sql.SELECT_MESSAGE, params)
-            row = await cur.fetchone()
-        if row is None:
-            raise NotFound(
-                f"message {message_id} not found in conversation {conversation_id}", "message"
-            )
-        return _message(row)
+        rows = await self._rows(
+            sql.SELECT_MESSAGE,
+            {"user_id": user_id, "conversation_id": conversation_id, "message_id": message_id},
+        )
+        if not rows:
+            raise d.message_not_found(message_id, conversation_id)
+        return _message(rows[0])
 
     # ------------------------------------------------------------ run leases
 
@@ -390,139 +642,50 @@ class PostgresStore(StateStore):
         ttl_ms: int,
         max_user_leases: int,
     ) -> AcquiredLease:
-        params = {
-            "user_id": user_id,
-            "conversation_id": conversation_id,
-            "holder": holder,
-            "ttl_ms": ttl_ms,
-        }
-        async with self._connection() as conn, conn.transaction():
-            await conn.execute(sql.LOCK_USER_LEASES, params)
-            cur = await conn.execute(sql.LOCK_CONVERSATION_SHARED, params)
-            if await cur.fetchone() is None:
-                raise NotFound(f"conversation {conversation_id} not found")
-            if max_user_leases > 0:
-                cur = await conn.execute(sql.COUNT_OTHER_ACTIVE_LEASES, params)
-                row = await cur.fetchone()
-                running = int(row[0]) if row else 0
-                if running >= max_user_leases:
-                    raise ResourceExhausted(
-                        f"user already has {running} running turns (limit {max_user_leases}); "
-                        "retry when one finishes"
-                    )
-            cur = await conn.execute(sql.SELECT_LAPSED_LEASE, params)
-            lapsed = await cur.fetchone()
-            cur = await conn.execute(sql.ACQUIRE_LEASE, params)
-            row = await cur.fetchone()
-            if row is None:
-                cur = await conn.execute(sql.SELECT_LEASE_OF_CONVERSATION, params)
-                held = await cur.fetchone()
-                assert held is not None
-                raise FailedPrecondition(lease_conflict_message(_lease(held)))
-        return AcquiredLease(_lease(row), int(lapsed[0]) if lapsed else None)
+        (row,) = await self._rows(
+            sql.ACQUIRE_LEASE,
+            {
+                "user_id": user_id,
+                "conversation_id": conversation_id,
+                "holder": holder,
+                "ttl_ms": ttl_ms,
+                "max_user_leases": max_user_leases,
+            },
+        )
+        lease = Lease(
+            task_id=int(row["task_id"]),
+            conversation_id=conversation_id,
+            user_id=user_id,
+            holder=holder,
+            expire_time=row["expire_time"],
+            stop_requested=bool(row["stop_requested"]),
+        )
+        lapsed = row["lapsed_task_id"]
+        return AcquiredLease(lease, int(lapsed) if lapsed is not None else None)
 
     async def renew_lease(self, user_id: str, task_id: int, ttl_ms: int) -> Lease:
-        params = {"user_id": user_id, "task_id": task_id, "ttl_ms": ttl_ms}
-        async with self._connection() as conn, conn.transaction():
-            cur = await conn.execute(sql.RENEW_LEASE, params)
-            row = await cur.fetchone()
-        if row is None:
-            raise FailedPrecondition(f"lease of task {task_id} was lost (released or taken over)")
-        return _lease(row)
+        rows = await self._rows(
+            sql.RENEW_LEASE, {"user_id": user_id, "task_id": task_id, "ttl_ms": ttl_ms}
+        )
+        if not rows:
+            raise d.LeaseLost(f"lease of task {task_id} was lost (released or taken over)")
+        return _lease(rows[0])
 
     async def release_lease(self, user_id: str, task_id: int) -> bool:
-        async with self._connection() as conn, conn.transaction():
+        async with self._connection() as conn:
             cur = await conn.execute(sql.RELEASE_LEASE, {"user_id": user_id, "task_id": task_id})
             return cur.rowcount > 0
 
     async def request_stop(self, user_id: str, task_id: int) -> Lease:
-        async with self._connection() as conn, conn.transaction():
-            cur = await conn.execute(sql.REQUEST_STOP, {"user_id": user_id, "task_id": task_id})
-            row = await cur.fetchone()
-        if row is None:
+        rows = await self._rows(sql.REQUEST_STOP, {"user_id": user_id, "task_id": task_id})
+        if not rows:
             raise NotFound(f"no running task {task_id}", "task")
-        return _lease(row)
-
-    # ---------------------------------------------------------------- helpers
-
-    async def _require_conversation(
-        self, conn: Conn, user_id: str, conversation_id: int
-    ) -> Conversation:
-        cur = await conn.execute(
-            sql.SELECT_CONVERSATION, {"user_id": user_id, "conversation_id": conversation_id}
-        )
-        row = await cur.fetchone()
-        if row is None:
-            raise NotFound(f"conversation {conversation_id} not found")
-        return _conversation(row)
-
-    async def _touch_conversation(self, conn: Conn, user_id: str, conversation_id: int) -> None:
-        cur = await conn.execute(
-            sql.TOUCH_CONVERSATION, {"user_id": user_id, "conversation_id": conversation_id}
-        )
-        if await cur.fetchone() is None:
-            raise NotFound(f"conversation {conversation_id} not found")
-
-    async def _write_message(
-        self,
-        conn: Conn,
-        user_id: str,
-        conversation_id: int,
-        write: MessageWrite,
-        index: int | None,
-    ) -> MessageRecord:
-        where = "message" if index is None else f"message_writes[{index}]"
-        base = {"user_id": user_id, "conversation_id": conversation_id}
-        try:
-            if isinstance(write, NewMessage):
-                cur = await conn.execute(
-                    sql.INSERT_MESSAGE,
-                    {
-                        **base,
-                        "role": write.role.value,
-                        "blocks": RawJson(write.blocks_json),
-                        "status": write.status.value,
-                        "metadata": RawJson(write.metadata_json),
-                    },
-                )
-            else:
-                cur = await conn.execute(
-                    sql.UPDATE_MESSAGE,
-                    {
-                        **base,
-                        "message_id": write.message_id,
-                        "status": write.status.value if write.status else None,
-                        "blocks": _optional_json(write.blocks_json),
-                        "metadata": _optional_json(write.metadata_json),
-                        "expected_status": (
-                            write.expected_status.value if write.expected_status else None
-                        ),
-                    },
-                )
-        except psycopg.errors.ForeignKeyViolation as exc:
-            raise NotFound(f"conversation {conversation_id} not found") from exc
-        except (psycopg.DataError, psycopg.errors.CheckViolation) as exc:
-            raise InvalidArgument(
-                f"{where} holds JSON that PostgreSQL cannot store: {pg_reason(exc)}"
-            ) from exc
-        row = await cur.fetchone()
-        if row is not None:
-            return _message(row)
-        assert isinstance(write, MessageUpdate)
-        cur = await conn.execute(
-            sql.SELECT_MESSAGE_STATUS, {**base, "message_id": write.message_id}
-        )
-        current = await cur.fetchone()
-        if current is None:
-            raise NotFound(
-                f"{where}: message {write.message_id} not found in conversation {conversation_id}",
-                "message",
-            )
-        raise FailedPrecondition(
-            f"{where}: message {write.message_id} has status {current[0]}, "
-            f"expected {write.expected_status}"
-        )
+        return _lease(rows[0])
 
 
-def _optional_json(data: bytes | None) -> RawJson | None:
-    return None if data is None else RawJson(data)
+def _counts(row: Row) -> DeleteCounts:
+    return DeleteCounts(
+        conversations=int(row["conversations"]),
+        messages=int(row["messages"]),
+        states=int(row["states"]),
+    )

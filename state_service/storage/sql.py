@@ -1,185 +1,135 @@
 """Every SQL statement the PostgreSQL store runs, kept together and named.
 
-Parameters are named (%(name)s). JSON columns are read and written as raw
-bytes (see postgres.py): PostgreSQL parses and stores the JSONB; Python never
-decodes a payload on this path.
+Each RPC is ONE statement, so ONE round trip: connections are in autocommit
+and every write that needs several steps is a PL/pgSQL function (defined in
+migrations.py) whose one statement is its own transaction. Parameters are
+named (%(name)s). JSON travels as text: the payload as a jsonb parameter,
+message blocks and metadata as text parsed inside the functions (so a bad one
+is reported by its index); Python never decodes a payload on this path.
+Rows are read by column name.
 """
 
 from typing import Final
 
 # --------------------------------------------------------------- conversations
 
-INSERT_CONVERSATION: Final = """
+_CONVERSATION_COLUMNS = "id, user_id, title, create_time, update_time"
+
+INSERT_CONVERSATION: Final = f"""
 INSERT INTO t_conversation (user_id, title) VALUES (%(user_id)s, %(title)s)
-RETURNING id, user_id, title, create_time, update_time
+RETURNING {_CONVERSATION_COLUMNS}
 """
 
-SELECT_CONVERSATION: Final = """
-SELECT id, user_id, title, create_time, update_time
+SELECT_CONVERSATION: Final = f"""
+SELECT {_CONVERSATION_COLUMNS}
 FROM t_conversation WHERE user_id = %(user_id)s AND id = %(conversation_id)s
 """
 
-LIST_CONVERSATIONS: Final = """
-SELECT id, user_id, title, create_time, update_time
+LIST_CONVERSATIONS: Final = f"""
+SELECT {_CONVERSATION_COLUMNS}
 FROM t_conversation
 WHERE user_id = %(user_id)s AND (%(before_id)s::bigint IS NULL OR id < %(before_id)s::bigint)
 ORDER BY id DESC
 LIMIT %(limit)s
 """
 
-RENAME_CONVERSATION: Final = """
+RENAME_CONVERSATION: Final = f"""
 UPDATE t_conversation SET title = %(title)s, update_time = now()
 WHERE user_id = %(user_id)s AND id = %(conversation_id)s
-RETURNING id, user_id, title, create_time, update_time
-"""
-
-# Marks activity and takes the conversation's row lock (FOR NO KEY UPDATE):
-# writes to one conversation queue behind each other, and a concurrent delete
-# (FOR UPDATE) either finishes first, so this finds no row, or waits for us.
-TOUCH_CONVERSATION: Final = """
-UPDATE t_conversation SET update_time = now()
-WHERE user_id = %(user_id)s AND id = %(conversation_id)s
-RETURNING id
+RETURNING {_CONVERSATION_COLUMNS}
 """
 
 # ----------------------------------------------------------------------- state
 
+# No row: no such conversation. A row with a NULL version: no state yet.
 SELECT_STATE: Final = """
-SELECT payload, version, update_time
-FROM t_agent_state
-WHERE user_id = %(user_id)s AND session_id = %(conversation_id)s AND state_key = %(state_key)s
+SELECT s.payload, s.version, s.update_time
+FROM t_conversation AS c
+LEFT JOIN t_agent_state AS s
+  ON s.user_id = c.user_id AND s.session_id = c.id AND s.state_key = %(state_key)s
+WHERE c.user_id = %(user_id)s AND c.id = %(conversation_id)s
 """
 
-SELECT_STATE_VERSION: Final = """
-SELECT version
-FROM t_agent_state
-WHERE user_id = %(user_id)s AND session_id = %(conversation_id)s AND state_key = %(state_key)s
-"""
-
-# The source's whole-payload upsert, plus a version that counts writes.
-UPSERT_STATE: Final = """
-INSERT INTO t_agent_state (user_id, session_id, state_key, payload, version)
-VALUES (%(user_id)s, %(conversation_id)s, %(state_key)s, %(payload)s, 1)
-ON CONFLICT (user_id, session_id, state_key)
-DO UPDATE SET payload = EXCLUDED.payload,
-              version = t_agent_state.version + 1,
-              update_time = now()
-RETURNING version, update_time
-"""
-
-INSERT_STATE_IF_ABSENT: Final = """
-INSERT INTO t_agent_state (user_id, session_id, state_key, payload, version)
-VALUES (%(user_id)s, %(conversation_id)s, %(state_key)s, %(payload)s, 1)
-ON CONFLICT (user_id, session_id, state_key) DO NOTHING
-RETURNING version, update_time
-"""
-
-UPDATE_STATE_IF_VERSION: Final = """
-UPDATE t_agent_state
-SET payload = %(payload)s, version = version + 1, update_time = now()
-WHERE user_id = %(user_id)s AND session_id = %(conversation_id)s
-  AND state_key = %(state_key)s AND version = %(expected_version)s
-RETURNING version, update_time
-"""
-
-# -------------------------------------------------------------------- messages
+# The message-write arrays every writing function takes (see agentstate_write_messages).
+_WRITES = """
+    p_kinds => %(kinds)s::text[], p_message_ids => %(message_ids)s::bigint[],
+    p_roles => %(roles)s::text[], p_statuses => %(statuses)s::text[],
+    p_blocks => %(blocks)s::text[], p_metadata => %(metadata)s::text[],
+    p_expected_statuses => %(expected_statuses)s::text[]"""
 
 _MESSAGE_COLUMNS = (
     "id, conversation_id, user_id, role, blocks, status, metadata, create_time, update_time"
 )
 
-INSERT_MESSAGE: Final = f"""
-INSERT INTO t_agent_message (user_id, conversation_id, role, blocks, status, metadata)
-VALUES (%(user_id)s, %(conversation_id)s, %(role)s, %(blocks)s, %(status)s, %(metadata)s)
-RETURNING {_MESSAGE_COLUMNS}
+# UpsertState (task_id NULL) and EndTurn: one row per message written (NULL
+# message columns when none), each with the state's version and time.
+SAVE_STATE: Final = f"""
+SELECT r.version, r.state_update_time, r.lease_released, (r.message).*
+FROM agentstate_save_state(
+    p_user_id => %(user_id)s, p_conversation_id => %(conversation_id)s,
+    p_state_key => %(state_key)s, p_payload => %(payload)s,
+    p_expected_version => %(expected_version)s::bigint, p_task_id => %(task_id)s::bigint,
+    {_WRITES},
+    p_compactions => %(compactions)s::bigint[], p_compaction_reasons => %(reasons)s::text[]
+) AS r
 """
 
-UPDATE_MESSAGE: Final = f"""
-UPDATE t_agent_message
-SET status = COALESCE(%(status)s::text, status),
-    blocks = COALESCE(%(blocks)s, blocks),
-    metadata = COALESCE(%(metadata)s, metadata),
-    update_time = now()
-WHERE user_id = %(user_id)s AND conversation_id = %(conversation_id)s AND id = %(message_id)s
-  AND (%(expected_status)s::text IS NULL OR status = %(expected_status)s::text)
-RETURNING {_MESSAGE_COLUMNS}
+BEGIN_TURN: Final = """
+SELECT (r.conversation).id AS conversation_id, (r.conversation).title,
+       (r.conversation).create_time, (r.conversation).update_time,
+       r.conversation_created, r.task_id, r.expire_time, r.stop_requested, r.lapsed_task_id,
+       r.interrupted_records, r.payload, r.version, r.state_update_time,
+       r.message_ids, r.message_time
+FROM agentstate_begin_turn(
+    p_user_id => %(user_id)s, p_conversation_id => %(conversation_id)s::bigint,
+    p_title => %(title)s, p_state_key => %(state_key)s, p_holder => %(holder)s,
+    p_ttl_ms => %(ttl_ms)s::integer, p_max_user_leases => %(max_user_leases)s::integer,
+    p_require_none_awaiting => %(require_none_awaiting)s::boolean,
+    p_require_awaiting_message_id => %(require_awaiting_message_id)s::bigint,
+    p_roles => %(roles)s::text[], p_statuses => %(statuses)s::text[],
+    p_blocks => %(blocks)s::text[], p_metadata => %(metadata)s::text[]
+) AS r
 """
 
-SELECT_MESSAGE_STATUS: Final = """
-SELECT status FROM t_agent_message
-WHERE user_id = %(user_id)s AND conversation_id = %(conversation_id)s AND id = %(message_id)s
+# -------------------------------------------------------------------- messages
+
+# AppendMessage / UpdateMessage: the conversation's row lock, then the write.
+WRITE_MESSAGE: Final = f"""
+SELECT m.* FROM agentstate_touch_conversation(%(user_id)s, %(conversation_id)s) AS c,
+LATERAL agentstate_write_messages(
+    -- c's columns make the write run after (and only after) the lock.
+    p_user_id => c.user_id, p_conversation_id => c.id,
+    {_WRITES}
+) AS m
 """
 
+# No row: no such conversation. A row with a NULL id: no (more) messages.
 LIST_MESSAGES: Final = f"""
-SELECT {_MESSAGE_COLUMNS}
-FROM t_agent_message
-WHERE user_id = %(user_id)s AND conversation_id = %(conversation_id)s
-  AND (%(after_id)s::bigint IS NULL OR id > %(after_id)s::bigint)
-ORDER BY id
-LIMIT %(limit)s
+SELECT m.*
+FROM t_conversation AS c
+LEFT JOIN LATERAL (
+    SELECT {_MESSAGE_COLUMNS} FROM t_agent_message
+    WHERE user_id = c.user_id AND conversation_id = c.id
+      AND (%(after_id)s::bigint IS NULL OR id > %(after_id)s::bigint)
+    ORDER BY id
+    LIMIT %(limit)s
+) AS m ON true
+WHERE c.user_id = %(user_id)s AND c.id = %(conversation_id)s
+ORDER BY m.id
 """
 
 LIST_MESSAGES_NEWEST_FIRST: Final = f"""
-SELECT {_MESSAGE_COLUMNS}
-FROM t_agent_message
-WHERE user_id = %(user_id)s AND conversation_id = %(conversation_id)s
-  AND (%(after_id)s::bigint IS NULL OR id < %(after_id)s::bigint)
-ORDER BY id DESC
-LIMIT %(limit)s
-"""
-
-# ------------------------------------------------------------------ compactions
-
-_COMPACTION_COLUMNS = (
-    "id, messages_before, messages_after, tokens_before, tokens_after, summary_chars, reason, "
-    "create_time"
-)
-
-INSERT_COMPACTION: Final = f"""
-INSERT INTO t_context_compaction (user_id, conversation_id, messages_before, messages_after,
-                                  tokens_before, tokens_after, summary_chars, reason)
-VALUES (%(user_id)s, %(conversation_id)s, %(messages_before)s, %(messages_after)s,
-        %(tokens_before)s, %(tokens_after)s, %(summary_chars)s, %(reason)s)
-RETURNING {_COMPACTION_COLUMNS}
-"""
-
-LIST_COMPACTIONS: Final = f"""
-SELECT {_COMPACTION_COLUMNS} FROM t_context_compaction
-WHERE user_id = %(user_id)s AND conversation_id = %(conversation_id)s
-ORDER BY id
-"""
-
-# ---------------------------------------------------------------------- delete
-
-# Lock every conversation of the batch first, in id order, so concurrent
-# batches cannot deadlock and concurrent writers wait (see TOUCH_CONVERSATION).
-LOCK_CONVERSATIONS_FOR_DELETE: Final = """
-SELECT id FROM t_conversation
-WHERE user_id = %(user_id)s AND id = ANY(%(conversation_ids)s)
-ORDER BY id
-FOR UPDATE
-"""
-
-DELETE_LEASES: Final = """
-DELETE FROM t_run_lease WHERE user_id = %(user_id)s AND conversation_id = ANY(%(conversation_ids)s)
-"""
-
-DELETE_COMPACTIONS: Final = """
-DELETE FROM t_context_compaction
-WHERE user_id = %(user_id)s AND conversation_id = ANY(%(conversation_ids)s)
-"""
-
-DELETE_STATES: Final = """
-DELETE FROM t_agent_state WHERE user_id = %(user_id)s AND session_id = ANY(%(conversation_ids)s)
-"""
-
-DELETE_MESSAGES: Final = """
-DELETE FROM t_agent_message
-WHERE user_id = %(user_id)s AND conversation_id = ANY(%(conversation_ids)s)
-"""
-
-DELETE_CONVERSATIONS: Final = """
-DELETE FROM t_conversation WHERE user_id = %(user_id)s AND id = ANY(%(conversation_ids)s)
+SELECT m.*
+FROM t_conversation AS c
+LEFT JOIN LATERAL (
+    SELECT {_MESSAGE_COLUMNS} FROM t_agent_message
+    WHERE user_id = c.user_id AND conversation_id = c.id
+      AND (%(after_id)s::bigint IS NULL OR id < %(after_id)s::bigint)
+    ORDER BY id DESC
+    LIMIT %(limit)s
+) AS m ON true
+WHERE c.user_id = %(user_id)s AND c.id = %(conversation_id)s
+ORDER BY m.id DESC
 """
 
 SELECT_MESSAGE: Final = f"""
@@ -188,47 +138,33 @@ FROM t_agent_message
 WHERE user_id = %(user_id)s AND conversation_id = %(conversation_id)s AND id = %(message_id)s
 """
 
+# ------------------------------------------------------------------ compactions
+
+# No row: no such conversation. A row with a NULL id: no compactions.
+LIST_COMPACTIONS: Final = """
+SELECT k.id, k.messages_before, k.messages_after, k.tokens_before, k.tokens_after,
+       k.summary_chars, k.reason, k.create_time
+FROM t_conversation AS c
+LEFT JOIN t_context_compaction AS k ON k.user_id = c.user_id AND k.conversation_id = c.id
+WHERE c.user_id = %(user_id)s AND c.id = %(conversation_id)s
+ORDER BY k.id
+"""
+
+# ---------------------------------------------------------------------- delete
+
+DELETE_CONVERSATIONS: Final = """
+SELECT conversations, messages, states
+FROM agentstate_delete_conversations(%(user_id)s, %(conversation_ids)s::bigint[])
+"""
+
 # ---------------------------------------------------------------------- leases
 
 _LEASE_COLUMNS = "task_id, conversation_id, user_id, holder, expire_time, stop_requested"
 
-# Serialises one user's lease acquisitions, so the per-user limit holds under races.
-LOCK_USER_LEASES: Final = "SELECT pg_advisory_xact_lock(hashtextextended(%(user_id)s, 7))"
-
-LOCK_CONVERSATION_SHARED: Final = """
-SELECT id FROM t_conversation
-WHERE user_id = %(user_id)s AND id = %(conversation_id)s
-FOR KEY SHARE
-"""
-
-COUNT_OTHER_ACTIVE_LEASES: Final = """
-SELECT count(*) FROM t_run_lease
-WHERE user_id = %(user_id)s AND expire_time > now() AND conversation_id <> %(conversation_id)s
-"""
-
-# The lapsed lease this acquisition would replace, if any (a released lease is deleted,
-# so a row that is still there belonged to a turn that never finished cleanly).
-SELECT_LAPSED_LEASE: Final = """
-SELECT task_id FROM t_run_lease
-WHERE user_id = %(user_id)s AND conversation_id = %(conversation_id)s AND expire_time <= now()
-FOR UPDATE
-"""
-
-# Takes the lease if there is none or the current one has lapsed.
-ACQUIRE_LEASE: Final = f"""
-INSERT INTO t_run_lease (conversation_id, user_id, task_id, holder, expire_time)
-VALUES (%(conversation_id)s, %(user_id)s, agentstate_next_id(), %(holder)s,
-        now() + %(ttl_ms)s * interval '1 millisecond')
-ON CONFLICT (conversation_id) DO UPDATE
-SET task_id = EXCLUDED.task_id, holder = EXCLUDED.holder, expire_time = EXCLUDED.expire_time,
-    stop_requested = false, create_time = now()
-WHERE t_run_lease.expire_time <= now()
-RETURNING {_LEASE_COLUMNS}
-"""
-
-SELECT_LEASE_OF_CONVERSATION: Final = f"""
-SELECT {_LEASE_COLUMNS} FROM t_run_lease
-WHERE user_id = %(user_id)s AND conversation_id = %(conversation_id)s
+ACQUIRE_LEASE: Final = """
+SELECT task_id, expire_time, stop_requested, lapsed_task_id
+FROM agentstate_acquire_lease(%(user_id)s, %(conversation_id)s, %(holder)s,
+                              %(ttl_ms)s::integer, %(max_user_leases)s::integer)
 """
 
 RENEW_LEASE: Final = f"""
@@ -250,7 +186,8 @@ RETURNING {_LEASE_COLUMNS}
 # ------------------------------------------------------------------- retention
 
 # Conversations untouched since `before` and not running a turn; SKIP LOCKED lets
-# several replicas sweep at once without waiting on each other.
+# several replicas sweep at once without waiting on each other. Runs inside an
+# explicit transaction with DELETE_CONVERSATIONS for each user of the batch.
 SELECT_INACTIVE_CONVERSATIONS: Final = """
 SELECT c.id, c.user_id FROM t_conversation c
 WHERE c.update_time < %(before)s

@@ -1403,3 +1403,243 @@ class ListCompactionsResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ListCompactionsResponse: _TypeAlias = ListCompactionsResponse  # noqa: Y015
+
+@_typing.final
+class BeginTurnRequest(_message.Message):
+    """Request for BeginTurn."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    USER_ID_FIELD_NUMBER: _builtins.int
+    CONVERSATION_ID_FIELD_NUMBER: _builtins.int
+    TITLE_FIELD_NUMBER: _builtins.int
+    STATE_KEY_FIELD_NUMBER: _builtins.int
+    HOLDER_FIELD_NUMBER: _builtins.int
+    TTL_MS_FIELD_NUMBER: _builtins.int
+    MAX_USER_LEASES_FIELD_NUMBER: _builtins.int
+    NEW_MESSAGES_FIELD_NUMBER: _builtins.int
+    REQUIRE_NONE_AWAITING_FIELD_NUMBER: _builtins.int
+    REQUIRE_AWAITING_MESSAGE_ID_FIELD_NUMBER: _builtins.int
+    user_id: _builtins.str
+    """The owner. Required."""
+    conversation_id: _builtins.str
+    """The conversation. Empty: create a new one titled `title` in the same
+    transaction (nothing is created if the turn cannot start).
+    """
+    title: _builtins.str
+    """Title of a new conversation (as CreateConversation: 1..200 characters;
+    empty means "New conversation"). Ignored for an existing conversation.
+    """
+    state_key: _builtins.str
+    """Which state to return; empty means "agent_state"."""
+    holder: _builtins.str
+    """Free text naming the lease holder, 1..200 characters. Required."""
+    ttl_ms: _builtins.int
+    """Lease lifetime in milliseconds, 100..3600000."""
+    max_user_leases: _builtins.int
+    """As AcquireLease: when > 0, RESOURCE_EXHAUSTED if the user already holds
+    this many unexpired leases on other conversations. 0: no limit.
+    """
+    require_none_awaiting: _builtins.bool
+    """True: refuse when any record of the conversation awaits confirmation
+    (a new question must not overtake an open card).
+    """
+    require_awaiting_message_id: _builtins.str
+    """Refuse unless this record awaits confirmation (answering a card: a
+    card is answered exactly once).
+    """
+    @_builtins.property
+    def new_messages(self) -> _containers.RepeatedCompositeFieldContainer[Global___NewMessage]:
+        """Records appended, in order, once everything else passed (for a chat turn:
+        the user's question and the assistant's STREAMING reply).
+        """
+
+    def __init__(
+        self,
+        *,
+        user_id: _builtins.str = ...,
+        conversation_id: _builtins.str = ...,
+        title: _builtins.str = ...,
+        state_key: _builtins.str = ...,
+        holder: _builtins.str = ...,
+        ttl_ms: _builtins.int = ...,
+        max_user_leases: _builtins.int = ...,
+        new_messages: _abc.Iterable[Global___NewMessage] | None = ...,
+        require_none_awaiting: _builtins.bool = ...,
+        require_awaiting_message_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["awaiting_confirm_guard", b"awaiting_confirm_guard", "require_awaiting_message_id", b"require_awaiting_message_id", "require_none_awaiting", b"require_none_awaiting"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["awaiting_confirm_guard", b"awaiting_confirm_guard", "conversation_id", b"conversation_id", "holder", b"holder", "max_user_leases", b"max_user_leases", "new_messages", b"new_messages", "require_awaiting_message_id", b"require_awaiting_message_id", "require_none_awaiting", b"require_none_awaiting", "state_key", b"state_key", "title", b"title", "ttl_ms", b"ttl_ms", "user_id", b"user_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_awaiting_confirm_guard: _TypeAlias = _typing.Literal["require_none_awaiting", "require_awaiting_message_id"]  # noqa: Y015
+    _WhichOneofArgType_awaiting_confirm_guard: _TypeAlias = _typing.Literal["awaiting_confirm_guard", b"awaiting_confirm_guard"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_awaiting_confirm_guard) -> _WhichOneofReturnType_awaiting_confirm_guard | None: ...
+
+Global___BeginTurnRequest: _TypeAlias = BeginTurnRequest  # noqa: Y015
+
+@_typing.final
+class BeginTurnResponse(_message.Message):
+    """Response of BeginTurn."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONVERSATION_FIELD_NUMBER: _builtins.int
+    CONVERSATION_CREATED_FIELD_NUMBER: _builtins.int
+    LEASE_FIELD_NUMBER: _builtins.int
+    LAPSED_TASK_ID_FIELD_NUMBER: _builtins.int
+    INTERRUPTED_RECORDS_FIELD_NUMBER: _builtins.int
+    PAYLOAD_FIELD_NUMBER: _builtins.int
+    VERSION_FIELD_NUMBER: _builtins.int
+    STATE_UPDATE_TIME_FIELD_NUMBER: _builtins.int
+    MESSAGES_FIELD_NUMBER: _builtins.int
+    conversation_created: _builtins.bool
+    """True when this call created the conversation."""
+    lapsed_task_id: _builtins.str
+    """As AcquireLeaseResponse.lapsed_task_id: the task of a lapsed lease this
+    one replaced (that turn died without releasing it); empty otherwise.
+    """
+    interrupted_records: _builtins.int
+    """How many records were still STREAMING and are now INTERRUPTED."""
+    payload: _builtins.bytes
+    """The whole stored state as a UTF-8 JSON object; empty when the
+    conversation has no state under `state_key` yet.
+    """
+    version: _builtins.int
+    """The stored version; 0 when there is no state yet (EndTurn with
+    expected_version 0 then creates it).
+    """
+    @_builtins.property
+    def conversation(self) -> Global___Conversation:
+        """The conversation (new or existing)."""
+
+    @_builtins.property
+    def lease(self) -> Global___Lease:
+        """The lease now held; pass its task_id to EndTurn."""
+
+    @_builtins.property
+    def state_update_time(self) -> _timestamp_pb2.Timestamp:
+        """When the state was last written; unset when there is none."""
+
+    @_builtins.property
+    def messages(self) -> _containers.RepeatedCompositeFieldContainer[Global___MessageRecord]:
+        """The appended records, in request order, with their ids."""
+
+    def __init__(
+        self,
+        *,
+        conversation: Global___Conversation | None = ...,
+        conversation_created: _builtins.bool = ...,
+        lease: Global___Lease | None = ...,
+        lapsed_task_id: _builtins.str = ...,
+        interrupted_records: _builtins.int = ...,
+        payload: _builtins.bytes = ...,
+        version: _builtins.int = ...,
+        state_update_time: _timestamp_pb2.Timestamp | None = ...,
+        messages: _abc.Iterable[Global___MessageRecord] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["conversation", b"conversation", "lease", b"lease", "state_update_time", b"state_update_time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation", b"conversation", "conversation_created", b"conversation_created", "interrupted_records", b"interrupted_records", "lapsed_task_id", b"lapsed_task_id", "lease", b"lease", "messages", b"messages", "payload", b"payload", "state_update_time", b"state_update_time", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BeginTurnResponse: _TypeAlias = BeginTurnResponse  # noqa: Y015
+
+@_typing.final
+class EndTurnRequest(_message.Message):
+    """Request for EndTurn. Fields 1-7 mean what they mean in UpsertStateRequest."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    USER_ID_FIELD_NUMBER: _builtins.int
+    CONVERSATION_ID_FIELD_NUMBER: _builtins.int
+    STATE_KEY_FIELD_NUMBER: _builtins.int
+    PAYLOAD_FIELD_NUMBER: _builtins.int
+    EXPECTED_VERSION_FIELD_NUMBER: _builtins.int
+    MESSAGE_WRITES_FIELD_NUMBER: _builtins.int
+    COMPACTION_RECORDS_FIELD_NUMBER: _builtins.int
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    user_id: _builtins.str
+    """The owner. Required."""
+    conversation_id: _builtins.str
+    """The conversation. Required."""
+    state_key: _builtins.str
+    """Which state; empty means "agent_state"."""
+    payload: _builtins.bytes
+    """The whole new state: a UTF-8 JSON object."""
+    expected_version: _builtins.int
+    """Compare-and-set, as UpsertStateRequest.expected_version."""
+    task_id: _builtins.str
+    """The turn's lease (BeginTurnResponse.lease.task_id), released on success.
+    Required.
+    """
+    @_builtins.property
+    def message_writes(self) -> _containers.RepeatedCompositeFieldContainer[Global___MessageWrite]:
+        """Message record writes committed in the same transaction, in order."""
+
+    @_builtins.property
+    def compaction_records(self) -> _containers.RepeatedCompositeFieldContainer[Global___CompactionRecord]:
+        """Context compactions this state reflects."""
+
+    def __init__(
+        self,
+        *,
+        user_id: _builtins.str = ...,
+        conversation_id: _builtins.str = ...,
+        state_key: _builtins.str = ...,
+        payload: _builtins.bytes = ...,
+        expected_version: _builtins.int | None = ...,
+        message_writes: _abc.Iterable[Global___MessageWrite] | None = ...,
+        compaction_records: _abc.Iterable[Global___CompactionRecord] | None = ...,
+        task_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_expected_version", b"_expected_version", "expected_version", b"expected_version"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_expected_version", b"_expected_version", "compaction_records", b"compaction_records", "conversation_id", b"conversation_id", "expected_version", b"expected_version", "message_writes", b"message_writes", "payload", b"payload", "state_key", b"state_key", "task_id", b"task_id", "user_id", b"user_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__expected_version: _TypeAlias = _typing.Literal["expected_version"]  # noqa: Y015
+    _WhichOneofArgType__expected_version: _TypeAlias = _typing.Literal["_expected_version", b"_expected_version"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__expected_version) -> _WhichOneofReturnType__expected_version | None: ...
+
+Global___EndTurnRequest: _TypeAlias = EndTurnRequest  # noqa: Y015
+
+@_typing.final
+class EndTurnResponse(_message.Message):
+    """Response of EndTurn."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    VERSION_FIELD_NUMBER: _builtins.int
+    UPDATE_TIME_FIELD_NUMBER: _builtins.int
+    MESSAGES_FIELD_NUMBER: _builtins.int
+    LEASE_RELEASED_FIELD_NUMBER: _builtins.int
+    version: _builtins.int
+    """The version now stored."""
+    lease_released: _builtins.bool
+    """False when the lease was already gone (it lapsed, or was deleted); the
+    state was saved all the same.
+    """
+    @_builtins.property
+    def update_time(self) -> _timestamp_pb2.Timestamp:
+        """When it was written."""
+
+    @_builtins.property
+    def messages(self) -> _containers.RepeatedCompositeFieldContainer[Global___MessageRecord]:
+        """The records written by `message_writes`, in the same order."""
+
+    def __init__(
+        self,
+        *,
+        version: _builtins.int = ...,
+        update_time: _timestamp_pb2.Timestamp | None = ...,
+        messages: _abc.Iterable[Global___MessageRecord] | None = ...,
+        lease_released: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["update_time", b"update_time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["lease_released", b"lease_released", "messages", b"messages", "update_time", b"update_time", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EndTurnResponse: _TypeAlias = EndTurnResponse  # noqa: Y015

@@ -121,6 +121,16 @@ class StateServiceStub:
                 request_serializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.RequestStopRequest.SerializeToString,
                 response_deserializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.RequestStopResponse.FromString,
                 _registered_method=True)
+        self.BeginTurn = channel.unary_unary(
+                '/agentstate.state.v1.StateService/BeginTurn',
+                request_serializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.BeginTurnRequest.SerializeToString,
+                response_deserializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.BeginTurnResponse.FromString,
+                _registered_method=True)
+        self.EndTurn = channel.unary_unary(
+                '/agentstate.state.v1.StateService/EndTurn',
+                request_serializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.EndTurnRequest.SerializeToString,
+                response_deserializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.EndTurnResponse.FromString,
+                _registered_method=True)
 
 
 class StateServiceServicer:
@@ -283,6 +293,42 @@ class StateServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def BeginTurn(self, request, context):
+        """BeginTurn starts one agent turn in ONE database transaction, so a turn
+        costs two calls (BeginTurn, EndTurn) instead of five or more. In order: it
+        creates the conversation when `conversation_id` is empty (else locks it),
+        takes the run lease as AcquireLease does, checks `awaiting_confirm_guard`,
+        marks records still STREAMING as INTERRUPTED (no turn runs while the lease
+        is free, so they belong to a turn that died), appends `new_messages` and
+        returns the stored state. Either all of it happens or nothing does.
+
+        Errors: as AcquireLease (NOT_FOUND, FAILED_PRECONDITION when another turn
+        holds the lease, RESOURCE_EXHAUSTED), INVALID_ARGUMENT (as
+        CreateConversation / AppendMessage), and from the guard:
+        FAILED_PRECONDITION with trailing metadata `agentstate-awaiting-message`
+        naming the record that awaits confirmation (`require_none_awaiting`), or
+        saying the named record is not awaiting confirmation any more
+        (`require_awaiting_message_id`: it was already answered); NOT_FOUND
+        (`agentstate-missing` = "message") when that record does not exist.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def EndTurn(self, request, context):
+        """EndTurn saves a turn in ONE database transaction: everything UpsertState
+        does (whole payload with compare-and-set, message writes, compaction
+        records) and the release of the turn's lease.
+
+        Errors: as UpsertState, plus FAILED_PRECONDITION when another turn has
+        taken the conversation's lease over since (this turn's lease lapsed):
+        the late turn must not write. On any error nothing is saved and the lease
+        is kept (release it with ReleaseLease, or let it lapse).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_StateServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -370,6 +416,16 @@ def add_StateServiceServicer_to_server(servicer, server):
                     servicer.RequestStop,
                     request_deserializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.RequestStopRequest.FromString,
                     response_serializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.RequestStopResponse.SerializeToString,
+            ),
+            'BeginTurn': grpc.unary_unary_rpc_method_handler(
+                    servicer.BeginTurn,
+                    request_deserializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.BeginTurnRequest.FromString,
+                    response_serializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.BeginTurnResponse.SerializeToString,
+            ),
+            'EndTurn': grpc.unary_unary_rpc_method_handler(
+                    servicer.EndTurn,
+                    request_deserializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.EndTurnRequest.FromString,
+                    response_serializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.EndTurnResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -833,6 +889,60 @@ class StateService:
             '/agentstate.state.v1.StateService/RequestStop',
             agentstate_dot_state_dot_v1_dot_state__service__pb2.RequestStopRequest.SerializeToString,
             agentstate_dot_state_dot_v1_dot_state__service__pb2.RequestStopResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def BeginTurn(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agentstate.state.v1.StateService/BeginTurn',
+            agentstate_dot_state_dot_v1_dot_state__service__pb2.BeginTurnRequest.SerializeToString,
+            agentstate_dot_state_dot_v1_dot_state__service__pb2.BeginTurnResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EndTurn(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agentstate.state.v1.StateService/EndTurn',
+            agentstate_dot_state_dot_v1_dot_state__service__pb2.EndTurnRequest.SerializeToString,
+            agentstate_dot_state_dot_v1_dot_state__service__pb2.EndTurnResponse.FromString,
             options,
             channel_credentials,
             insecure,

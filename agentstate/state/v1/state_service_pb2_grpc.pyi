@@ -136,6 +136,34 @@ class StateServiceStub:
     sees it on its next RenewLease, whichever replica it runs on. NOT_FOUND
     when no unexpired lease has that task id for that user.
     """
+    BeginTurn: _grpc.UnaryUnaryMultiCallable[_state_service_pb2.BeginTurnRequest, _state_service_pb2.BeginTurnResponse]
+    """BeginTurn starts one agent turn in ONE database transaction, so a turn
+    costs two calls (BeginTurn, EndTurn) instead of five or more. In order: it
+    creates the conversation when `conversation_id` is empty (else locks it),
+    takes the run lease as AcquireLease does, checks `awaiting_confirm_guard`,
+    marks records still STREAMING as INTERRUPTED (no turn runs while the lease
+    is free, so they belong to a turn that died), appends `new_messages` and
+    returns the stored state. Either all of it happens or nothing does.
+
+    Errors: as AcquireLease (NOT_FOUND, FAILED_PRECONDITION when another turn
+    holds the lease, RESOURCE_EXHAUSTED), INVALID_ARGUMENT (as
+    CreateConversation / AppendMessage), and from the guard:
+    FAILED_PRECONDITION with trailing metadata `agentstate-awaiting-message`
+    naming the record that awaits confirmation (`require_none_awaiting`), or
+    saying the named record is not awaiting confirmation any more
+    (`require_awaiting_message_id`: it was already answered); NOT_FOUND
+    (`agentstate-missing` = "message") when that record does not exist.
+    """
+    EndTurn: _grpc.UnaryUnaryMultiCallable[_state_service_pb2.EndTurnRequest, _state_service_pb2.EndTurnResponse]
+    """EndTurn saves a turn in ONE database transaction: everything UpsertState
+    does (whole payload with compare-and-set, message writes, compaction
+    records) and the release of the turn's lease.
+
+    Errors: as UpsertState, plus FAILED_PRECONDITION when another turn has
+    taken the conversation's lease over since (this turn's lease lapsed):
+    the late turn must not write. On any error nothing is saved and the lease
+    is kept (release it with ReleaseLease, or let it lapse).
+    """
 
 @_typing.type_check_only
 class StateServiceAsyncStub(StateServiceStub):
@@ -227,6 +255,34 @@ class StateServiceAsyncStub(StateServiceStub):
     """RequestStop asks the holder of a running turn's lease to stop; the holder
     sees it on its next RenewLease, whichever replica it runs on. NOT_FOUND
     when no unexpired lease has that task id for that user.
+    """
+    BeginTurn: _aio.UnaryUnaryMultiCallable[_state_service_pb2.BeginTurnRequest, _state_service_pb2.BeginTurnResponse]  # type: ignore[assignment]
+    """BeginTurn starts one agent turn in ONE database transaction, so a turn
+    costs two calls (BeginTurn, EndTurn) instead of five or more. In order: it
+    creates the conversation when `conversation_id` is empty (else locks it),
+    takes the run lease as AcquireLease does, checks `awaiting_confirm_guard`,
+    marks records still STREAMING as INTERRUPTED (no turn runs while the lease
+    is free, so they belong to a turn that died), appends `new_messages` and
+    returns the stored state. Either all of it happens or nothing does.
+
+    Errors: as AcquireLease (NOT_FOUND, FAILED_PRECONDITION when another turn
+    holds the lease, RESOURCE_EXHAUSTED), INVALID_ARGUMENT (as
+    CreateConversation / AppendMessage), and from the guard:
+    FAILED_PRECONDITION with trailing metadata `agentstate-awaiting-message`
+    naming the record that awaits confirmation (`require_none_awaiting`), or
+    saying the named record is not awaiting confirmation any more
+    (`require_awaiting_message_id`: it was already answered); NOT_FOUND
+    (`agentstate-missing` = "message") when that record does not exist.
+    """
+    EndTurn: _aio.UnaryUnaryMultiCallable[_state_service_pb2.EndTurnRequest, _state_service_pb2.EndTurnResponse]  # type: ignore[assignment]
+    """EndTurn saves a turn in ONE database transaction: everything UpsertState
+    does (whole payload with compare-and-set, message writes, compaction
+    records) and the release of the turn's lease.
+
+    Errors: as UpsertState, plus FAILED_PRECONDITION when another turn has
+    taken the conversation's lease over since (this turn's lease lapsed):
+    the late turn must not write. On any error nothing is saved and the lease
+    is kept (release it with ReleaseLease, or let it lapse).
     """
 
 class StateServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -418,6 +474,46 @@ class StateServiceServicer(metaclass=_abc_1.ABCMeta):
         """RequestStop asks the holder of a running turn's lease to stop; the holder
         sees it on its next RenewLease, whichever replica it runs on. NOT_FOUND
         when no unexpired lease has that task id for that user.
+        """
+
+    @_abc_1.abstractmethod
+    def BeginTurn(
+        self,
+        request: _state_service_pb2.BeginTurnRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_state_service_pb2.BeginTurnResponse, _abc.Awaitable[_state_service_pb2.BeginTurnResponse]]:
+        """BeginTurn starts one agent turn in ONE database transaction, so a turn
+        costs two calls (BeginTurn, EndTurn) instead of five or more. In order: it
+        creates the conversation when `conversation_id` is empty (else locks it),
+        takes the run lease as AcquireLease does, checks `awaiting_confirm_guard`,
+        marks records still STREAMING as INTERRUPTED (no turn runs while the lease
+        is free, so they belong to a turn that died), appends `new_messages` and
+        returns the stored state. Either all of it happens or nothing does.
+
+        Errors: as AcquireLease (NOT_FOUND, FAILED_PRECONDITION when another turn
+        holds the lease, RESOURCE_EXHAUSTED), INVALID_ARGUMENT (as
+        CreateConversation / AppendMessage), and from the guard:
+        FAILED_PRECONDITION with trailing metadata `agentstate-awaiting-message`
+        naming the record that awaits confirmation (`require_none_awaiting`), or
+        saying the named record is not awaiting confirmation any more
+        (`require_awaiting_message_id`: it was already answered); NOT_FOUND
+        (`agentstate-missing` = "message") when that record does not exist.
+        """
+
+    @_abc_1.abstractmethod
+    def EndTurn(
+        self,
+        request: _state_service_pb2.EndTurnRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_state_service_pb2.EndTurnResponse, _abc.Awaitable[_state_service_pb2.EndTurnResponse]]:
+        """EndTurn saves a turn in ONE database transaction: everything UpsertState
+        does (whole payload with compare-and-set, message writes, compaction
+        records) and the release of the turn's lease.
+
+        Errors: as UpsertState, plus FAILED_PRECONDITION when another turn has
+        taken the conversation's lease over since (this turn's lease lapsed):
+        the late turn must not write. On any error nothing is saved and the lease
+        is kept (release it with ReleaseLease, or let it lapse).
         """
 
 def add_StateServiceServicer_to_server(servicer: StateServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
