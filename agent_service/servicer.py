@@ -147,7 +147,11 @@ def event_to_pb(event: TurnEvent) -> pb.TurnEvent:
 
 async def _abort(context: Context, error: errors.AgentError) -> NoReturn:
     """End the call with the error's status and its google.rpc.ErrorInfo detail."""
-    code = _STATUS_CODES.get(type(error), grpc.StatusCode.INTERNAL)
+    # The nearest class in the table: a subclass (CardPending) answers as its base does.
+    code = next(
+        (_STATUS_CODES[k] for k in type(error).__mro__ if k in _STATUS_CODES),
+        grpc.StatusCode.INTERNAL,
+    )
     detail = error_details.agent_error_detail(error, code)
     await error_details.abort(context, code, str(error), detail)
 

@@ -6,6 +6,7 @@ which also checks that the detail's code and message are the call's.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Awaitable
 from typing import Any, TypeAlias
@@ -166,6 +167,18 @@ async def test_agent_statuses_carry_details(stack: Stack, user_id: str) -> None:
 
     first = await client.chat(user_id, QUESTION)
     conversation_id = first.meta.conversation_id
+    # A new question while the card is open names the card to answer.
+    pending = await client.chat(user_id, "还在吗？", conversation_id)
+    assert pending.code == grpc.StatusCode.FAILED_PRECONDITION, pending.details
+    pending_call = stub.Chat(
+        apb.ChatRequest(conversation_id=conversation_id, question="还在吗？"),
+        metadata=metadata(user_id),
+    )
+    open_card = await failure(_drain(pending_call), grpc.StatusCode.FAILED_PRECONDITION)
+    assert error_info(open_card) == (
+        "CARD_PENDING",
+        {"awaiting_message_id": first.card.message_id},
+    )
     denied = await client.confirm(user_id, conversation_id, first.card.message_id, False)
     assert denied.code == grpc.StatusCode.OK, denied.details
     again_call = stub.Confirm(
@@ -173,7 +186,7 @@ async def test_agent_statuses_carry_details(stack: Stack, user_id: str) -> None:
         metadata=metadata(user_id),
     )
     again = await failure(_drain(again_call), grpc.StatusCode.FAILED_PRECONDITION, "already")
-    assert error_info(again) == ("CONFLICT", {})
+    assert error_info(again) == ("CARD_ALREADY_HANDLED", {})
 
     # A state-service status passed through keeps the state service's reason and metadata.
     missing = await failure(
@@ -196,3 +209,60 @@ async def test_agent_statuses_carry_details(stack: Stack, user_id: str) -> None:
 async def _drain(call: Any) -> None:
     async for _ in call:
         pass
+
+
+async def test_turn_rpcs_say_which_precondition(state_stub: Stub, user_id: str) -> None:
+    """BeginTurn/EndTurn: a held lease, an open card (named), a card answered already, a lost
+    lease; each with its reason, whatever the store."""
+
+    def begin(cid: str, **guard: Any) -> pb.BeginTurnRequest:
+        return pb.BeginTurnRequest(
+            user_id=user_id, conversation_id=cid, holder="replica-1", ttl_ms=60_000, **guard
+        )
+
+    card = pb.NewMessage(role=pb.MESSAGE_ROLE_ASSISTANT, status=pb.MESSAGE_STATUS_AWAITING_CONFIRM)
+    first = await state_stub.BeginTurn(
+        pb.BeginTurnRequest(user_id=user_id, holder="replica-1", ttl_ms=60_000, new_messages=[card])
+    )
+    cid, card_id = first.conversation.conversation_id, first.messages[0].message_id
+    held = await failure(state_stub.BeginTurn(begin(cid)), grpc.StatusCode.FAILED_PRECONDITION)
+    assert error_info(held) == ("LEASE_HELD", {})
+    await state_stub.ReleaseLease(
+        pb.ReleaseLeaseRequest(user_id=user_id, task_id=first.lease.task_id)
+    )
+
+    open_card = await failure(
+        state_stub.BeginTurn(begin(cid, require_none_awaiting=True)),
+        grpc.StatusCode.FAILED_PRECONDITION,
+    )
+    assert error_info(open_card) == ("CARD_PENDING", {"awaiting_message_id": card_id})
+    assert trailer(open_card, "agentstate-awaiting-message") == card_id
+
+    await state_stub.UpdateMessage(
+        pb.UpdateMessageRequest(
+            user_id=user_id,
+            conversation_id=cid,
+            update=pb.MessageUpdate(message_id=card_id, status=pb.MESSAGE_STATUS_NORMAL),
+        )
+    )
+    answered = await failure(
+        state_stub.BeginTurn(begin(cid, require_awaiting_message_id=card_id)),
+        grpc.StatusCode.FAILED_PRECONDITION,
+    )
+    assert error_info(answered) == ("CARD_ALREADY_HANDLED", {})
+
+    # A lease that lapsed and was taken over: the late turn's save is refused.
+    late = await state_stub.BeginTurn(
+        pb.BeginTurnRequest(user_id=user_id, conversation_id=cid, holder="slow", ttl_ms=100)
+    )
+    await asyncio.sleep(0.25)
+    await state_stub.BeginTurn(begin(cid))
+    lost = await failure(
+        state_stub.EndTurn(
+            pb.EndTurnRequest(
+                user_id=user_id, conversation_id=cid, task_id=late.lease.task_id, payload=b"{}"
+            )
+        ),
+        grpc.StatusCode.FAILED_PRECONDITION,
+    )
+    assert error_info(lost) == ("LEASE_LOST", {})

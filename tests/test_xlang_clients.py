@@ -119,7 +119,7 @@ def test_java_client_runs_the_worked_example(
         assert expected in out["reply"], out["reply"]
 
     again = out["confirm_again"]
-    assert (again["code"], again["reason"]) == ("FAILED_PRECONDITION", "CONFLICT")
+    assert (again["code"], again["reason"]) == ("FAILED_PRECONDITION", "CARD_ALREADY_HANDLED")
     assert "already handled" in again["message"]
     for what in ("stranger_confirm", "stranger_list_messages", "stranger_get_state"):
         seen = out[what]

@@ -33,24 +33,28 @@ DOMAIN = "agentstate.io"
 CURRENT_VERSION = "current_version"  # ABORTED: the stored version ("0": no state)
 EXPECTED_VERSION = "expected_version"  # ABORTED: the version the caller expected
 MISSING = "missing"  # NOT_FOUND: "conversation", "state", "message" or "task"
+AWAITING_MESSAGE_ID = "awaiting_message_id"  # CARD_PENDING: the open card's record id
 
-# State service: reason by error class. FailedPrecondition depends on the RPC (below).
+# State service: reason by error class, the nearest class in the table winning (as the
+# servicer picks the status code). A plain FailedPrecondition depends on the RPC (below).
 _STATE_REASONS: dict[type[d.StateServiceError], str] = {
     d.InvalidArgument: "INVALID_ARGUMENT",
     d.NotFound: "NOT_FOUND",
     d.VersionConflict: "VERSION_CONFLICT",
     d.PayloadTooLarge: "PAYLOAD_TOO_LARGE",
     d.ResourceExhausted: "LIMIT_REACHED",  # a user's concurrent leases
+    d.LeaseHeld: "LEASE_HELD",  # another turn holds the conversation's lease
+    d.LeaseLost: "LEASE_LOST",  # released, or lapsed and taken over
+    d.CardPending: "CARD_PENDING",  # a card awaits an answer
     d.FailedPrecondition: "FAILED_PRECONDITION",
     d.StoreUnavailable: "STORE_UNAVAILABLE",
     d.StoreError: "STORE_ERROR",
 }
-# The store raises one FailedPrecondition class; the RPC says which precondition failed.
 _STATE_PRECONDITION_REASONS: dict[str, str] = {
-    "AcquireLease": "LEASE_HELD",  # another turn holds the conversation's lease
-    "RenewLease": "LEASE_LOST",  # released, expired and taken over
+    "BeginTurn": "CARD_ALREADY_HANDLED",  # require_awaiting_message_id no longer awaits
     "UpsertState": "MESSAGE_STATUS_MISMATCH",  # a message write's expected_status
     "UpdateMessage": "MESSAGE_STATUS_MISMATCH",
+    "EndTurn": "MESSAGE_STATUS_MISMATCH",
 }
 
 # Agent service: reason by error class. When the error is a state-service status passed
@@ -60,7 +64,8 @@ _AGENT_REASONS: dict[type[agent_errors.AgentError], str] = {
     agent_errors.InvalidInput: "INVALID_ARGUMENT",
     agent_errors.Unauthenticated: "UNAUTHENTICATED",
     agent_errors.NotFound: "NOT_FOUND",
-    agent_errors.Conflict: "CONFLICT",  # a card pending, already handled or expired
+    agent_errors.CardPending: "CARD_PENDING",
+    agent_errors.Conflict: "CONFLICT",  # a card already handled or expired, a turn running
     agent_errors.StateVersionConflict: "VERSION_CONFLICT",
     agent_errors.LimitReached: "LIMIT_REACHED",
     agent_errors.Unavailable: "UNAVAILABLE",
@@ -74,9 +79,16 @@ class ErrorDetail:
     metadata: Mapping[str, str] = field(default_factory=dict)
 
 
+def _nearest(table: Mapping[type[Any], str], error: Exception) -> str:
+    for kind in type(error).__mro__:
+        if kind in table:
+            return table[kind]
+    return "INTERNAL"
+
+
 def state_error_detail(error: d.StateServiceError, rpc: str) -> ErrorDetail:
-    reason = _STATE_REASONS.get(type(error), "INTERNAL")
-    if isinstance(error, d.FailedPrecondition):
+    reason = _nearest(_STATE_REASONS, error)
+    if type(error) is d.FailedPrecondition:
         reason = _STATE_PRECONDITION_REASONS.get(rpc, reason)
     metadata: dict[str, str] = {}
     if isinstance(error, d.VersionConflict):
@@ -86,6 +98,8 @@ def state_error_detail(error: d.StateServiceError, rpc: str) -> ErrorDetail:
         }
     elif isinstance(error, d.NotFound):
         metadata = {MISSING: error.missing}
+    elif isinstance(error, d.CardPending):
+        metadata = {AWAITING_MESSAGE_ID: str(error.message_id)}
     return ErrorDetail(reason, metadata)
 
 
@@ -95,7 +109,10 @@ def agent_error_detail(error: agent_errors.AgentError, code: grpc.StatusCode) ->
         passed_through = error_info(cause)
         if passed_through is not None:
             return ErrorDetail(passed_through.reason, dict(passed_through.metadata))
-    return ErrorDetail(_AGENT_REASONS.get(type(error), "INTERNAL"))
+    metadata: dict[str, str] = {}
+    if isinstance(error, agent_errors.CardPending):
+        metadata = {AWAITING_MESSAGE_ID: error.message_id}
+    return ErrorDetail(_nearest(_AGENT_REASONS, error), metadata)
 
 
 def rich_status(code: grpc.StatusCode, message: str, detail: ErrorDetail) -> status_pb2.Status:
