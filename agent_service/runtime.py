@@ -264,7 +264,7 @@ class TurnRunner:
         pending = loaded.state.pending_calls() if loaded.state else []
         card = _card_of(pending[0][0]) if pending else {}
         if card.get("record_id") == message_id and not _card_expired(card, _now()):
-            raise errors.Conflict(_card_pending_text(message_id))
+            raise errors.CardPending(_card_pending_text(message_id), message_id)
 
     async def confirm(
         self, user_id: str, conversation_id: str, message_id: str, approved: bool, emit: Emit

@@ -28,7 +28,7 @@ from agent_service.tools.skills import load_skill_tool
 from agent_service.turns import TurnRegistry
 from agentstate.agent.v1 import agent_service_pb2 as pb
 from agentstate.agent.v1 import agent_service_pb2_grpc as pb_grpc
-from agentstate.common import telemetry
+from agentstate.common import service_config, telemetry
 from agentstate.common.grpc_server import (
     add_health_and_reflection,
     bind,
@@ -91,6 +91,8 @@ class AgentServiceApp:
                 ("grpc.initial_reconnect_backoff_ms", 100),
                 ("grpc.min_reconnect_backoff_ms", 100),
                 ("grpc.max_reconnect_backoff_ms", 2000),
+                # Reads are retried on UNAVAILABLE (agentstate/service_config.json).
+                *service_config.channel_options(),
             ],
         )
         state = StateClient(self._channel, timeout_seconds=settings.state_timeout_seconds)

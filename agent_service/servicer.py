@@ -7,7 +7,7 @@ import functools
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import grpc
 from google.protobuf.timestamp_pb2 import Timestamp
@@ -36,6 +36,7 @@ from agent_service.events import (
 from agent_service.runtime import TurnRunner
 from agentstate.agent.v1 import agent_service_pb2 as pb
 from agentstate.agent.v1 import agent_service_pb2_grpc as pb_grpc
+from agentstate.common import error_details
 from agentstate.state.v1 import state_service_pb2 as spb
 
 log = logging.getLogger(__name__)
@@ -144,6 +145,17 @@ def event_to_pb(event: TurnEvent) -> pb.TurnEvent:
     return pb.TurnEvent(done=pb.DoneEvent())
 
 
+async def _abort(context: Context, error: errors.AgentError) -> NoReturn:
+    """End the call with the error's status and its google.rpc.ErrorInfo detail."""
+    # The nearest class in the table: a subclass (CardPending) answers as its base does.
+    code = next(
+        (_STATUS_CODES[k] for k in type(error).__mro__ if k in _STATUS_CODES),
+        grpc.StatusCode.INTERNAL,
+    )
+    detail = error_details.agent_error_detail(error, code)
+    await error_details.abort(context, code, str(error), detail)
+
+
 def _grpc_errors(
     handler: Callable[[Any, Any, Context], Awaitable[Response]],
 ) -> Callable[[Any, Any, Context], Awaitable[Response]]:
@@ -152,8 +164,7 @@ def _grpc_errors(
         try:
             return await handler(self, request, context)
         except errors.AgentError as exc:
-            await context.abort(_STATUS_CODES.get(type(exc), grpc.StatusCode.INTERNAL), str(exc))
-            raise  # unreachable: abort raises
+            await _abort(context, exc)
 
     return wrapper
 
@@ -173,7 +184,7 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
         try:
             user_id = user_id_of(context)
         except errors.AgentError as refused:
-            await context.abort(_STATUS_CODES[type(refused)], str(refused))
+            await _abort(context, refused)
         queue: asyncio.Queue[TurnEvent | None] = asyncio.Queue()
 
         async def emit(event: TurnEvent) -> None:
@@ -196,10 +207,10 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
         await asyncio.wait([task])
         exc = None if task.cancelled() else task.exception()
         if isinstance(exc, errors.AgentError):
-            await context.abort(_STATUS_CODES.get(type(exc), grpc.StatusCode.INTERNAL), str(exc))
+            await _abort(context, exc)
         if exc is not None:
             log.error("turn failed", exc_info=exc)
-            await context.abort(grpc.StatusCode.INTERNAL, f"the turn failed: {exc}")
+            await _abort(context, errors.InternalError(f"the turn failed: {exc}"))
 
     async def Chat(
         self, request: pb.ChatRequest, context: Context

@@ -4,7 +4,9 @@
     python scripts/gen_protos.py --check  # exit 1 if the committed files are stale
 
 Generated code lives only under agentstate/*/v1/ and is committed, so that
-`pip install .` needs no code generator; CI runs --check.
+`pip install .` needs no code generator; CI runs --check. Beside it, DESCRIPTOR_SET holds
+the same files' descriptors with their comments (source info), which the Python
+descriptors lack: server reflection serves it, so `grpcurl describe` shows the docs.
 """
 
 from __future__ import annotations
@@ -14,13 +16,16 @@ import filecmp
 import shutil
 import sys
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 
+from google.protobuf import descriptor_pb2
 from grpc_tools import protoc
 
 ROOT = Path(__file__).resolve().parent.parent
 PROTO_ROOT = ROOT / "protos"
-GENERATED_SUFFIXES = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py", "_pb2_grpc.pyi")
+GENERATED_SUFFIXES = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py", "_pb2_grpc.pyi", ".binpb")
+DESCRIPTOR_SET = Path("agentstate/descriptors.binpb")
 # mypy-protobuf's plugins sit beside this interpreter (pinned in pyproject's dev extra).
 BIN_DIR = Path(sys.executable).parent
 
@@ -29,10 +34,29 @@ def proto_files() -> list[Path]:
     return sorted(PROTO_ROOT.rglob("*.proto"))
 
 
+def _match_python_descriptors(path: Path) -> None:
+    """Drop the json_name protoc adds to a descriptor set: reflection then serves exactly
+    the Python descriptors plus comments (grpcurl keeps printing proto field names)."""
+    files = descriptor_pb2.FileDescriptorSet.FromString(path.read_bytes())
+
+    def strip(messages: Iterable[descriptor_pb2.DescriptorProto]) -> None:
+        for message in messages:
+            for f in [*message.field, *message.extension]:
+                f.ClearField("json_name")
+            strip(message.nested_type)
+
+    for file in files.file:
+        strip(file.message_type)
+        for f in file.extension:
+            f.ClearField("json_name")
+    path.write_bytes(files.SerializeToString())
+
+
 def generate(out_dir: Path) -> list[Path]:
     """Run protoc for every .proto; return the generated paths relative to out_dir."""
     include = str(Path(protoc.__file__).parent / "_proto")
     files = [str(p.relative_to(PROTO_ROOT)) for p in proto_files()]
+    (out_dir / DESCRIPTOR_SET).parent.mkdir(parents=True, exist_ok=True)
     args = [
         "protoc",
         f"-I{PROTO_ROOT}",
@@ -43,10 +67,13 @@ def generate(out_dir: Path) -> list[Path]:
         f"--grpc_python_out={out_dir}",
         f"--mypy_out={out_dir}",
         f"--mypy_grpc_out={out_dir}",
+        f"--descriptor_set_out={out_dir / DESCRIPTOR_SET}",
+        "--include_source_info",
         *files,
     ]
     if protoc.main(args) != 0:
         raise SystemExit("protoc failed")
+    _match_python_descriptors(out_dir / DESCRIPTOR_SET)
     generated = [
         p.relative_to(out_dir) for p in out_dir.rglob("*") if p.name.endswith(GENERATED_SUFFIXES)
     ]

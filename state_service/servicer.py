@@ -15,6 +15,7 @@ import grpc
 from google.protobuf.timestamp_pb2 import Timestamp
 from opentelemetry.metrics import Histogram
 
+from agentstate.common import error_details
 from agentstate.common.state_metrics import (
     LOAD_DURATION,
     PAYLOAD_SIZE,
@@ -63,7 +64,8 @@ Handler = Callable[[Any, Request, grpc.aio.ServicerContext[Any, Any]], Awaitable
 
 
 def _grpc_errors(handler: Handler[Request, Response]) -> Handler[Request, Response]:
-    """Turn domain errors into gRPC statuses with the domain's message."""
+    """Turn domain errors into gRPC statuses with the domain's message, their trailers
+    and a google.rpc.ErrorInfo detail (agentstate.common.error_details)."""
 
     @functools.wraps(handler)
     async def wrapper(
@@ -72,19 +74,19 @@ def _grpc_errors(handler: Handler[Request, Response]) -> Handler[Request, Respon
         try:
             return await handler(self, request, context)
         except d.StateServiceError as exc:
+            trailers: tuple[tuple[str, str], ...] = ()
             if isinstance(exc, d.VersionConflict):
-                context.set_trailing_metadata(
-                    ((CURRENT_VERSION_TRAILER, str(exc.current_version)),)
-                )
+                trailers = ((CURRENT_VERSION_TRAILER, str(exc.current_version)),)
             elif isinstance(exc, d.NotFound):
-                context.set_trailing_metadata(((MISSING_TRAILER, exc.missing),))
+                trailers = ((MISSING_TRAILER, exc.missing),)
             elif isinstance(exc, d.CardPending):
-                context.set_trailing_metadata(((AWAITING_MESSAGE_TRAILER, str(exc.message_id)),))
+                trailers = ((AWAITING_MESSAGE_TRAILER, str(exc.message_id)),)
             code = status_code(exc)
             if code is grpc.StatusCode.UNAVAILABLE:
                 log.warning("%s: %s", handler.__name__, exc)
-            await context.abort(code, str(exc))
-            raise  # unreachable: abort raises
+            # The trailers stay for existing clients; the ErrorInfo detail says the same.
+            detail = error_details.state_error_detail(exc, handler.__name__)
+            await error_details.abort(context, code, str(exc), detail, trailers)
 
     return wrapper
 

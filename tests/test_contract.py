@@ -51,3 +51,19 @@ def test_an_additive_change_passes(tmp_path: Path) -> None:
     )
     result = _breaking(copy)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_a_go_package_change_is_caught(tmp_path: Path) -> None:
+    """go_package is the import path of every Go caller's generated code: changing it breaks
+    their builds though not the wire, so FILE_SAME_GO_PACKAGE stays on (the baseline was
+    re-recorded once, when go_package was first set)."""
+    copy = tmp_path / "protos"
+    shutil.copytree(REPO / "protos", copy)
+    proto = copy / "agentstate/state/v1/state_service.proto"
+    text = proto.read_text()
+    changed = text.replace("/gen/go/agentstate/state/v1;statev1", "/go/state/v1;statev1", 1)
+    assert changed != text
+    proto.write_text(changed)
+    result = _breaking(copy)
+    assert result.returncode != 0
+    assert 'File option "go_package" changed' in result.stdout

@@ -10,7 +10,8 @@ from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
+
+from agentstate.common.reflection import enable_documented_reflection
 
 # The asyncio health servicer; grpcio-health-checking ships no type hints for it.
 AsyncHealthServicer: Any = health.aio.HealthServicer  # type: ignore[attr-defined]
@@ -41,17 +42,13 @@ def bind(server: grpc.aio.Server, address: str) -> str:
 
 
 def add_health_and_reflection(server: grpc.aio.Server, service_names: Iterable[str]) -> Any:
-    """Serve grpc.health.v1 (overall and per service) and server reflection."""
+    """Serve grpc.health.v1 (overall and per service) and server reflection (with the
+    contract's comments, so `grpcurl describe` shows the docs)."""
     names = list(service_names)
     health_servicer = AsyncHealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    reflection.enable_server_reflection(
-        [
-            *names,
-            health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-            reflection.SERVICE_NAME,
-        ],
-        server,
+    enable_documented_reflection(
+        server, [*names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name]
     )
     return health_servicer
 
