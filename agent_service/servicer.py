@@ -73,15 +73,23 @@ _CALL_STATUSES = {
 
 
 def user_id_of(context: Context) -> str:
-    for key, value in context.invocation_metadata() or ():
-        if key == USER_ID_METADATA_KEY:
-            user_id = value if isinstance(value, str) else value.decode()
-            if not user_id or len(user_id) > 128 or not user_id.isprintable():
-                raise errors.InvalidInput(
-                    f"{USER_ID_METADATA_KEY} must be 1..128 printable characters"
-                )
-            return user_id
-    raise errors.Unauthenticated(f"the request metadata carries no {USER_ID_METADATA_KEY}")
+    values = [
+        value if isinstance(value, str) else value.decode(errors="replace")
+        for key, value in context.invocation_metadata() or ()
+        if key == USER_ID_METADATA_KEY
+    ]
+    if not values:
+        raise errors.Unauthenticated(f"the request metadata carries no {USER_ID_METADATA_KEY}")
+    if len(values) > 1:
+        # Which one would the gateway have meant? Refuse rather than pick one.
+        raise errors.Unauthenticated(
+            f"the request metadata carries {USER_ID_METADATA_KEY} {len(values)} times; "
+            "send it exactly once"
+        )
+    user_id = values[0]
+    if not user_id or len(user_id) > 128 or not user_id.isprintable():
+        raise errors.InvalidInput(f"{USER_ID_METADATA_KEY} must be 1..128 printable characters")
+    return user_id
 
 
 def _json(value: Any) -> bytes:

@@ -11,6 +11,7 @@ import json
 import re
 from dataclasses import dataclass, field
 from datetime import datetime
+from itertools import accumulate
 from typing import Generic, TypeVar
 
 DEFAULT_STATE_KEY = "agent_state"
@@ -338,6 +339,7 @@ def validate_state_key(state_key: str) -> str:
 
 
 def normalize_title(title: str, *, default: str | None = None) -> str:
+    check_no_nul(title, "title")
     cleaned = " ".join(title.split())
     if not cleaned:
         if default is None:
@@ -348,11 +350,19 @@ def normalize_title(title: str, *, default: str | None = None) -> str:
     return cleaned
 
 
+def check_no_nul(text: str, what: str) -> str:
+    """PostgreSQL text cannot hold U+0000: refuse it rather than fail in the database."""
+    if "\x00" in text:
+        raise InvalidArgument(f"{what} must not contain NUL (U+0000) characters")
+    return text
+
+
 def check_state_payload(payload: bytes, max_bytes: int) -> None:
     """Cheap checks done before the database parses the JSON itself.
 
     The payload is not decoded here: PostgreSQL's JSONB input is the parser of
-    record, so large states cross the service without a Python round trip.
+    record, so large states cross the service without a Python round trip. Its
+    nesting depth is the store's to check (cheaply where it can: see MAX_JSON_DEPTH).
     """
     if len(payload) > max_bytes:
         raise PayloadTooLarge(
@@ -360,22 +370,74 @@ def check_state_payload(payload: bytes, max_bytes: int) -> None:
         )
     if not _JSON_OBJECT_START.match(payload):
         raise InvalidArgument("payload must be a JSON object (it must start with '{')")
+    _check_json_bytes(payload, "payload")
 
 
-def check_blocks_json(blocks: bytes) -> bytes:
+def check_blocks_json(blocks: bytes, what: str = "blocks_json") -> bytes:
     if not blocks:
         return b"[]"
     if not _JSON_ARRAY_START.match(blocks):
-        raise InvalidArgument("blocks_json must be a JSON array")
+        raise InvalidArgument(f"{what} must be a JSON array")
+    _check_json_bytes(blocks, what)
+    check_json_depth(blocks, what)
     return blocks
 
 
-def check_metadata_json(metadata: bytes) -> bytes:
+def check_metadata_json(metadata: bytes, what: str = "metadata_json") -> bytes:
     if not metadata:
         return b"{}"
     if not _JSON_OBJECT_START.match(metadata):
-        raise InvalidArgument("metadata_json must be a JSON object")
+        raise InvalidArgument(f"{what} must be a JSON object")
+    _check_json_bytes(metadata, what)
+    check_json_depth(metadata, what)
     return metadata
+
+
+def _check_json_bytes(data: bytes, what: str) -> None:
+    # A raw NUL byte is never part of JSON text, and PostgreSQL's text protocol would
+    # silently cut the value at it: refuse it instead of storing a truncated value.
+    if b"\x00" in data:
+        raise InvalidArgument(
+            f"{what} contains a NUL byte (0x00), which JSON text cannot hold; nothing was stored"
+        )
+
+
+# Deeper JSON is refused (INVALID_ARGUMENT): a value may sit inside at most this many
+# nested arrays and objects. Deep enough for any real state, and far below where
+# PostgreSQL's parser runs out of stack (about 13,000 levels).
+MAX_JSON_DEPTH = 512
+_NOT_BRACKETS = bytes(c for c in range(256) if c not in b"[]{}")
+_DEPTH_STEP = [0] * 256
+for _opening in b"[{":
+    _DEPTH_STEP[_opening] = 1
+for _closing in b"]}":
+    _DEPTH_STEP[_closing] = -1
+
+
+def json_depth(data: bytes) -> int:
+    """The deepest nesting of arrays and objects in JSON text (brackets inside strings
+    do not count). Linear in the size, without decoding: strings are cut out with byte
+    operations that run in C."""
+    unescaped = data.replace(b"\\\\", b"").replace(b'\\"', b"")
+    outside_strings = b"".join(unescaped.split(b'"')[0::2])
+    brackets = outside_strings.translate(None, _NOT_BRACKETS)
+    return max(accumulate(map(_DEPTH_STEP.__getitem__, brackets)), default=0)
+
+
+def may_exceed_depth(data: bytes, limit: int = MAX_JSON_DEPTH) -> bool:
+    """False when the text cannot nest deeper than `limit` (it has too few brackets)."""
+    return data.count(b"[") + data.count(b"{") > limit
+
+
+def check_json_depth(data: bytes, what: str, limit: int = MAX_JSON_DEPTH) -> None:
+    if may_exceed_depth(data, limit) and json_depth(data) > limit:
+        raise too_deep(what, limit)
+
+
+def too_deep(what: str, limit: int = MAX_JSON_DEPTH) -> InvalidArgument:
+    return InvalidArgument(
+        f"{what} nests arrays and objects more than {limit} levels deep; nothing was stored"
+    )
 
 
 def page_size(requested: int, *, default: int, maximum: int) -> int:

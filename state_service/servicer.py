@@ -188,6 +188,7 @@ def compaction_from_pb(record: pb.CompactionRecord, index: int) -> d.Compaction:
         raise d.InvalidArgument(f"compaction_records[{index}] has a negative count")
     if len(record.reason) > 500:
         raise d.InvalidArgument(f"compaction_records[{index}].reason is over 500 characters")
+    d.check_no_nul(record.reason, f"compaction_records[{index}].reason")
     return d.Compaction(*numbers, reason=record.reason)
 
 
@@ -206,9 +207,9 @@ def new_message_from_pb(message: pb.NewMessage, what: str) -> d.NewMessage:
         raise d.InvalidArgument(f"{what}.role must be MESSAGE_ROLE_USER or MESSAGE_ROLE_ASSISTANT")
     return d.NewMessage(
         role=role,
-        blocks_json=d.check_blocks_json(message.blocks_json),
+        blocks_json=d.check_blocks_json(message.blocks_json, f"{what}.blocks_json"),
         status=_status(message.status, f"{what}.status") or d.MessageStatus.NORMAL,
-        metadata_json=d.check_metadata_json(message.metadata_json),
+        metadata_json=d.check_metadata_json(message.metadata_json, f"{what}.metadata_json"),
     )
 
 
@@ -217,10 +218,12 @@ def message_update_from_pb(update: pb.MessageUpdate, what: str) -> d.MessageUpda
         message_id=d.parse_id(update.message_id, f"{what}.message_id"),
         status=_status(update.status, f"{what}.status"),
         blocks_json=(
-            d.check_blocks_json(update.blocks_json) if update.HasField("blocks_json") else None
+            d.check_blocks_json(update.blocks_json, f"{what}.blocks_json")
+            if update.HasField("blocks_json")
+            else None
         ),
         metadata_json=(
-            d.check_metadata_json(update.metadata_json)
+            d.check_metadata_json(update.metadata_json, f"{what}.metadata_json")
             if update.HasField("metadata_json")
             else None
         ),

@@ -100,6 +100,7 @@ async def collect(call: Any, turn: Turn | None = None) -> Turn:
 
 class AgentClient:
     def __init__(self, address: str) -> None:
+        self.address = address
         self.channel = grpc.aio.insecure_channel(address)
         self.stub: Any = pb_grpc.AgentServiceStub(self.channel)
 

@@ -94,6 +94,14 @@ async def start_state_server(store: StateStore) -> tuple[grpc.aio.Server, str]:
 
 
 @pytest.fixture
+async def state_address(store: StateStore) -> AsyncIterator[str]:
+    """The address of a real StateService on 127.0.0.1 over the parametrised store."""
+    server, address = await start_state_server(store)
+    yield address
+    await server.stop(None)
+
+
+@pytest.fixture
 async def state_stub(store: StateStore) -> AsyncIterator[pb_grpc.StateServiceAsyncStub]:
     """A real StateService on 127.0.0.1 over the parametrised store."""
     server, address = await start_state_server(store)

@@ -12,6 +12,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from agentstate.common.reflection import enable_documented_reflection
+from agentstate.common.request_decoding import DecodeErrorsAsInvalidArgument
 
 # The asyncio health servicer; grpcio-health-checking ships no type hints for it.
 AsyncHealthServicer: Any = health.aio.HealthServicer  # type: ignore[attr-defined]
@@ -21,7 +22,8 @@ log = logging.getLogger(__name__)
 
 def create_server(*, max_message_bytes: int, interceptors: Sequence[Any] = ()) -> grpc.aio.Server:
     return grpc.aio.server(
-        interceptors=list(interceptors),
+        # Innermost: undecodable requests are INVALID_ARGUMENT before any servicer runs.
+        interceptors=[*interceptors, DecodeErrorsAsInvalidArgument()],
         options=[
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", max_message_bytes),

@@ -16,6 +16,9 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 Conn = psycopg.AsyncConnection[tuple[Any, ...]]
 ConnT = TypeVar("ConnT", bound=psycopg.AsyncConnection[Any])
 Unavailable = Callable[[str], Exception]
+# SQLSTATE class 54: a statement beyond PostgreSQL's limits. psycopg files it under
+# OperationalError with real outages, but retrying it can never succeed.
+PROGRAM_LIMIT_EXCEEDED = "54"
 
 
 def pg_reason(exc: psycopg.Error) -> str:
@@ -60,4 +63,6 @@ class GuardedPool(Generic[ConnT]):
         except PoolTimeout as exc:
             raise self._unavailable(f"no {self._what} connection available: {exc}") from exc
         except psycopg.OperationalError as exc:
+            if (exc.sqlstate or "").startswith(PROGRAM_LIMIT_EXCEEDED):
+                raise  # the request is too complex (say, JSON nested too deep): not an outage
             raise self._unavailable(f"{self._what} unavailable: {pg_reason(exc)}") from exc

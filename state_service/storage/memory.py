@@ -162,6 +162,7 @@ class MemoryStore(StateStore):
         held = self._leases.get(conversation_id)
         if task_id is not None and held is not None and held.task_id != task_id:
             raise d.lease_taken_over(task_id, held.task_id)
+        d.check_json_depth(payload, "payload")
         d.check_jsonb(payload, dict, "payload")
         current = self._states.get((conversation_id, state_key))
         current_version = current.version if current else 0

@@ -296,7 +296,7 @@ CREATE FUNCTION agentstate_save_state(
     p_expected_version bigint, p_task_id bigint,
     p_kinds text[], p_message_ids bigint[], p_roles text[], p_statuses text[],
     p_blocks text[], p_metadata text[], p_expected_statuses text[],
-    p_compactions bigint[], p_compaction_reasons text[])
+    p_compactions bigint[], p_compaction_reasons text[], p_max_depth integer)
 RETURNS TABLE (version bigint, state_update_time timestamptz, lease_released boolean,
                message t_agent_message)
 LANGUAGE plpgsql AS $$
@@ -310,6 +310,13 @@ DECLARE
     v_row t_agent_message;
     v_written integer := 0;
 BEGIN
+    -- Set only for a large payload with many brackets (the store checks small ones):
+    -- is any value nested deeper than allowed?
+    IF p_max_depth IS NOT NULL
+       AND jsonb_path_exists(p_payload, format('strict $.**{%s}', p_max_depth + 1)::jsonpath)
+    THEN
+        PERFORM agentstate_refuse(jsonb_build_object('kind', 'too_deep', 'limit', p_max_depth));
+    END IF;
     PERFORM agentstate_touch_conversation(p_user_id, p_conversation_id);
     IF p_task_id IS NOT NULL THEN
         -- Fencing: a turn whose lapsed lease another turn took over must not write.

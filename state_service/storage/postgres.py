@@ -24,7 +24,7 @@ from psycopg.rows import DictRow, dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from agentstate.common import telemetry
-from agentstate.common.pg_pool import GuardedPool, pg_reason
+from agentstate.common.pg_pool import PROGRAM_LIMIT_EXCEEDED, GuardedPool, pg_reason
 from state_service import domain as d
 from state_service.domain import (
     AcquiredLease,
@@ -239,6 +239,22 @@ def _compaction_arrays(compactions: Sequence[Compaction]) -> dict[str, TextArray
     }
 
 
+# Up to this size the depth of a payload is checked here, in microseconds; a larger
+# one with many brackets is checked by the database on the JSONB it parsed anyway.
+DEPTH_SCAN_MAX_BYTES = 64 * 1024
+
+
+def _depth_to_check_in_database(payload: bytes) -> int | None:
+    """The nesting limit the database must enforce for this payload, or None when it is
+    already known to hold (InvalidArgument when it is known not to)."""
+    if not d.may_exceed_depth(payload):
+        return None
+    if len(payload) <= DEPTH_SCAN_MAX_BYTES:
+        d.check_json_depth(payload, "payload")
+        return None
+    return d.MAX_JSON_DEPTH
+
+
 def _check_write_json(write: MessageWrite, where: str) -> None:
     """InvalidArgument if this write holds JSON that PostgreSQL refuses."""
     for field, data, kind in (
@@ -266,6 +282,8 @@ def _refusal(detail: dict[str, Any], batch: str | None) -> d.StateServiceError:
         return d.conversation_not_found(
             int(detail["conversation_id"]), nothing_deleted=bool(detail.get("nothing_deleted"))
         )
+    if kind == "too_deep":
+        return d.too_deep("payload", int(detail["limit"]))
     if kind == "version_conflict":
         return VersionConflict(int(detail["expected"]), int(detail["current"]))
     if kind == "status_mismatch":
@@ -344,12 +362,12 @@ class PostgresStore(StateStore):
         self,
         batch: str | None = None,
         writes: Sequence[MessageWrite] = (),
-        bad_data: str = "rejected by the database",
+        json_param: str = "",
     ) -> AsyncIterator[Conn]:
         """A pooled connection. Refusals become domain errors, outages StoreUnavailable,
         data the database cannot take InvalidArgument naming the message write it was in
-        (else `bad_data` says what it was), anything else StoreError. In every case
-        nothing changed.
+        (else `json_param`, the JSON parameter parsed as the statement starts), anything
+        else StoreError. In every case nothing changed.
 
         `batch`: the request field `writes` came from, for error messages."""
         try:
@@ -359,10 +377,17 @@ class PostgresStore(StateStore):
             if exc.sqlstate == REFUSAL_SQLSTATE:
                 detail = json.loads(exc.diag.message_detail or "{}")
                 raise _refusal(detail, batch) from None
+            if (exc.sqlstate or "").startswith(PROGRAM_LIMIT_EXCEEDED):
+                # Beyond the parser's own limits: far deeper than MAX_JSON_DEPTH.
+                raise d.too_deep(json_param or "the request") from exc
             if isinstance(exc, psycopg.DataError | psycopg.errors.CheckViolation):
                 for index, write in enumerate(writes):  # the error path: find the culprit
                     _check_write_json(write, _where(index, batch))
-                raise InvalidArgument(f"{bad_data}: {pg_reason(exc)}") from exc
+                if json_param:
+                    raise InvalidArgument(
+                        f"{json_param} is not JSON that PostgreSQL can store: {pg_reason(exc)}"
+                    ) from exc
+                raise InvalidArgument(f"rejected by the database: {pg_reason(exc)}") from exc
             log.exception("database error")
             raise StoreError(f"database error, nothing was changed: {pg_reason(exc)}") from exc
 
@@ -373,10 +398,10 @@ class PostgresStore(StateStore):
         *,
         batch: str | None = None,
         writes: Sequence[MessageWrite] = (),
-        bad_data: str = "rejected by the database",
+        json_param: str = "",
     ) -> list[Row]:
         """Run one statement: one round trip, its own transaction."""
-        async with self._connection(batch, writes, bad_data) as conn:
+        async with self._connection(batch, writes, json_param) as conn:
             cur = await conn.execute(statement, params)
             return await cur.fetchall()
 
@@ -457,6 +482,7 @@ class PostgresStore(StateStore):
             "payload": RawJson(payload),
             "expected_version": expected_version,
             "task_id": task_id,
+            "max_depth": _depth_to_check_in_database(payload),
             **_write_arrays(message_writes),
             **_compaction_arrays(compactions),
         }
@@ -467,7 +493,7 @@ class PostgresStore(StateStore):
             params,
             batch="message_writes",
             writes=message_writes,
-            bad_data="payload is not JSON that PostgreSQL can store",
+            json_param="payload",
         )
         first = rows[0]
         return UpsertResult(

@@ -70,7 +70,8 @@ FROM agentstate_save_state(
     p_state_key => %(state_key)s, p_payload => %(payload)s,
     p_expected_version => %(expected_version)s::bigint, p_task_id => %(task_id)s::bigint,
     {_WRITES},
-    p_compactions => %(compactions)s::bigint[], p_compaction_reasons => %(reasons)s::text[]
+    p_compactions => %(compactions)s::bigint[], p_compaction_reasons => %(reasons)s::text[],
+    p_max_depth => %(max_depth)s::integer
 ) AS r
 """
 
