@@ -6,7 +6,7 @@ import asyncio
 import json
 import socket
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
@@ -197,7 +197,7 @@ class Stack:
         extra_tools: Sequence[Tool] = (),
         **overrides: Any,
     ) -> AgentClient:
-        settings = replace(self.agent_settings, **overrides)
+        settings = self.agent_settings.model_copy(update=overrides)
         app = AgentServiceApp(
             settings, model=model, middlewares=middlewares, extra_tools=extra_tools
         )

@@ -38,6 +38,7 @@ from openai.types.chat import (
     ChatCompletionToolMessageParam,
 )
 from openai.types.chat.chat_completion_chunk import ChoiceDelta, ChoiceDeltaToolCall
+from pydantic import Field
 
 from agent_service.agent_state import Msg, Role, ToolResultBlock, ToolUseBlock
 from agent_service.model.base import (
@@ -51,7 +52,7 @@ from agent_service.model.base import (
     ToolSpec,
     Usage,
 )
-from agentstate.common.config import ConfigError, env_float, env_int, env_str
+from agentstate.common.config import EnvSettings
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 DEFAULT_MODEL = "gpt-4o-mini"
@@ -65,34 +66,36 @@ SUMMARY_HEADING = "## Summary of the earlier conversation"
 _REASONING_FIELDS = ("reasoning_content", "reasoning")
 
 
-@dataclass(frozen=True)
-class OpenAISettings:
-    """Where and how to reach the chat-completions endpoint."""
+class OpenAISettings(EnvSettings):
+    """Where and how to reach the chat-completions endpoint (read when AGENT_MODEL=openai)."""
 
-    api_key: str = field(repr=False)
-    base_url: str = DEFAULT_BASE_URL
-    model: str = DEFAULT_MODEL
-    timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS
-    max_retries: int = DEFAULT_MAX_RETRIES
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str]) -> OpenAISettings:
-        api_key = env_str(env, "OPENAI_API_KEY", "")
-        if not api_key:
-            raise ConfigError(
-                "OPENAI_API_KEY is not set: the OpenAI-compatible model needs an API key "
-                "(for a local server that ignores it, set any placeholder value)"
-            )
-        timeout = env_float(env, "OPENAI_TIMEOUT_SECONDS", DEFAULT_TIMEOUT_SECONDS)
-        if timeout <= 0:
-            raise ConfigError(f"OPENAI_TIMEOUT_SECONDS={timeout} must be greater than 0")
-        return cls(
-            api_key=api_key,
-            base_url=env_str(env, "OPENAI_BASE_URL", DEFAULT_BASE_URL),
-            model=env_str(env, "OPENAI_MODEL", DEFAULT_MODEL),
-            timeout_seconds=timeout,
-            max_retries=env_int(env, "OPENAI_MAX_RETRIES", DEFAULT_MAX_RETRIES),
-        )
+    api_key: str = Field(
+        validation_alias="OPENAI_API_KEY",
+        repr=False,
+        description=(
+            "the endpoint's API key; for a local server that ignores it, set any placeholder value"
+        ),
+    )
+    base_url: str = Field(
+        default=DEFAULT_BASE_URL,
+        validation_alias="OPENAI_BASE_URL",
+        description="any OpenAI-compatible endpoint",
+    )
+    model: str = Field(
+        default=DEFAULT_MODEL, validation_alias="OPENAI_MODEL", description="model name"
+    )
+    timeout_seconds: float = Field(
+        default=DEFAULT_TIMEOUT_SECONDS,
+        validation_alias="OPENAI_TIMEOUT_SECONDS",
+        gt=0,
+        description="one model call's time limit",
+    )
+    max_retries: int = Field(
+        default=DEFAULT_MAX_RETRIES,
+        validation_alias="OPENAI_MAX_RETRIES",
+        ge=0,
+        description="the SDK's retries of a failed call",
+    )
 
 
 # --------------------------------------------------------------- request side
