@@ -18,8 +18,8 @@ from agentstate.common.config import ConfigError
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="agentstate-agent", description=__doc__)
     parser.parse_args(argv)
-    telemetry.configure_logging("agentstate-agent")
     try:
+        telemetry.configure_logging("agentstate-agent")
         settings = AgentServiceSettings.from_env()
         telemetry.configure_from_env("agentstate-agent")
         asyncio.run(serve(settings))

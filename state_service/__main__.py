@@ -62,8 +62,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "purge" and (args.older_than_days is None or args.older_than_days <= 0):
         parser.error("purge needs --older-than-days with a positive number")
-    telemetry.configure_logging("agentstate-state")
     try:
+        telemetry.configure_logging("agentstate-state")
         settings = StateServiceSettings.from_env()
         telemetry.configure_from_env("agentstate-state")
         if args.command == "migrate":

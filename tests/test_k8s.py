@@ -43,6 +43,7 @@ from agent_service.server import SERVICE_NAME as AGENT_SERVICE_NAME
 from agentstate.agent.v1 import agent_service_pb2 as pb
 from agentstate.agent.v1 import agent_service_pb2_grpc as pb_grpc
 from agentstate.common.service_process import ServiceProcess
+from agentstate.common.telemetry import LoggingSettings
 from agentstate.state.v1 import state_service_pb2 as spb
 from agentstate.state.v1 import state_service_pb2_grpc as spb_grpc
 from state_service.config import StateServiceSettings
@@ -232,7 +233,10 @@ def variables_read() -> dict[str, set[str]]:
     # agent_service.server.build_model hands the environment to OpenAISettings.from_env.
     openai = RecordingEnv({"OPENAI_API_KEY": "placeholder"})
     OpenAISettings.from_env(openai)
-    return {"state": state.read, "agent": agent.read | openai.read}
+    # Both services' __main__ configure logging from the environment first.
+    logging = RecordingEnv()
+    LoggingSettings.from_env(logging)
+    return {"state": state.read | logging.read, "agent": agent.read | openai.read | logging.read}
 
 
 def variables_documented() -> dict[str, set[str]]:
@@ -240,14 +244,17 @@ def variables_documented() -> dict[str, set[str]]:
     text = (REPO / "README.md").read_text()
     section = text.split("\n## Configuration", 1)[1].split("\n## ", 1)[0]
     documented: dict[str, set[str]] = {"state": set(), "agent": set()}
-    current = None
+    current: list[str] = []
     for line in section.splitlines():
         if line.startswith("State service"):
-            current = "state"
+            current = ["state"]
         elif line.startswith("Agent service"):
-            current = "agent"
+            current = ["agent"]
+        elif line.startswith("Both services"):
+            current = ["state", "agent"]
         elif current and line.startswith("| `"):
-            documented[current].update(re.findall(r"`([A-Z][A-Z0-9_]*)`", line.split("|")[1]))
+            for service in current:
+                documented[service].update(re.findall(r"`([A-Z][A-Z0-9_]*)`", line.split("|")[1]))
     assert documented["state"] and documented["agent"], "README's tables were not found"
     return documented
 

@@ -11,6 +11,7 @@ from pydantic import ValidationError
 from agent_service.config import AgentServiceSettings
 from agent_service.model.openai_compat import OpenAISettings
 from agentstate.common.config import ConfigError, EnvSettings
+from agentstate.common.telemetry import LoggingSettings
 from state_service.config import StateServiceSettings
 
 README = Path(__file__).resolve().parents[1] / "README.md"
@@ -19,6 +20,7 @@ README = Path(__file__).resolve().parents[1] / "README.md"
 TABLES: dict[str, list[type[EnvSettings]]] = {
     "State service": [StateServiceSettings],
     "Agent service": [AgentServiceSettings, OpenAISettings],
+    "Both services": [LoggingSettings],
 }
 SETTINGS_CLASSES = [cls for classes in TABLES.values() for cls in classes]
 
@@ -145,6 +147,11 @@ def test_from_env_reads_every_variable_and_keeps_defaults_for_empty_ones() -> No
             "AGENT_MODEL='gpt' must be one of scripted, openai",
         ),
         (OpenAISettings, {"OPENAI_API_KEY": " "}, "OPENAI_API_KEY is not set"),
+        (
+            LoggingSettings,
+            {"AGENTSTATE_LOG_LEVEL": "LOUD"},
+            "AGENTSTATE_LOG_LEVEL='LOUD' must be one of DEBUG, INFO, WARNING, ERROR, CRITICAL",
+        ),
         (
             OpenAISettings,
             {"OPENAI_API_KEY": "k", "OPENAI_TIMEOUT_SECONDS": "0"},

@@ -17,17 +17,18 @@ when a tracer provider is configured.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import sys
 from collections.abc import Mapping
 from datetime import UTC, datetime
-from typing import Any
+from typing import Annotated, Any, Literal
 
 from opentelemetry import metrics, trace
+from pydantic import BeforeValidator, Field
+from pythonjsonlogger.json import JsonFormatter
 
-from agentstate.common.config import ConfigError
+from agentstate.common.config import ConfigError, EnvSettings, casefold_choice
 
 TRACER_NAME = "agentstate"
 
@@ -134,38 +135,62 @@ def instrument_psycopg_connection(connection: Any) -> None:
         PsycopgInstrumentor.instrument_connection(connection)
 
 
-class JsonLogFormatter(logging.Formatter):
-    """One JSON object per line, with the current trace and span ids."""
+LogFormat = Annotated[Literal["json", "text"], BeforeValidator(casefold_choice)]
+LogLevel = Annotated[
+    Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"],
+    BeforeValidator(lambda value: value.upper() if isinstance(value, str) else value),
+]
+
+
+class LoggingSettings(EnvSettings):
+    """How both services log (README, "Configuration")."""
+
+    format: LogFormat = Field(
+        default="json",
+        validation_alias="AGENTSTATE_LOG_FORMAT",
+        description="json (one object per line, with trace ids) or text (for humans)",
+    )
+    level: LogLevel = Field(
+        default="INFO",
+        validation_alias="AGENTSTATE_LOG_LEVEL",
+        description="DEBUG, INFO, WARNING, ERROR or CRITICAL",
+    )
+
+
+class JsonLogFormatter(JsonFormatter):
+    """One JSON object per line: time, level, logger, message, service, the record's
+    `extra=` fields, and the current trace and span ids when a span is active."""
 
     def __init__(self, service: str) -> None:
-        super().__init__()
-        self.service = service
+        super().__init__(
+            ["levelname", "name", "message"],
+            rename_fields={"levelname": "level", "name": "logger", "exc_info": "exception"},
+            static_fields={"service": service},
+            json_ensure_ascii=False,  # the product speaks Chinese: keep it readable
+        )
 
-    def format(self, record: logging.LogRecord) -> str:
-        entry: dict[str, Any] = {
-            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
-            "level": record.levelname,
-            "service": self.service,
-            "logger": record.name,
-            "message": record.getMessage(),
-        }
+    def add_fields(
+        self, log_data: dict[str, Any], record: logging.LogRecord, message_dict: dict[str, Any]
+    ) -> None:
+        # Milliseconds in UTC, as before: python-json-logger's own timestamp has microseconds.
+        log_data["time"] = datetime.fromtimestamp(record.created, UTC).isoformat(
+            timespec="milliseconds"
+        )
+        super().add_fields(log_data, record, message_dict)
         context = trace.get_current_span().get_span_context()
         if context.is_valid:
-            entry["trace_id"] = format(context.trace_id, "032x")
-            entry["span_id"] = format(context.span_id, "016x")
-        if record.exc_info:
-            entry["exception"] = self.formatException(record.exc_info)
-        return json.dumps(entry, ensure_ascii=False)
+            log_data["trace_id"] = format(context.trace_id, "032x")
+            log_data["span_id"] = format(context.span_id, "016x")
 
 
 def configure_logging(service: str, env: Mapping[str, str] | None = None) -> None:
-    """JSON lines on stderr (AGENTSTATE_LOG_FORMAT=text for plain text); AGENTSTATE_LOG_LEVEL."""
-    env = os.environ if env is None else env
+    """Log to stderr as AGENTSTATE_LOG_FORMAT and AGENTSTATE_LOG_LEVEL say (ConfigError if bad)."""
+    settings = LoggingSettings.from_env(env)
     handler = logging.StreamHandler(sys.stderr)
-    if env.get("AGENTSTATE_LOG_FORMAT", "json").strip().lower() == "text":
+    if settings.format == "text":
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     else:
         handler.setFormatter(JsonLogFormatter(service))
     root = logging.getLogger()
     root.handlers[:] = [handler]
-    root.setLevel(env.get("AGENTSTATE_LOG_LEVEL", "INFO").strip().upper() or "INFO")
+    root.setLevel(settings.level)

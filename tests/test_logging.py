@@ -1,0 +1,87 @@
+"""Logs: JSON lines (python-json-logger) with extra= fields and trace ids, or plain text."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from typing import Any
+
+from agentstate.common.service_process import ServiceProcess
+
+# Logs in a fresh interpreter, as a service does: outside a span, inside one, an exception.
+PROBE = """
+import logging
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from agentstate.common import telemetry
+
+telemetry.configure_logging("agentstate-probe")
+trace.set_tracer_provider(TracerProvider())
+log = logging.getLogger("agentstate.probe")
+log.info("outside", extra={"conversation_id": "42"})
+with trace.get_tracer("probe").start_as_current_span("turn") as span:
+    context = span.get_span_context()
+    print(format(context.trace_id, "032x"), format(context.span_id, "016x"))
+    log.warning(
+        "取消订单 %s", "88235", extra={"conversation_id": "42", "attempt": 2, "tags": ["a"]}
+    )
+    try:
+        1 / 0
+    except ZeroDivisionError:
+        log.exception("failed", extra={"call_id": "c1"})
+log.debug("hidden at INFO")
+"""
+
+
+def run_probe(**env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", PROBE],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+
+
+def test_json_lines_carry_extra_fields_and_the_active_span() -> None:
+    probe = run_probe(AGENTSTATE_LOG_FORMAT="json", AGENTSTATE_LOG_LEVEL="info")
+    trace_id, span_id = probe.stdout.split()
+    lines: list[dict[str, Any]] = [json.loads(line) for line in probe.stderr.splitlines()]
+    assert [line["message"] for line in lines] == ["outside", "取消订单 88235", "failed"]
+    outside, inside, failed = lines
+
+    assert set(outside) == {"time", "level", "logger", "message", "service", "conversation_id"}
+    assert outside["level"] == "INFO" and outside["logger"] == "agentstate.probe"
+    assert outside["service"] == "agentstate-probe"
+    assert outside["conversation_id"] == "42"
+    assert outside["time"].endswith("+00:00") and len(outside["time"]) == 29  # ms, UTC
+
+    assert inside["conversation_id"] == "42" and inside["attempt"] == 2
+    assert inside["tags"] == ["a"]
+    assert (inside["trace_id"], inside["span_id"]) == (trace_id, span_id)
+    assert "取消订单" in probe.stderr.splitlines()[1]  # readable, not \\u escapes
+
+    assert failed["call_id"] == "c1" and failed["level"] == "ERROR"
+    assert (
+        failed["exception"].startswith("Traceback") and "ZeroDivisionError" in failed["exception"]
+    )
+    assert failed["trace_id"] == trace_id
+
+
+def test_text_format_for_humans() -> None:
+    probe = run_probe(AGENTSTATE_LOG_FORMAT="text", AGENTSTATE_LOG_LEVEL="DEBUG")
+    lines = probe.stderr.splitlines()
+    assert " WARNING agentstate.probe: 取消订单 88235" in lines[1]
+    assert lines[-1].endswith("DEBUG agentstate.probe: hidden at INFO")
+
+
+def test_a_bad_log_setting_stops_the_service_with_a_clear_message() -> None:
+    service = ServiceProcess(
+        "state_service", {"AGENTSTATE_LOG_FORMAT": "xml", "STATE_STORE": "memory"}
+    )
+    assert service.wait(30) == 2
+    assert "AGENTSTATE_LOG_FORMAT='xml' must be one of json, text" in service.output
+    assert "Traceback" not in service.output
