@@ -66,13 +66,13 @@ async def test_tool_errors_and_bad_calls_reach_the_model_not_the_user(
     )
     cases = [
         ("/explode {}", "explode", "工具出错：disk on fire"),
-        ('/query_order {"limit": 99}', "query_order", "must be <= 20"),
-        ('/query_order {"limit": "five"}', "query_order", "must be integer"),
+        ('/query_order {"limit": 99}', "query_order", "参数 limit 不能大于 20，收到 99"),
+        ('/query_order {"limit": "five"}', "query_order", "参数 limit 应为整数"),
         ("/no_such_tool {}", "no_such_tool", "没有名为 no_such_tool 的工具"),
         # A confirmation tool whose handbook is not loaded: refused, and no card is shown.
         ('/cancel_order {"orderNo": "88235"}', "cancel_order", "现在不可用"),
         # ... and one with arguments that could never run.
-        ('/cancel_order {"order": "88235"}', "cancel_order", "missing required argument"),
+        ('/cancel_order {"order": "88235"}', "cancel_order", "缺少必填参数 orderNo"),
     ]
     conversation_id = ""
     for question, tool, message in cases:
