@@ -462,6 +462,7 @@ async def run(args: argparse.Namespace) -> tuple[list[Latency], list[Throughput]
             "state_service",
             {
                 "STATE_LISTEN_ADDRESS": "127.0.0.1:0",
+                "STATE_STORE": "postgres",
                 "DATABASE_URL": _database(server, "via_grpc"),
                 "STATE_DB_POOL_MAX_SIZE": str(POOL_SIZE),
                 "STATE_MAX_PAYLOAD_BYTES": str(64 * 1024 * 1024),

@@ -94,7 +94,12 @@ def run(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=1000)
-    parser.add_argument("--store", choices=["postgres", "memory"], default="postgres")
+    database_url = os.environ.get("DATABASE_URL", "")
+    parser.add_argument(
+        "--store",
+        choices=["embedded", "postgres", "memory"],
+        default="postgres" if database_url else "embedded",
+    )
     parser.add_argument("--sizes", default="8,200", help="context sizes in messages")
     args = parser.parse_args()
     data_root = Path(tempfile.mkdtemp(prefix="agentstate-bench-"))
@@ -103,7 +108,7 @@ def main() -> None:
         "STATE_LISTEN_ADDRESS": "127.0.0.1:0",
         "STATE_STORE": args.store,
         "STATE_EMBEDDED_PG_DIR": str(data_root / "pgdata"),
-        "DATABASE_URL": os.environ.get("DATABASE_URL", ""),
+        "DATABASE_URL": database_url if args.store == "postgres" else "",
     }
     service = ServiceProcess("state_service", env)
     try:

@@ -80,6 +80,7 @@ def main() -> None:
                 **otel,
                 "STATE_LISTEN_ADDRESS": "127.0.0.1:0",
                 "STATE_EMBEDDED_PG_DIR": str(root / "pgdata"),
+                "STATE_STORE": "postgres" if os.environ.get("DATABASE_URL") else "embedded",
                 "DATABASE_URL": os.environ.get("DATABASE_URL", ""),
             },
         )

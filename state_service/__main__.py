@@ -1,7 +1,7 @@
 """`agentstate-state`: run the state service or apply its migrations.
 
     agentstate-state serve     # the gRPC service (default)
-    agentstate-state migrate   # apply schema migrations to DATABASE_URL and exit
+    agentstate-state migrate   # apply schema migrations to the configured database and exit
     agentstate-state purge --older-than-days N   # one retention sweep, then exit
 
 Settings come from environment variables: see state_service/config.py and README.
@@ -27,10 +27,12 @@ from state_service.storage.postgres import PostgresStore
 async def _with_store(
     settings: StateServiceSettings, work: Callable[[PostgresStore], Awaitable[None]]
 ) -> None:
-    """Open the configured PostgreSQL (embedded when DATABASE_URL is empty), run `work`."""
+    """Open the configured PostgreSQL (STATE_STORE postgres or embedded), run `work`."""
+    if settings.store == "memory":
+        raise ConfigError("STATE_STORE=memory has no database to migrate or purge")
     embedded = None
     dsn = settings.database_url
-    if not dsn:
+    if settings.store == "embedded":
         embedded = EmbeddedPostgres(settings.embedded_pg_dir, settings.embedded_pg_engine)
         dsn = embedded.start()
     store = PostgresStore(

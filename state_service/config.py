@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Literal, Self
 
-from pydantic import BeforeValidator, Field
+from pydantic import BeforeValidator, Field, model_validator
 
 from agentstate.common.config import EnvSettings, casefold_choice, default_data_dir
 
 MIB = 1024 * 1024
 
-StoreKind = Annotated[Literal["postgres", "memory"], BeforeValidator(casefold_choice)]
+StoreKind = Annotated[Literal["embedded", "postgres", "memory"], BeforeValidator(casefold_choice)]
 EngineKind = Annotated[Literal["auto", "system", "pgserver"], BeforeValidator(casefold_choice)]
 
 
@@ -21,14 +21,14 @@ class StateServiceSettings(EnvSettings):
         description="host:port (port 0 picks one), or unix:///absolute/path.sock (sidecar)",
     )
     store: StoreKind = Field(
-        default="postgres",
+        default="embedded",
         validation_alias="STATE_STORE",
-        description="postgres, or memory (demos; data dies with the process)",
+        description="embedded (start a private PostgreSQL), postgres (DATABASE_URL) or memory",
     )
     database_url: str = Field(
         default="",
         validation_alias="DATABASE_URL",
-        description="libpq URL of the PostgreSQL to use; empty starts an embedded one",
+        description="libpq URL of the PostgreSQL to use; required by STATE_STORE=postgres",
     )
     embedded_pg_dir: str = Field(
         default_factory=lambda: default_data_dir("pgdata"),
@@ -100,3 +100,19 @@ class StateServiceSettings(EnvSettings):
         ge=0.1,
         description="how often the retention sweep runs",
     )
+
+    @model_validator(mode="after")
+    def _database_matches_store(self) -> Self:
+        # The store is chosen explicitly: a pod whose DATABASE_URL secret is missing must
+        # fail, never start a throwaway database, and a URL is never silently ignored.
+        if self.store == "postgres" and not self.database_url:
+            raise ValueError(
+                "STATE_STORE=postgres needs DATABASE_URL, which is not set; no database is "
+                "started in its place (STATE_STORE=embedded runs a local PostgreSQL)"
+            )
+        if self.store != "postgres" and self.database_url:
+            raise ValueError(
+                f"DATABASE_URL is set but STATE_STORE={self.store} does not use it: "
+                "set STATE_STORE=postgres to use that database, or unset DATABASE_URL"
+            )
+        return self

@@ -95,7 +95,7 @@ class StateServiceApp:
         if settings.store == "memory":
             return MemoryStore()
         dsn = settings.database_url
-        if not dsn:
+        if settings.store == "embedded":
             self._embedded = EmbeddedPostgres(settings.embedded_pg_dir, settings.embedded_pg_engine)
             dsn = await asyncio.to_thread(self._embedded.start)
         store = PostgresStore(

@@ -164,6 +164,7 @@ class Stack:
         self.state_address = f"127.0.0.1:{free_port()}"
         self.state_settings = StateServiceSettings(
             listen_address=self.state_address,
+            store="postgres",
             database_url=database_url,
             pool_max_size=20,
             shutdown_grace_seconds=1,

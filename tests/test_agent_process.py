@@ -23,7 +23,12 @@ QUESTION = "我的订单88235现在什么状态？"
 @pytest.fixture
 def state_process(database_url: str) -> Iterator[str]:
     service = ServiceProcess(
-        "state_service", {"STATE_LISTEN_ADDRESS": "127.0.0.1:0", "DATABASE_URL": database_url}
+        "state_service",
+        {
+            "STATE_LISTEN_ADDRESS": "127.0.0.1:0",
+            "STATE_STORE": "postgres",
+            "DATABASE_URL": database_url,
+        },
     )
     address = service.wait_ready()
     yield address

@@ -16,7 +16,12 @@ from tests.source_example import QUESTION
 @pytest.fixture
 def agent_address(database_url: str, orders_database_url: str) -> Iterator[str]:
     state = ServiceProcess(
-        "state_service", {"STATE_LISTEN_ADDRESS": "127.0.0.1:0", "DATABASE_URL": database_url}
+        "state_service",
+        {
+            "STATE_LISTEN_ADDRESS": "127.0.0.1:0",
+            "STATE_STORE": "postgres",
+            "DATABASE_URL": database_url,
+        },
     )
     agent = ServiceProcess(
         "agent_service",

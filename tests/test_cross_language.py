@@ -66,7 +66,12 @@ def run_node(script: str, *args: str) -> dict[str, Any]:
 @pytest.fixture
 def state_address(database_url: str) -> Iterator[str]:
     service = ServiceProcess(
-        "state_service", {"STATE_LISTEN_ADDRESS": "127.0.0.1:0", "DATABASE_URL": database_url}
+        "state_service",
+        {
+            "STATE_LISTEN_ADDRESS": "127.0.0.1:0",
+            "STATE_STORE": "postgres",
+            "DATABASE_URL": database_url,
+        },
     )
     address = service.wait_ready()
     yield address

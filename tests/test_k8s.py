@@ -66,8 +66,8 @@ SERVICE_OF_SCRIPT = {"agentstate-state": "state", "agentstate-agent": "agent"}
 AGENT_STOP_OVERHEAD_SECONDS = 2 * _INTERRUPT_SAVE_SECONDS + 2.0
 # Documented variables the pod deliberately leaves unset.
 NOT_SET_IN_POD = {
-    "STATE_EMBEDDED_PG_DIR": "only used without DATABASE_URL",
-    "STATE_EMBEDDED_PG_ENGINE": "only used without DATABASE_URL",
+    "STATE_EMBEDDED_PG_DIR": "only used with STATE_STORE=embedded",
+    "STATE_EMBEDDED_PG_ENGINE": "only used with STATE_STORE=embedded",
 }
 # Variables that must come from a Secret wherever they appear.
 SECRET_VARIABLES = {"DATABASE_URL", "ORDERS_DATABASE_URL", "OPENAI_API_KEY", "POSTGRES_PASSWORD"}
@@ -803,3 +803,34 @@ def test_agent_pod_runs_as_local_processes(
         for process in started:
             process.kill()
             print(process.output)  # shown by pytest when the test fails
+
+
+@pytest.mark.parametrize("secret", ["missing", "empty"])
+def test_sidecar_without_its_database_secret_never_starts_a_database(
+    resources: list[Obj], tmp_path: Path, secret: str
+) -> None:
+    """STATE_STORE=postgres in the manifest: a pod whose DATABASE_URL is absent or empty
+    exits 2 naming the variable (the pod never becomes ready) and creates no database."""
+    container = agent_pod_containers(resources)["state"]
+    env = container_env(container, resources, {("agentstate-db", "DATABASE_URL"): ""})
+    assert env["STATE_STORE"] == "postgres"
+    if secret == "missing":
+        del env["DATABASE_URL"]
+    data_dir = tmp_path / "pgdata"
+    env.update(
+        PATH=os.environ.get("PATH", "/usr/bin:/bin"),
+        HOME=str(tmp_path),
+        OTEL_TRACES_EXPORTER="none",
+        OTEL_METRICS_EXPORTER="none",
+        # Where an embedded database would go, were one started: it must stay absent.
+        STATE_EMBEDDED_PG_DIR=str(data_dir),
+    )
+    sidecar = ContainerProcess(container, env, tmp_path)
+    try:
+        assert sidecar.wait(30) == 2, sidecar.output
+    finally:
+        sidecar.kill()
+    assert "STATE_STORE=postgres needs DATABASE_URL, which is not set" in sidecar.output
+    assert "embedded PostgreSQL" not in sidecar.output
+    assert "listening on" not in sidecar.output
+    assert not data_dir.exists()

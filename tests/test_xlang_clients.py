@@ -75,7 +75,12 @@ def run_client(client: Built, program: str, *args: str) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def state_address(database_url: str) -> Iterator[str]:
     service = ServiceProcess(
-        "state_service", {"STATE_LISTEN_ADDRESS": "127.0.0.1:0", "DATABASE_URL": database_url}
+        "state_service",
+        {
+            "STATE_LISTEN_ADDRESS": "127.0.0.1:0",
+            "STATE_STORE": "postgres",
+            "DATABASE_URL": database_url,
+        },
     )
     address = service.wait_ready()
     yield address
