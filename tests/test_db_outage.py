@@ -13,6 +13,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import psycopg
@@ -25,6 +26,8 @@ from agentstate.common.service_process import ServiceProcess
 from agentstate.state.v1 import state_service_pb2 as pb
 from agentstate.state.v1 import state_service_pb2_grpc as pb_grpc
 from state_service.server import SERVICE_NAME
+from tests.kustomize import REPO, render
+from tests.test_k8s import agent_pod_containers, probe_once
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -79,6 +82,16 @@ def both_health(address: str) -> set[int]:
     return {health(address, ""), health(address, SERVICE_NAME)}
 
 
+def sidecar_probes() -> dict[str, Any]:
+    """The state sidecar's probes in the rendered k8s/ base."""
+    containers = agent_pod_containers(render(REPO / "k8s"))
+    return {kind: containers["state"][kind] for kind in ("readinessProbe", "livenessProbe")}
+
+
+def probe_passes(probe: dict[str, Any], env: dict[str, str]) -> bool:
+    return probe_once(probe, env, {})
+
+
 def wait_until(condition: Callable[[], bool], within: float, what: str) -> float:
     """Poll until `condition` holds; return how long it took."""
     started = time.monotonic()
@@ -111,6 +124,11 @@ def test_outage_fails_fast_reports_not_serving_and_recovers(
         )
         assert both_health(address) == {SERVING}
 
+        probes = sidecar_probes()
+        probe_env = {"STATE_LISTEN_ADDRESS": address}
+        assert probe_passes(probes["readinessProbe"], probe_env)
+        assert probe_passes(probes["livenessProbe"], probe_env)
+
         own_postgres.stop()
         stopped = time.monotonic()
         waits: list[float] = []
@@ -137,6 +155,9 @@ def test_outage_fails_fast_reports_not_serving_and_recovers(
         first_down = health_seen.index({NOT_SERVING})
         assert all(seen == {NOT_SERVING} for seen in health_seen[first_down:]), health_seen
         assert first_down * 0.1 < 2.0, f"NOT_SERVING only after {first_down} calls"
+        # k8s/agent.yaml's probes, run as the kubelet would: not ready, but alive.
+        assert not probe_passes(probes["readinessProbe"], probe_env)
+        assert probe_passes(probes["livenessProbe"], probe_env)
 
         own_postgres.start()  # returns once the server accepts connections
 
@@ -160,6 +181,7 @@ def test_outage_fails_fast_reports_not_serving_and_recovers(
 
         took = wait_until(serves_again, RECOVERY_BOUND_SECONDS, "serving again")
         print(f"serving again {took:.2f}s after the database returned")
+        assert probe_passes(probes["readinessProbe"], probe_env)
         # Nothing written while it was down; the first write after it is version 2.
         got = stub.GetState(pb.GetStateRequest(user_id="outage", conversation_id=cid))
         assert (got.payload, got.version) == (b'{"n": 2}', 2)
