@@ -191,13 +191,12 @@ class PatroniCluster:
 
     # ----------------------------------------------------------------- state
 
-    def database_url(self, dbname: str = "postgres", connect_timeout: int = 2) -> str:
-        """A multi-host URL that only accepts the read-write node (the primary)."""
+    def database_url(self, dbname: str = "postgres", *, password: bool = True) -> str:
+        """A multi-host URL that only accepts the read-write node (the primary). Without
+        the password, libpq takes it from PGPASSWORD (as k8s/overlays/ha does)."""
         hosts = ",".join(f"127.0.0.1:{n.pg_port}" for n in self.nodes)
-        return (
-            f"postgresql://{SUPERUSER}:{SUPERUSER_PASSWORD}@{hosts}/{dbname}"
-            f"?target_session_attrs=read-write&connect_timeout={connect_timeout}"
-        )
+        user = f"{SUPERUSER}:{SUPERUSER_PASSWORD}" if password else SUPERUSER
+        return f"postgresql://{user}@{hosts}/{dbname}?target_session_attrs=read-write&connect_timeout=2"
 
     def cluster_state(self) -> dict[str, Any]:
         """GET /cluster from any node that answers."""

@@ -155,7 +155,7 @@ def test_outage_fails_fast_reports_not_serving_and_recovers(
         first_down = health_seen.index({NOT_SERVING})
         assert all(seen == {NOT_SERVING} for seen in health_seen[first_down:]), health_seen
         assert first_down * 0.1 < 2.0, f"NOT_SERVING only after {first_down} calls"
-        # k8s/agent.yaml's probes, run as the kubelet would: not ready, but alive.
+        # k8s/base/agent.yaml's probes, run as the kubelet would: not ready, but alive.
         assert not probe_passes(probes["readinessProbe"], probe_env)
         assert probe_passes(probes["livenessProbe"], probe_env)
 

@@ -18,7 +18,7 @@ import pytest
 
 from agentstate.common.service_process import ServiceProcess
 from tests.ha_failover import ALLOWED, run_failover
-from tests.patroni_cluster import PatroniCluster, missing_tools
+from tests.patroni_cluster import SUPERUSER_PASSWORD, PatroniCluster, missing_tools
 
 pytestmark = [pytest.mark.ha, pytest.mark.timeout(240)]
 
@@ -53,9 +53,14 @@ def cluster() -> Iterator[PatroniCluster]:
 async def test_failover_loses_no_acknowledged_write(
     cluster: PatroniCluster, record_property: Callable[[str, object], None]
 ) -> None:
+    # The shape k8s/overlays/ha gives the sidecar: the password apart, in PGPASSWORD.
     service = ServiceProcess(
         "state_service",
-        {"STATE_LISTEN_ADDRESS": "127.0.0.1:0", "DATABASE_URL": cluster.database_url()},
+        {
+            "STATE_LISTEN_ADDRESS": "127.0.0.1:0",
+            "DATABASE_URL": cluster.database_url(password=False),
+            "PGPASSWORD": SUPERUSER_PASSWORD,
+        },
     )
     try:
         address = service.wait_ready()
