@@ -192,6 +192,9 @@ def test_outage_fails_fast_reports_not_serving_and_recovers(
     assert code == 0
     assert "database unreachable, failing calls fast" in service.output
     assert "database reachable again" in service.output
+    # Dozens of rejected calls, a handful of log lines (at most one per 5 s).
+    logged = service.output.count("more UNAVAILABLE since the last one logged")
+    assert 1 <= logged <= OUTAGE_SECONDS / 5 + 2, logged
 
 
 def test_start_up_waits_for_a_database_that_comes_up_late(
