@@ -15,6 +15,7 @@ Settings chosen for a fast, lossless failover (see docs/ha.md):
   in place (the default waits 300 s for it to come back).
 - loop_wait 1 / retry_timeout 3 / ttl 8: Patroni's HA loop every second (ttl must cover
   loop_wait + 2 x retry_timeout).
+- wal_retrieve_retry_interval 500ms: the other standby re-attaches to a new primary fast.
 """
 
 from __future__ import annotations
@@ -153,10 +154,9 @@ class PatroniCluster:
             (directory / "patroni.yml").write_text(yaml.safe_dump(self._config(node, bin_dir)))
             self._chown(directory)
             self.nodes.append(node)
-        # The first node bootstraps alone; the others then clone it (no initdb race).
-        self._start_node(self.nodes[0])
-        self.wait_for(lambda: self.leader() is not None, timeout, "a leader")
-        for node in self.nodes[1:]:
+        # All at once: one wins the DCS's initialize key and runs initdb, the others wait
+        # for it and clone it.
+        for node in self.nodes:
             self._start_node(node)
         self.wait_for(self.healthy, timeout, "every replica streaming, one synchronous")
 

@@ -65,7 +65,7 @@ async def test_failover_loses_no_acknowledged_write(
     try:
         address = service.wait_ready()
         pid = service.proc.pid
-        report = await run_failover(cluster, address)
+        report = await run_failover(cluster, address, after_recovery=1.0)
         summary = report.summary()
         print(f"HA failover: {summary}")
         for key, value in summary.items():
