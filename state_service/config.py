@@ -39,6 +39,14 @@ class StateServiceSettings:
     pool_timeout_seconds: float = 5.0
     # STATE_DB_CONNECT_TIMEOUT_SECONDS: how long start-up waits for the database.
     connect_timeout_seconds: float = 30.0
+    # STATE_DB_CHECK_INTERVAL_SECONDS: how often a background probe (SELECT 1 on its own
+    # connection) checks the database while it answers; it drives grpc.health.
+    db_check_interval_seconds: float = 1.0
+    # STATE_DB_RETRY_INTERVAL_SECONDS: how often the probe tries to reconnect while the
+    # database is unreachable (calls fail fast with UNAVAILABLE meanwhile).
+    db_retry_interval_seconds: float = 0.25
+    # STATE_DB_CHECK_TIMEOUT_SECONDS: a probe slower than this counts as unreachable.
+    db_check_timeout_seconds: float = 3.0
     # STATE_MAX_PAYLOAD_BYTES: largest AgentState accepted (RESOURCE_EXHAUSTED above).
     max_payload_bytes: int = 8 * MIB
     # STATE_GRPC_MAX_MESSAGE_BYTES: gRPC receive/send limit; keep above the payload limit.
@@ -71,6 +79,15 @@ class StateServiceSettings:
             ),
             connect_timeout_seconds=env_float(
                 env, "STATE_DB_CONNECT_TIMEOUT_SECONDS", d.connect_timeout_seconds, minimum=0.1
+            ),
+            db_check_interval_seconds=env_float(
+                env, "STATE_DB_CHECK_INTERVAL_SECONDS", d.db_check_interval_seconds, minimum=0.05
+            ),
+            db_retry_interval_seconds=env_float(
+                env, "STATE_DB_RETRY_INTERVAL_SECONDS", d.db_retry_interval_seconds, minimum=0.05
+            ),
+            db_check_timeout_seconds=env_float(
+                env, "STATE_DB_CHECK_TIMEOUT_SECONDS", d.db_check_timeout_seconds, minimum=0.1
             ),
             max_payload_bytes=env_int(
                 env, "STATE_MAX_PAYLOAD_BYTES", d.max_payload_bytes, minimum=2
