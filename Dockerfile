@@ -7,7 +7,7 @@
 #   docker build -t agentstate:0.1.0 .
 #
 # Only the runtime dependencies are installed (no [dev] extra). The image runs as an
-# unprivileged user (uid/gid 10001, the runAsUser of k8s/agent.yaml) and works with a
+# unprivileged user (uid/gid 10001, the runAsUser of k8s/base/agent.yaml) and works with a
 # read-only root filesystem: bytecode is compiled at build time.
 
 FROM python:3.11-slim AS build

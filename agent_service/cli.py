@@ -25,7 +25,6 @@ import grpc
 from agent_service.servicer import USER_ID_METADATA_KEY
 from agentstate.agent.v1 import agent_service_pb2 as pb
 from agentstate.agent.v1 import agent_service_pb2_grpc as pb_grpc
-from agentstate.state.v1 import state_service_pb2 as spb
 
 _STATUS_WORDS = {
     pb.TOOL_CALL_STATUS_RUNNING: "running",
@@ -131,10 +130,10 @@ def converse(
     return conversation_id
 
 
-def print_history(records: Iterable[spb.MessageRecord], out: TextIO = sys.stdout) -> None:
+def print_history(records: Iterable[pb.MessageRecord], out: TextIO = sys.stdout) -> None:
     for record in records:
-        who = "user" if record.role == spb.MESSAGE_ROLE_USER else "assistant"
-        status = spb.MessageStatus.Name(record.status).removeprefix("MESSAGE_STATUS_")
+        who = "user" if record.role == pb.MESSAGE_ROLE_USER else "assistant"
+        status = pb.MessageStatus.Name(record.status).removeprefix("MESSAGE_STATUS_")
         out.write(f"── {who} · message {record.message_id} · {status}\n")
         for block in json.loads(record.blocks_json):
             kind = block.get("type")
@@ -203,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
                     pb.ListMessagesRequest(conversation_id=args.conversation, page_size=1000),
                     metadata=md,
                 )
-                print_history(page.messages)
+                print_history(page.records)
             elif args.command == "stop":
                 stopped = stub.Stop(pb.StopRequest(task_id=args.task), metadata=md)
                 print(f"asked the turn of conversation {stopped.conversation_id} to stop")

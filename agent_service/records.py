@@ -1,15 +1,16 @@
-"""What the runtime asks of the state service, in its own types (no protobuf).
+"""What the agent asks of the state service, in its own types (no protobuf).
 
-The message records a UI replays, the writes a turn makes to them, and what
-starting and ending a turn take and give. StateClient translates these to and
-from the StateService contract; nothing else in the runtime knows that contract.
+Conversations and the message records a UI replays, the writes a turn makes to
+them, and what starting and ending a turn take and give. StateClient translates
+these to and from the StateService contract; nothing else in the agent knows it.
 """
 
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any
+from datetime import datetime
+from typing import Any, Generic, TypeVar
 
 from agent_service.agent_state import AgentState
 
@@ -111,3 +112,53 @@ class BegunTurn:
 class EndedTurn:
     version: int
     lease_released: bool
+
+
+@dataclass(frozen=True)
+class LoadedState:
+    state: AgentState | None  # None: the conversation has no state yet
+    version: int  # 0 when there is no state
+
+
+@dataclass(frozen=True)
+class LeaseInfo:
+    task_id: str
+    conversation_id: str
+    stop_requested: bool
+    expire_time: datetime
+
+
+@dataclass(frozen=True)
+class Conversation:
+    conversation_id: str
+    title: str
+    create_time: datetime
+    update_time: datetime
+
+
+@dataclass(frozen=True)
+class MessageRecord:
+    message_id: str
+    conversation_id: str
+    role: RecordRole
+    blocks_json: bytes
+    status: RecordStatus
+    metadata_json: bytes
+    create_time: datetime
+    update_time: datetime
+
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Page(Generic[T]):
+    items: list[T]
+    next_page_token: str  # "" on the last page
+
+
+@dataclass(frozen=True)
+class Deleted:
+    conversations: int
+    messages: int
+    states: int

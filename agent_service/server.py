@@ -133,7 +133,7 @@ class AgentServiceApp:
         server = create_server(
             max_message_bytes=limit, interceptors=telemetry.grpc_server_interceptors()
         )
-        pb_grpc.add_AgentServiceServicer_to_server(AgentServicer(runner), server)
+        pb_grpc.add_AgentServiceServicer_to_server(AgentServicer(runner, state), server)
         self._health = add_health_and_reflection(server, [SERVICE_NAME])
         address = bind(server, settings.listen_address)
         await server.start()

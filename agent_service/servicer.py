@@ -7,6 +7,7 @@ import functools
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import datetime
 from typing import Any, NoReturn, TypeVar
 
 import grpc
@@ -33,7 +34,9 @@ from agent_service.events import (
     ToolStatus,
     TurnEvent,
 )
+from agent_service.records import Conversation, MessageRecord, RecordRole, RecordStatus
 from agent_service.runtime import TurnRunner
+from agent_service.state_client import StateClient
 from agentstate.agent.v1 import agent_service_pb2 as pb
 from agentstate.agent.v1 import agent_service_pb2_grpc as pb_grpc
 from agentstate.common import error_details
@@ -123,7 +126,11 @@ def event_to_pb(event: TurnEvent) -> pb.TurnEvent:
         return pb.TurnEvent(hint=pb.HintEvent(text=event.text))
     if isinstance(event, Finished):
         return pb.TurnEvent(
-            finish=pb.FinishEvent(message_id=event.message_id, status=spb.MESSAGE_STATUS_NORMAL)
+            finish=pb.FinishEvent(
+                message_id=event.message_id,
+                status=spb.MESSAGE_STATUS_NORMAL,
+                record_status=pb.MESSAGE_STATUS_NORMAL,
+            )
         )
     if isinstance(event, CardShown):
         expire = Timestamp()
@@ -177,9 +184,79 @@ def _grpc_errors(
     return wrapper
 
 
+_ROLES = {RecordRole.USER: pb.MESSAGE_ROLE_USER, RecordRole.ASSISTANT: pb.MESSAGE_ROLE_ASSISTANT}
+_STATUSES = {
+    RecordStatus.NORMAL: pb.MESSAGE_STATUS_NORMAL,
+    RecordStatus.AWAITING_CONFIRM: pb.MESSAGE_STATUS_AWAITING_CONFIRM,
+    RecordStatus.INTERRUPTED: pb.MESSAGE_STATUS_INTERRUPTED,
+    RecordStatus.ERROR: pb.MESSAGE_STATUS_ERROR,
+    RecordStatus.STREAMING: pb.MESSAGE_STATUS_STREAMING,
+}
+
+
+def _timestamp(value: datetime) -> Timestamp:
+    stamp = Timestamp()
+    stamp.FromDatetime(value)
+    return stamp
+
+
+def conversation_to_pb(conversation: Conversation) -> pb.Conversation:
+    return pb.Conversation(
+        conversation_id=conversation.conversation_id,
+        title=conversation.title,
+        create_time=_timestamp(conversation.create_time),
+        update_time=_timestamp(conversation.update_time),
+    )
+
+
+def record_to_pb(record: MessageRecord) -> pb.MessageRecord:
+    return pb.MessageRecord(
+        message_id=record.message_id,
+        conversation_id=record.conversation_id,
+        role=_ROLES[record.role],
+        blocks_json=record.blocks_json,
+        status=_STATUSES[record.status],
+        metadata_json=record.metadata_json,
+        create_time=_timestamp(record.create_time),
+        update_time=_timestamp(record.update_time),
+    )
+
+
+# The deprecated v1 fields that carry the state service's own types (agent_service.proto).
+_LEGACY_STATUSES = {
+    status: spb.MessageStatus.Value(f"MESSAGE_STATUS_{status.value}") for status in RecordStatus
+}
+_LEGACY_ROLES = {role: spb.MessageRole.Value(f"MESSAGE_ROLE_{role.value}") for role in RecordRole}
+
+
+def legacy_conversation(conversation: Conversation, user_id: str) -> spb.Conversation:
+    return spb.Conversation(
+        conversation_id=conversation.conversation_id,
+        user_id=user_id,
+        title=conversation.title,
+        create_time=_timestamp(conversation.create_time),
+        update_time=_timestamp(conversation.update_time),
+    )
+
+
+def legacy_record(record: MessageRecord, user_id: str) -> spb.MessageRecord:
+    return spb.MessageRecord(
+        message_id=record.message_id,
+        conversation_id=record.conversation_id,
+        user_id=user_id,
+        role=_LEGACY_ROLES[record.role],
+        blocks_json=record.blocks_json,
+        status=_LEGACY_STATUSES[record.status],
+        metadata_json=record.metadata_json,
+        create_time=_timestamp(record.create_time),
+        update_time=_timestamp(record.update_time),
+    )
+
+
 class AgentServicer(pb_grpc.AgentServiceServicer):
-    def __init__(self, runner: TurnRunner) -> None:
+    def __init__(self, runner: TurnRunner, state: StateClient) -> None:
         self._runner = runner
+        self._state = state
 
     async def _stream_turn(
         self, context: Context, run: Callable[[str, Emit], Awaitable[None]]
@@ -253,50 +330,58 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
     async def ListConversations(
         self, request: pb.ListConversationsRequest, context: Context
     ) -> pb.ListConversationsResponse:
-        page = await self._runner.state.list_conversations(
-            user_id_of(context), request.page_size, request.page_token
-        )
+        user_id = user_id_of(context)
+        page = await self._state.list_conversations(user_id, request.page_size, request.page_token)
         return pb.ListConversationsResponse(
-            conversations=page.conversations, next_page_token=page.next_page_token
+            items=[conversation_to_pb(c) for c in page.items],
+            conversations=[legacy_conversation(c, user_id) for c in page.items],
+            next_page_token=page.next_page_token,
         )
 
     @_grpc_errors
     async def ListMessages(
         self, request: pb.ListMessagesRequest, context: Context
     ) -> pb.ListMessagesResponse:
-        page = await self._runner.state.list_messages(
-            user_id_of(context), request.conversation_id, request.page_size, request.page_token
+        user_id = user_id_of(context)
+        page = await self._state.list_messages(
+            user_id, request.conversation_id, request.page_size, request.page_token
         )
-        return pb.ListMessagesResponse(messages=page.messages, next_page_token=page.next_page_token)
+        return pb.ListMessagesResponse(
+            records=[record_to_pb(r) for r in page.items],
+            messages=[legacy_record(r, user_id) for r in page.items],
+            next_page_token=page.next_page_token,
+        )
 
     @_grpc_errors
     async def RenameConversation(
         self, request: pb.RenameConversationRequest, context: Context
     ) -> pb.RenameConversationResponse:
-        conversation = await self._runner.state.rename_conversation(
-            user_id_of(context), request.conversation_id, request.title
+        user_id = user_id_of(context)
+        conversation = await self._state.rename_conversation(
+            user_id, request.conversation_id, request.title
         )
-        return pb.RenameConversationResponse(conversation=conversation)
+        return pb.RenameConversationResponse(
+            renamed=conversation_to_pb(conversation),
+            conversation=legacy_conversation(conversation, user_id),
+        )
 
     @_grpc_errors
     async def DeleteConversation(
         self, request: pb.DeleteConversationRequest, context: Context
     ) -> pb.DeleteConversationResponse:
-        deleted = await self._runner.state.delete_conversations(
+        deleted = await self._state.delete_conversations(
             user_id_of(context), [request.conversation_id]
         )
-        return pb.DeleteConversationResponse(messages_deleted=deleted.messages_deleted)
+        return pb.DeleteConversationResponse(messages_deleted=deleted.messages)
 
     @_grpc_errors
     async def BatchDeleteConversations(
         self, request: pb.BatchDeleteConversationsRequest, context: Context
     ) -> pb.BatchDeleteConversationsResponse:
-        deleted = await self._runner.state.delete_conversations(
+        deleted = await self._state.delete_conversations(
             user_id_of(context), list(request.conversation_ids)
         )
-        return pb.BatchDeleteConversationsResponse(
-            conversations_deleted=deleted.conversations_deleted
-        )
+        return pb.BatchDeleteConversationsResponse(conversations_deleted=deleted.conversations)
 
     @_grpc_errors
     async def GetRagHistory(
@@ -307,24 +392,23 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
             raise errors.InvalidInput(f"turns must be between 1 and {MAX_TURNS}")
         user_id = user_id_of(context)
         # Read the tail, newest first, until it holds more user messages than turns.
-        records: list[spb.MessageRecord] = []
+        records: list[MessageRecord] = []
         token = ""
         while True:
-            page = await self._runner.state.list_messages(
+            page = await self._state.list_messages(
                 user_id, request.conversation_id, 200, token, newest_first=True
             )
-            records.extend(page.messages)
+            records.extend(page.items)
             token = page.next_page_token
-            users = sum(1 for r in records if r.role == spb.MESSAGE_ROLE_USER)
+            users = sum(1 for r in records if r.role is RecordRole.USER)
             if not token or users > turns:
                 break
         history = rag_history(
             (
                 HistoryRecord(
-                    role="user" if r.role == spb.MESSAGE_ROLE_USER else "assistant",
+                    role="user" if r.role is RecordRole.USER else "assistant",
                     blocks_json=r.blocks_json,
-                    complete=r.status
-                    not in (spb.MESSAGE_STATUS_STREAMING, spb.MESSAGE_STATUS_ERROR),
+                    complete=r.status not in (RecordStatus.STREAMING, RecordStatus.ERROR),
                 )
                 for r in reversed(records)
             ),

@@ -1,29 +1,38 @@
-"""The state client: the only way the agent service reaches session state.
+"""The state client: the only way the agent service reaches session state, and the
+one place that speaks the StateService contract.
 
-It speaks the StateService contract over gRPC and turns its statuses into the
-runtime's errors (agent_service.errors), so nothing above it knows gRPC.
+It turns the runtime's types (agent_service.records) into protobuf and back, and the
+state service's statuses into the runtime's errors (agent_service.errors), so
+nothing above it knows gRPC or protobuf.
 """
 
 from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Coroutine, Sequence
+from datetime import UTC, datetime
 from typing import Any, ParamSpec, TypeVar
 
 import grpc
 import orjson
+from google.protobuf.timestamp_pb2 import Timestamp
 
 from agent_service import errors
 from agent_service.agent_state import AgentState
 from agent_service.records import (
     BegunTurn,
     CompactionNote,
+    Conversation,
+    Deleted,
     EndedTurn,
+    LeaseInfo,
+    LoadedState,
+    MessageRecord,
     NewRecord,
     NoOpenCard,
     OpenCard,
+    Page,
     RecordRole,
     RecordStatus,
     RecordUpdate,
@@ -55,7 +64,7 @@ _ERRORS: dict[grpc.StatusCode, type[errors.AgentError]] = {
 }
 
 
-def _translated(call: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
+def _translated(call: Callable[P, Coroutine[Any, Any, R]]) -> Callable[P, Coroutine[Any, Any, R]]:
     @functools.wraps(call)
     async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         try:
@@ -142,13 +151,49 @@ def _decode_state(payload: bytes, conversation_id: str) -> AgentState:
         ) from exc
 
 
-@dataclass(frozen=True)
-class LoadedState:
-    state: AgentState | None  # None: the conversation has no state yet
-    version: int  # 0 when there is no state
+def _time(value: Timestamp) -> datetime:
+    return value.ToDatetime(tzinfo=UTC)
+
+
+def conversation_of(message: pb.Conversation) -> Conversation:
+    return Conversation(
+        conversation_id=message.conversation_id,
+        title=message.title,
+        create_time=_time(message.create_time),
+        update_time=_time(message.update_time),
+    )
+
+
+_ROLE_OF = {v: k for k, v in _ROLES.items()}
+_STATUS_OF = {v: k for k, v in _STATUSES.items()}
+
+
+def record_of(message: pb.MessageRecord) -> MessageRecord:
+    return MessageRecord(
+        message_id=message.message_id,
+        conversation_id=message.conversation_id,
+        role=_ROLE_OF[message.role],
+        blocks_json=message.blocks_json,
+        status=_STATUS_OF[message.status],
+        metadata_json=message.metadata_json,
+        create_time=_time(message.create_time),
+        update_time=_time(message.update_time),
+    )
+
+
+def lease_of(message: pb.Lease) -> LeaseInfo:
+    return LeaseInfo(
+        task_id=message.task_id,
+        conversation_id=message.conversation_id,
+        stop_requested=message.stop_requested,
+        expire_time=_time(message.expire_time),
+    )
 
 
 class StateClient:
+    """The agent's StatePort over gRPC (see agent_service/runtime/port.py), plus the
+    conversation and record reads the agent's own API passes through."""
+
     def __init__(self, channel: grpc.aio.Channel, *, timeout_seconds: float = 10.0) -> None:
         self._stub = pb_grpc.StateServiceStub(channel)
         self._timeout = timeout_seconds
@@ -156,52 +201,41 @@ class StateClient:
     # -------------------------------------------------------- conversations
 
     @_translated
-    async def create_conversation(self, user_id: str, title: str) -> pb.Conversation:
-        response = await self._stub.CreateConversation(
-            pb.CreateConversationRequest(user_id=user_id, title=title), timeout=self._timeout
-        )
-        return response.conversation
-
-    @_translated
-    async def get_conversation(self, user_id: str, conversation_id: str) -> pb.Conversation:
-        response = await self._stub.GetConversation(
-            pb.GetConversationRequest(user_id=user_id, conversation_id=conversation_id),
-            timeout=self._timeout,
-        )
-        return response.conversation
-
-    @_translated
     async def list_conversations(
         self, user_id: str, page_size: int, page_token: str
-    ) -> pb.ListConversationsResponse:
-        return await self._stub.ListConversations(
+    ) -> Page[Conversation]:
+        response = await self._stub.ListConversations(
             pb.ListConversationsRequest(
                 user_id=user_id, page_size=page_size, page_token=page_token
             ),
             timeout=self._timeout,
         )
+        return Page([conversation_of(c) for c in response.conversations], response.next_page_token)
 
     @_translated
     async def rename_conversation(
         self, user_id: str, conversation_id: str, title: str
-    ) -> pb.Conversation:
+    ) -> Conversation:
         response = await self._stub.RenameConversation(
             pb.RenameConversationRequest(
                 user_id=user_id, conversation_id=conversation_id, title=title
             ),
             timeout=self._timeout,
         )
-        return response.conversation
+        return conversation_of(response.conversation)
 
     @_translated
-    async def delete_conversations(
-        self, user_id: str, conversation_ids: Sequence[str]
-    ) -> pb.BatchDeleteConversationsResponse:
-        return await self._stub.BatchDeleteConversations(
+    async def delete_conversations(self, user_id: str, conversation_ids: Sequence[str]) -> Deleted:
+        response = await self._stub.BatchDeleteConversations(
             pb.BatchDeleteConversationsRequest(
                 user_id=user_id, conversation_ids=list(conversation_ids)
             ),
             timeout=self._timeout,
+        )
+        return Deleted(
+            conversations=int(response.conversations_deleted),
+            messages=int(response.messages_deleted),
+            states=int(response.states_deleted),
         )
 
     # ---------------------------------------------------------------- state
@@ -242,62 +276,6 @@ class StateClient:
             finally:
                 span.set_attribute("agentstate.state.outcome", outcome)
                 LOAD_DURATION.record(
-                    time.perf_counter() - started, {"side": "client", "outcome": outcome}
-                )
-
-    @_translated
-    async def save(
-        self,
-        user_id: str,
-        conversation_id: str,
-        state: AgentState,
-        expected_version: int,
-        message_writes: Sequence[pb.MessageWrite] = (),
-        compaction_records: Sequence[pb.CompactionRecord] = (),
-        *,
-        payload: bytes | None = None,
-    ) -> pb.UpsertStateResponse:
-        """Compare-and-set save of the whole state plus message records, atomically.
-
-        `payload`: the state already encoded, when the caller has it (saves encoding twice).
-        """
-        payload = state.encode() if payload is None else payload
-        with tracer().start_as_current_span("state.save") as span:
-            span.set_attributes(
-                {
-                    "agentstate.conversation_id": conversation_id,
-                    "agentstate.state.payload_bytes": len(payload),
-                    "agentstate.state.message_count": len(state.context),
-                    "agentstate.state.version_read": expected_version,
-                    "agentstate.state.message_writes": len(message_writes),
-                }
-            )
-            PAYLOAD_SIZE.record(len(payload), {"side": "client", "op": "save"})
-            started = time.perf_counter()
-            outcome = "error"
-            try:
-                response: pb.UpsertStateResponse = await self._stub.UpsertState(
-                    pb.UpsertStateRequest(
-                        user_id=user_id,
-                        conversation_id=conversation_id,
-                        payload=payload,
-                        expected_version=expected_version,
-                        message_writes=list(message_writes),
-                        compaction_records=list(compaction_records),
-                    ),
-                    timeout=self._timeout,
-                )
-                outcome = "ok"
-                span.set_attribute("agentstate.state.version_written", int(response.version))
-                return response
-            except grpc.aio.AioRpcError as exc:
-                if exc.code() == grpc.StatusCode.ABORTED:
-                    outcome = "version_conflict"
-                    VERSION_CONFLICTS.add(1, {"side": "client"})
-                raise
-            finally:
-                span.set_attribute("agentstate.state.outcome", outcome)
-                SAVE_DURATION.record(
                     time.perf_counter() - started, {"side": "client", "outcome": outcome}
                 )
 
@@ -427,18 +405,6 @@ class StateClient:
     # ------------------------------------------------------------- messages
 
     @_translated
-    async def append_message(
-        self, user_id: str, conversation_id: str, message: pb.NewMessage
-    ) -> pb.MessageRecord:
-        response = await self._stub.AppendMessage(
-            pb.AppendMessageRequest(
-                user_id=user_id, conversation_id=conversation_id, message=message
-            ),
-            timeout=self._timeout,
-        )
-        return response.message
-
-    @_translated
     async def update_message(
         self, user_id: str, conversation_id: str, update: RecordUpdate
     ) -> None:
@@ -450,18 +416,6 @@ class StateClient:
         )
 
     @_translated
-    async def get_message(
-        self, user_id: str, conversation_id: str, message_id: str
-    ) -> pb.MessageRecord:
-        response = await self._stub.GetMessage(
-            pb.GetMessageRequest(
-                user_id=user_id, conversation_id=conversation_id, message_id=message_id
-            ),
-            timeout=self._timeout,
-        )
-        return response.message
-
-    @_translated
     async def list_messages(
         self,
         user_id: str,
@@ -469,8 +423,8 @@ class StateClient:
         page_size: int,
         page_token: str,
         newest_first: bool = False,
-    ) -> pb.ListMessagesResponse:
-        return await self._stub.ListMessages(
+    ) -> Page[MessageRecord]:
+        response = await self._stub.ListMessages(
             pb.ListMessagesRequest(
                 user_id=user_id,
                 conversation_id=conversation_id,
@@ -480,32 +434,17 @@ class StateClient:
             ),
             timeout=self._timeout,
         )
+        return Page([record_of(m) for m in response.messages], response.next_page_token)
 
     # --------------------------------------------------------------- leases
 
     @_translated
-    async def acquire_lease(
-        self, user_id: str, conversation_id: str, holder: str, ttl_ms: int, max_user_leases: int
-    ) -> pb.AcquireLeaseResponse:
-        """The lease, and `lapsed_task_id` when it replaced a turn that never finished."""
-        return await self._stub.AcquireLease(
-            pb.AcquireLeaseRequest(
-                user_id=user_id,
-                conversation_id=conversation_id,
-                holder=holder,
-                ttl_ms=ttl_ms,
-                max_user_leases=max_user_leases,
-            ),
-            timeout=self._timeout,
-        )
-
-    @_translated
-    async def renew_lease(self, user_id: str, task_id: str, ttl_ms: int) -> pb.Lease:
+    async def renew_lease(self, user_id: str, task_id: str, ttl_ms: int) -> LeaseInfo:
         response = await self._stub.RenewLease(
             pb.RenewLeaseRequest(user_id=user_id, task_id=task_id, ttl_ms=ttl_ms),
             timeout=self._timeout,
         )
-        return response.lease
+        return lease_of(response.lease)
 
     @_translated
     async def release_lease(self, user_id: str, task_id: str) -> bool:
@@ -515,18 +454,8 @@ class StateClient:
         return bool(response.released)
 
     @_translated
-    async def request_stop(self, user_id: str, task_id: str) -> pb.Lease:
+    async def request_stop(self, user_id: str, task_id: str) -> LeaseInfo:
         response = await self._stub.RequestStop(
             pb.RequestStopRequest(user_id=user_id, task_id=task_id), timeout=self._timeout
         )
-        return response.lease
-
-    @_translated
-    async def list_compactions(
-        self, user_id: str, conversation_id: str
-    ) -> list[pb.CompactionRecord]:
-        response = await self._stub.ListCompactions(
-            pb.ListCompactionsRequest(user_id=user_id, conversation_id=conversation_id),
-            timeout=self._timeout,
-        )
-        return list(response.compactions)
+        return lease_of(response.lease)

@@ -65,6 +65,26 @@ class StateServiceSettings(EnvSettings):
         ge=0.1,
         description="how long start-up waits for the database",
     )
+    db_check_interval_seconds: float = Field(
+        default=1.0,
+        validation_alias="STATE_DB_CHECK_INTERVAL_SECONDS",
+        ge=0.05,
+        description="how often a background probe (SELECT 1 on its own connection) checks "
+        "the database while it answers; it drives grpc.health",
+    )
+    db_retry_interval_seconds: float = Field(
+        default=0.25,
+        validation_alias="STATE_DB_RETRY_INTERVAL_SECONDS",
+        ge=0.05,
+        description="how often the probe reconnects while the database is unreachable "
+        "(calls fail fast with UNAVAILABLE meanwhile)",
+    )
+    db_check_timeout_seconds: float = Field(
+        default=3.0,
+        validation_alias="STATE_DB_CHECK_TIMEOUT_SECONDS",
+        ge=0.1,
+        description="a probe slower than this counts as unreachable",
+    )
     max_payload_bytes: int = Field(
         default=8 * MIB,
         validation_alias="STATE_MAX_PAYLOAD_BYTES",

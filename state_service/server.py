@@ -19,6 +19,7 @@ from agentstate.common.grpc_server import (
     install_stop_signals,
     set_serving,
 )
+from agentstate.common.pg_pool import WatchSettings
 from agentstate.common.state_metrics import PURGED
 from agentstate.state.v1 import state_service_pb2 as pb
 from agentstate.state.v1 import state_service_pb2_grpc as pb_grpc
@@ -59,10 +60,18 @@ class StateServiceApp:
         await server.start()
         self._server = server
         await set_serving(self._health, [SERVICE_NAME])
+        if isinstance(self.store, PostgresStore):
+            # Readiness: NOT_SERVING while the database is unreachable, SERVING once back.
+            self.store.guard.add_listener(self._database_changed)
+            if not self.store.guard.available:  # it went away while we were starting
+                await self._database_changed(False, "unreachable")
         if self.settings.retention_days > 0:
             self._sweeper = asyncio.create_task(self._sweep_forever(self.store))
         log.info("state service listening on %s (store: %s)", address, self.settings.store)
         return address
+
+    async def _database_changed(self, available: bool, reason: str) -> None:
+        await set_serving(self._health, [SERVICE_NAME], serving=available)
 
     async def _sweep_forever(self, store: StateStore) -> None:
         """Retention: every interval, delete conversations untouched for retention_days."""
@@ -105,6 +114,11 @@ class StateServiceApp:
             timeout=settings.pool_timeout_seconds,
             connect_timeout=settings.connect_timeout_seconds,
             migrate=settings.migrate_on_start,
+        )
+        store.guard.watch_settings = WatchSettings(
+            interval=settings.db_check_interval_seconds,
+            retry_interval=settings.db_retry_interval_seconds,
+            timeout=settings.db_check_timeout_seconds,
         )
         try:
             await store.open()

@@ -63,6 +63,32 @@ Response = TypeVar("Response")
 Handler = Callable[[Any, Request, grpc.aio.ServicerContext[Any, Any]], Awaitable[Response]]
 
 
+class _Throttle:
+    """At most one log line per `interval` seconds, counting the ones left out."""
+
+    def __init__(self, interval: float) -> None:
+        self._interval = interval
+        self._next = 0.0
+        self._skipped = 0
+
+    def due(self) -> bool:
+        now = time.monotonic()
+        if now < self._next:
+            self._skipped += 1
+            return False
+        self._next = now + self._interval
+        return True
+
+    def take_skipped(self) -> int:
+        skipped, self._skipped = self._skipped, 0
+        return skipped
+
+
+# During an outage calls fail fast, possibly thousands a second; the outage itself is
+# logged once by the pool's watcher (agentstate/common/pg_pool.py).
+_UNAVAILABLE_LOG = _Throttle(5.0)
+
+
 def _grpc_errors(handler: Handler[Request, Response]) -> Handler[Request, Response]:
     """Turn domain errors into gRPC statuses with the domain's message, their trailers
     and a google.rpc.ErrorInfo detail (agentstate.common.error_details)."""
@@ -82,8 +108,13 @@ def _grpc_errors(handler: Handler[Request, Response]) -> Handler[Request, Respon
             elif isinstance(exc, d.CardPending):
                 trailers = ((AWAITING_MESSAGE_TRAILER, str(exc.message_id)),)
             code = status_code(exc)
-            if code is grpc.StatusCode.UNAVAILABLE:
-                log.warning("%s: %s", handler.__name__, exc)
+            if code is grpc.StatusCode.UNAVAILABLE and _UNAVAILABLE_LOG.due():
+                log.warning(
+                    "%s: %s (%d more UNAVAILABLE since the last one logged)",
+                    handler.__name__,
+                    exc,
+                    _UNAVAILABLE_LOG.take_skipped(),
+                )
             # The trailers stay for existing clients; the ErrorInfo detail says the same.
             detail = error_details.state_error_detail(exc, handler.__name__)
             await error_details.abort(context, code, str(exc), detail, trailers)

@@ -55,9 +55,16 @@ def add_health_and_reflection(server: grpc.aio.Server, service_names: Iterable[s
     return health_servicer
 
 
-async def set_serving(health_servicer: Any, names: Iterable[str]) -> None:
+async def set_serving(health_servicer: Any, names: Iterable[str], *, serving: bool = True) -> None:
+    """SERVING (or NOT_SERVING) overall ("") and for each service; ignored once the
+    servicer has entered graceful shutdown."""
+    status = (
+        health_pb2.HealthCheckResponse.SERVING
+        if serving
+        else health_pb2.HealthCheckResponse.NOT_SERVING
+    )
     for name in ["", *names]:
-        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+        await health_servicer.set(name, status)
 
 
 def install_stop_signals(stop: asyncio.Event) -> None:

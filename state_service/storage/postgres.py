@@ -346,6 +346,11 @@ class PostgresStore(StateStore):
     def pool(self) -> AsyncConnectionPool[Conn]:
         return self._pool.pool
 
+    @property
+    def guard(self) -> GuardedPool:
+        """The pool's outage guard: availability, its listeners and probe settings."""
+        return self._pool
+
     async def open(self) -> None:
         await self._pool.open()
         if self._migrate:

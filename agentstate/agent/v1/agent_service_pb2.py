@@ -26,7 +26,7 @@ from agentstate.state.v1 import state_service_pb2 as agentstate_dot_state_dot_v1
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\'agentstate/agent/v1/agent_service.proto\x12\x13\x61gentstate.agent.v1\x1a\'agentstate/state/v1/state_service.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"8\n\x0b\x43hatRequest\x12\x17\n\x0f\x63onversation_id\x18\x01 \x01(\t\x12\x10\n\x08question\x18\x02 \x01(\t\"O\n\x0e\x43onfirmRequest\x12\x17\n\x0f\x63onversation_id\x18\x01 \x01(\t\x12\x12\n\nmessage_id\x18\x02 \x01(\t\x12\x10\n\x08\x61pproved\x18\x03 \x01(\x08\"\x1e\n\x0bStopRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\"\'\n\x0cStopResponse\x12\x17\n\x0f\x63onversation_id\x18\x01 \x01(\t\"=\n\x0c\x43hatResponse\x12-\n\x05\x65vent\x18\x01 \x01(\x0b\x32\x1e.agentstate.agent.v1.TurnEvent\"@\n\x0f\x43onfirmResponse\x12-\n\x05\x65vent\x18\x01 \x01(\x0b\x32\x1e.agentstate.agent.v1.TurnEvent\"\xaa\x03\n\tTurnEvent\x12.\n\x04meta\x18\x01 \x01(\x0b\x32\x1e.agentstate.agent.v1.MetaEventH\x00\x12\x34\n\x07message\x18\x02 \x01(\x0b\x32!.agentstate.agent.v1.MessageEventH\x00\x12\x30\n\x05\x62lock\x18\x03 \x01(\x0b\x32\x1f.agentstate.agent.v1.BlockEventH\x00\x12.\n\x04hint\x18\x04 \x01(\x0b\x32\x1e.agentstate.agent.v1.HintEventH\x00\x12\x32\n\x06\x66inish\x18\x05 \x01(\x0b\x32 .agentstate.agent.v1.FinishEventH\x00\x12\x34\n\x07\x63onfirm\x18\x06 \x01(\x0b\x32!.agentstate.agent.v1.ConfirmEventH\x00\x12\x32\n\x06\x63\x61ncel\x18\x07 \x01(\x0b\x32 .agentstate.agent.v1.CancelEventH\x00\x12.\n\x04\x64one\x18\x08 \x01(\x0b\x32\x1e.agentstate.agent.v1.DoneEventH\x00\x42\x07\n\x05\x65vent\"O\n\tMetaEvent\x12\x17\n\x0f\x63onversation_id\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12\x18\n\x10new_conversation\x18\x03 \x01(\x08\"M\n\x0cMessageEvent\x12.\n\x04type\x18\x01 \x01(\x0e\x32 .agentstate.agent.v1.MessageType\x12\r\n\x05\x64\x65lta\x18\x02 \x01(\t\"\x8e\x01\n\nBlockEvent\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\t\x12\x11\n\ttool_name\x18\x02 \x01(\t\x12\x33\n\x06status\x18\x03 \x01(\x0e\x32#.agentstate.agent.v1.ToolCallStatus\x12\x16\n\x0e\x61rguments_json\x18\x04 \x01(\x0c\x12\x0f\n\x07summary\x18\x05 \x01(\t\"\x19\n\tHintEvent\x12\x0c\n\x04text\x18\x01 \x01(\t\"U\n\x0b\x46inishEvent\x12\x12\n\nmessage_id\x18\x01 \x01(\t\x12\x32\n\x06status\x18\x02 \x01(\x0e\x32\".agentstate.state.v1.MessageStatus\",\n\x0c\x44isplayField\x12\r\n\x05label\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t\"\x93\x01\n\x0b\x43onfirmCall\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\t\x12\x11\n\ttool_name\x18\x02 \x01(\t\x12\r\n\x05title\x18\x03 \x01(\t\x12\x39\n\x0e\x64isplay_fields\x18\x04 \x03(\x0b\x32!.agentstate.agent.v1.DisplayField\x12\x16\n\x0e\x61rguments_json\x18\x05 \x01(\x0c\"\x93\x01\n\x0c\x43onfirmEvent\x12\x12\n\nmessage_id\x18\x01 \x01(\t\x12\r\n\x05title\x18\x02 \x01(\t\x12/\n\x05\x63\x61lls\x18\x03 \x03(\x0b\x32 .agentstate.agent.v1.ConfirmCall\x12/\n\x0b\x65xpire_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"1\n\x0b\x43\x61ncelEvent\x12\x12\n\nmessage_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\x0b\n\tDoneEvent\"A\n\x18ListConversationsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\"n\n\x19ListConversationsResponse\x12\x38\n\rconversations\x18\x01 \x03(\x0b\x32!.agentstate.state.v1.Conversation\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"U\n\x13ListMessagesRequest\x12\x17\n\x0f\x63onversation_id\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\"e\n\x14ListMessagesResponse\x12\x34\n\x08messages\x18\x01 \x03(\x0b\x32\".agentstate.state.v1.MessageRecord\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"C\n\x19RenameConversationRequest\x12\x17\n\x0f\x63onversation_id\x18\x01 \x01(\t\x12\r\n\x05title\x18\x02 \x01(\t\"U\n\x1aRenameConversationResponse\x12\x37\n\x0c\x63onversation\x18\x01 \x01(\x0b\x32!.agentstate.state.v1.Conversation\"4\n\x19\x44\x65leteConversationRequest\x12\x17\n\x0f\x63onversation_id\x18\x01 \x01(\t\"6\n\x1a\x44\x65leteConversationResponse\x12\x18\n\x10messages_deleted\x18\x01 \x01(\x03\";\n\x1f\x42\x61tchDeleteConversationsRequest\x12\x18\n\x10\x63onversation_ids\x18\x01 \x03(\t\"A\n BatchDeleteConversationsResponse\x12\x1d\n\x15\x63onversations_deleted\x18\x01 \x01(\x03\">\n\x14GetRagHistoryRequest\x12\x17\n\x0f\x63onversation_id\x18\x01 \x01(\t\x12\r\n\x05turns\x18\x02 \x01(\x05\",\n\x0eHistoryMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\"N\n\x15GetRagHistoryResponse\x12\x35\n\x08messages\x18\x01 \x03(\x0b\x32#.agentstate.agent.v1.HistoryMessage*y\n\x0bMessageType\x12\x1c\n\x18MESSAGE_TYPE_UNSPECIFIED\x10\x00\x12\x19\n\x15MESSAGE_TYPE_THINKING\x10\x01\x12\x19\n\x15MESSAGE_TYPE_RESPONSE\x10\x02\x12\x16\n\x12MESSAGE_TYPE_ERROR\x10\x03*\xe9\x01\n\x0eToolCallStatus\x12 \n\x1cTOOL_CALL_STATUS_UNSPECIFIED\x10\x00\x12\x1c\n\x18TOOL_CALL_STATUS_RUNNING\x10\x01\x12\x1e\n\x1aTOOL_CALL_STATUS_SUCCEEDED\x10\x02\x12\x1b\n\x17TOOL_CALL_STATUS_FAILED\x10\x03\x12\x1b\n\x17TOOL_CALL_STATUS_ASKING\x10\x04\x12\x1b\n\x17TOOL_CALL_STATUS_DENIED\x10\x05\x12 \n\x1cTOOL_CALL_STATUS_INTERRUPTED\x10\x06\x32\xbb\x07\n\x0c\x41gentService\x12M\n\x04\x43hat\x12 .agentstate.agent.v1.ChatRequest\x1a!.agentstate.agent.v1.ChatResponse0\x01\x12V\n\x07\x43onfirm\x12#.agentstate.agent.v1.ConfirmRequest\x1a$.agentstate.agent.v1.ConfirmResponse0\x01\x12K\n\x04Stop\x12 .agentstate.agent.v1.StopRequest\x1a!.agentstate.agent.v1.StopResponse\x12r\n\x11ListConversations\x12-.agentstate.agent.v1.ListConversationsRequest\x1a..agentstate.agent.v1.ListConversationsResponse\x12\x63\n\x0cListMessages\x12(.agentstate.agent.v1.ListMessagesRequest\x1a).agentstate.agent.v1.ListMessagesResponse\x12\x66\n\rGetRagHistory\x12).agentstate.agent.v1.GetRagHistoryRequest\x1a*.agentstate.agent.v1.GetRagHistoryResponse\x12u\n\x12RenameConversation\x12..agentstate.agent.v1.RenameConversationRequest\x1a/.agentstate.agent.v1.RenameConversationResponse\x12u\n\x12\x44\x65leteConversation\x12..agentstate.agent.v1.DeleteConversationRequest\x1a/.agentstate.agent.v1.DeleteConversationResponse\x12\x87\x01\n\x18\x42\x61tchDeleteConversations\x12\x34.agentstate.agent.v1.BatchDeleteConversationsRequest\x1a\x35.agentstate.agent.v1.BatchDeleteConversationsResponseBL\n\x16io.agentstate.agent.v1P\x01Z0agentstate.io/gen/go/agentstate/agent/v1;agentv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\'agentstate/agent/v1/agent_service.proto\x12\x13\x61gentstate.agent.v1\x1a\'agentstate/state/v1/state_service.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"8\n\x0b\x43hatRequest\x12\x17\n\x0f\x63onversation_id\x18\x01 \x01(\t\x12\x10\n\x08question\x18\x02 \x01(\t\"O\n\x0e\x43onfirmRequest\x12\x17\n\x0f\x63onversation_id\x18\x01 \x01(\t\x12\x12\n\nmessage_id\x18\x02 \x01(\t\x12\x10\n\x08\x61pproved\x18\x03 \x01(\x08\"\x1e\n\x0bStopRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\"\'\n\x0cStopResponse\x12\x17\n\x0f\x63onversation_id\x18\x01 \x01(\t\"=\n\x0c\x43hatResponse\x12-\n\x05\x65vent\x18\x01 \x01(\x0b\x32\x1e.agentstate.agent.v1.TurnEvent\"@\n\x0f\x43onfirmResponse\x12-\n\x05\x65vent\x18\x01 \x01(\x0b\x32\x1e.agentstate.agent.v1.TurnEvent\"\xaa\x03\n\tTurnEvent\x12.\n\x04meta\x18\x01 \x01(\x0b\x32\x1e.agentstate.agent.v1.MetaEventH\x00\x12\x34\n\x07message\x18\x02 \x01(\x0b\x32!.agentstate.agent.v1.MessageEventH\x00\x12\x30\n\x05\x62lock\x18\x03 \x01(\x0b\x32\x1f.agentstate.agent.v1.BlockEventH\x00\x12.\n\x04hint\x18\x04 \x01(\x0b\x32\x1e.agentstate.agent.v1.HintEventH\x00\x12\x32\n\x06\x66inish\x18\x05 \x01(\x0b\x32 .agentstate.agent.v1.FinishEventH\x00\x12\x34\n\x07\x63onfirm\x18\x06 \x01(\x0b\x32!.agentstate.agent.v1.ConfirmEventH\x00\x12\x32\n\x06\x63\x61ncel\x18\x07 \x01(\x0b\x32 .agentstate.agent.v1.CancelEventH\x00\x12.\n\x04\x64one\x18\x08 \x01(\x0b\x32\x1e.agentstate.agent.v1.DoneEventH\x00\x42\x07\n\x05\x65vent\"O\n\tMetaEvent\x12\x17\n\x0f\x63onversation_id\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12\x18\n\x10new_conversation\x18\x03 \x01(\x08\"M\n\x0cMessageEvent\x12.\n\x04type\x18\x01 \x01(\x0e\x32 .agentstate.agent.v1.MessageType\x12\r\n\x05\x64\x65lta\x18\x02 \x01(\t\"\x8e\x01\n\nBlockEvent\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\t\x12\x11\n\ttool_name\x18\x02 \x01(\t\x12\x33\n\x06status\x18\x03 \x01(\x0e\x32#.agentstate.agent.v1.ToolCallStatus\x12\x16\n\x0e\x61rguments_json\x18\x04 \x01(\x0c\x12\x0f\n\x07summary\x18\x05 \x01(\t\"\x19\n\tHintEvent\x12\x0c\n\x04text\x18\x01 \x01(\t\"\x94\x01\n\x0b\x46inishEvent\x12\x12\n\nmessage_id\x18\x01 \x01(\t\x12\x36\n\x06status\x18\x02 \x01(\x0e\x32\".agentstate.state.v1.MessageStatusB\x02\x18\x01\x12\x39\n\rrecord_status\x18\x03 \x01(\x0e\x32\".agentstate.agent.v1.MessageStatus\",\n\x0c\x44isplayField\x12\r\n\x05label\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t\"\x93\x01\n\x0b\x43onfirmCall\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\t\x12\x11\n\ttool_name\x18\x02 \x01(\t\x12\r\n\x05title\x18\x03 \x01(\t\x12\x39\n\x0e\x64isplay_fields\x18\x04 \x03(\x0b\x32!.agentstate.agent.v1.DisplayField\x12\x16\n\x0e\x61rguments_json\x18\x05 \x01(\x0c\"\x93\x01\n\x0c\x43onfirmEvent\x12\x12\n\nmessage_id\x18\x01 \x01(\t\x12\r\n\x05title\x18\x02 \x01(\t\x12/\n\x05\x63\x61lls\x18\x03 \x03(\x0b\x32 .agentstate.agent.v1.ConfirmCall\x12/\n\x0b\x65xpire_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"1\n\x0b\x43\x61ncelEvent\x12\x12\n\nmessage_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\x0b\n\tDoneEvent\"A\n\x18ListConversationsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\"\xa4\x01\n\x19ListConversationsResponse\x12<\n\rconversations\x18\x01 \x03(\x0b\x32!.agentstate.state.v1.ConversationB\x02\x18\x01\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\x12\x30\n\x05items\x18\x03 \x03(\x0b\x32!.agentstate.agent.v1.Conversation\"U\n\x13ListMessagesRequest\x12\x17\n\x0f\x63onversation_id\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\"\x9e\x01\n\x14ListMessagesResponse\x12\x38\n\x08messages\x18\x01 \x03(\x0b\x32\".agentstate.state.v1.MessageRecordB\x02\x18\x01\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\x12\x33\n\x07records\x18\x03 \x03(\x0b\x32\".agentstate.agent.v1.MessageRecord\"C\n\x19RenameConversationRequest\x12\x17\n\x0f\x63onversation_id\x18\x01 \x01(\t\x12\r\n\x05title\x18\x02 \x01(\t\"\x8d\x01\n\x1aRenameConversationResponse\x12;\n\x0c\x63onversation\x18\x01 \x01(\x0b\x32!.agentstate.state.v1.ConversationB\x02\x18\x01\x12\x32\n\x07renamed\x18\x02 \x01(\x0b\x32!.agentstate.agent.v1.Conversation\"4\n\x19\x44\x65leteConversationRequest\x12\x17\n\x0f\x63onversation_id\x18\x01 \x01(\t\"6\n\x1a\x44\x65leteConversationResponse\x12\x18\n\x10messages_deleted\x18\x01 \x01(\x03\";\n\x1f\x42\x61tchDeleteConversationsRequest\x12\x18\n\x10\x63onversation_ids\x18\x01 \x03(\t\"A\n BatchDeleteConversationsResponse\x12\x1d\n\x15\x63onversations_deleted\x18\x01 \x01(\x03\">\n\x14GetRagHistoryRequest\x12\x17\n\x0f\x63onversation_id\x18\x01 \x01(\t\x12\r\n\x05turns\x18\x02 \x01(\x05\",\n\x0eHistoryMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\"N\n\x15GetRagHistoryResponse\x12\x35\n\x08messages\x18\x01 \x03(\x0b\x32#.agentstate.agent.v1.HistoryMessage\"\x98\x01\n\x0c\x43onversation\x12\x17\n\x0f\x63onversation_id\x18\x01 \x01(\t\x12\r\n\x05title\x18\x02 \x01(\t\x12/\n\x0b\x63reate_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0bupdate_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xae\x02\n\rMessageRecord\x12\x12\n\nmessage_id\x18\x01 \x01(\t\x12\x17\n\x0f\x63onversation_id\x18\x02 \x01(\t\x12.\n\x04role\x18\x03 \x01(\x0e\x32 .agentstate.agent.v1.MessageRole\x12\x13\n\x0b\x62locks_json\x18\x04 \x01(\x0c\x12\x32\n\x06status\x18\x05 \x01(\x0e\x32\".agentstate.agent.v1.MessageStatus\x12\x15\n\rmetadata_json\x18\x06 \x01(\x0c\x12/\n\x0b\x63reate_time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0bupdate_time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp*y\n\x0bMessageType\x12\x1c\n\x18MESSAGE_TYPE_UNSPECIFIED\x10\x00\x12\x19\n\x15MESSAGE_TYPE_THINKING\x10\x01\x12\x19\n\x15MESSAGE_TYPE_RESPONSE\x10\x02\x12\x16\n\x12MESSAGE_TYPE_ERROR\x10\x03*\xe9\x01\n\x0eToolCallStatus\x12 \n\x1cTOOL_CALL_STATUS_UNSPECIFIED\x10\x00\x12\x1c\n\x18TOOL_CALL_STATUS_RUNNING\x10\x01\x12\x1e\n\x1aTOOL_CALL_STATUS_SUCCEEDED\x10\x02\x12\x1b\n\x17TOOL_CALL_STATUS_FAILED\x10\x03\x12\x1b\n\x17TOOL_CALL_STATUS_ASKING\x10\x04\x12\x1b\n\x17TOOL_CALL_STATUS_DENIED\x10\x05\x12 \n\x1cTOOL_CALL_STATUS_INTERRUPTED\x10\x06*^\n\x0bMessageRole\x12\x1c\n\x18MESSAGE_ROLE_UNSPECIFIED\x10\x00\x12\x15\n\x11MESSAGE_ROLE_USER\x10\x01\x12\x1a\n\x16MESSAGE_ROLE_ASSISTANT\x10\x02*\xc7\x01\n\rMessageStatus\x12\x1e\n\x1aMESSAGE_STATUS_UNSPECIFIED\x10\x00\x12\x19\n\x15MESSAGE_STATUS_NORMAL\x10\x01\x12#\n\x1fMESSAGE_STATUS_AWAITING_CONFIRM\x10\x02\x12\x1e\n\x1aMESSAGE_STATUS_INTERRUPTED\x10\x03\x12\x18\n\x14MESSAGE_STATUS_ERROR\x10\x04\x12\x1c\n\x18MESSAGE_STATUS_STREAMING\x10\x05\x32\xbb\x07\n\x0c\x41gentService\x12M\n\x04\x43hat\x12 .agentstate.agent.v1.ChatRequest\x1a!.agentstate.agent.v1.ChatResponse0\x01\x12V\n\x07\x43onfirm\x12#.agentstate.agent.v1.ConfirmRequest\x1a$.agentstate.agent.v1.ConfirmResponse0\x01\x12K\n\x04Stop\x12 .agentstate.agent.v1.StopRequest\x1a!.agentstate.agent.v1.StopResponse\x12r\n\x11ListConversations\x12-.agentstate.agent.v1.ListConversationsRequest\x1a..agentstate.agent.v1.ListConversationsResponse\x12\x63\n\x0cListMessages\x12(.agentstate.agent.v1.ListMessagesRequest\x1a).agentstate.agent.v1.ListMessagesResponse\x12\x66\n\rGetRagHistory\x12).agentstate.agent.v1.GetRagHistoryRequest\x1a*.agentstate.agent.v1.GetRagHistoryResponse\x12u\n\x12RenameConversation\x12..agentstate.agent.v1.RenameConversationRequest\x1a/.agentstate.agent.v1.RenameConversationResponse\x12u\n\x12\x44\x65leteConversation\x12..agentstate.agent.v1.DeleteConversationRequest\x1a/.agentstate.agent.v1.DeleteConversationResponse\x12\x87\x01\n\x18\x42\x61tchDeleteConversations\x12\x34.agentstate.agent.v1.BatchDeleteConversationsRequest\x1a\x35.agentstate.agent.v1.BatchDeleteConversationsResponseBL\n\x16io.agentstate.agent.v1P\x01Z0agentstate.io/gen/go/agentstate/agent/v1;agentv1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,10 +34,22 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'agentstate.agent.v1.agent_s
 if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._loaded_options = None
   _globals['DESCRIPTOR']._serialized_options = b'\n\026io.agentstate.agent.v1P\001Z0agentstate.io/gen/go/agentstate/agent/v1;agentv1'
-  _globals['_MESSAGETYPE']._serialized_start=2690
-  _globals['_MESSAGETYPE']._serialized_end=2811
-  _globals['_TOOLCALLSTATUS']._serialized_start=2814
-  _globals['_TOOLCALLSTATUS']._serialized_end=3047
+  _globals['_FINISHEVENT'].fields_by_name['status']._loaded_options = None
+  _globals['_FINISHEVENT'].fields_by_name['status']._serialized_options = b'\030\001'
+  _globals['_LISTCONVERSATIONSRESPONSE'].fields_by_name['conversations']._loaded_options = None
+  _globals['_LISTCONVERSATIONSRESPONSE'].fields_by_name['conversations']._serialized_options = b'\030\001'
+  _globals['_LISTMESSAGESRESPONSE'].fields_by_name['messages']._loaded_options = None
+  _globals['_LISTMESSAGESRESPONSE'].fields_by_name['messages']._serialized_options = b'\030\001'
+  _globals['_RENAMECONVERSATIONRESPONSE'].fields_by_name['conversation']._loaded_options = None
+  _globals['_RENAMECONVERSATIONRESPONSE'].fields_by_name['conversation']._serialized_options = b'\030\001'
+  _globals['_MESSAGETYPE']._serialized_start=3384
+  _globals['_MESSAGETYPE']._serialized_end=3505
+  _globals['_TOOLCALLSTATUS']._serialized_start=3508
+  _globals['_TOOLCALLSTATUS']._serialized_end=3741
+  _globals['_MESSAGEROLE']._serialized_start=3743
+  _globals['_MESSAGEROLE']._serialized_end=3837
+  _globals['_MESSAGESTATUS']._serialized_start=3840
+  _globals['_MESSAGESTATUS']._serialized_end=4039
   _globals['_CHATREQUEST']._serialized_start=138
   _globals['_CHATREQUEST']._serialized_end=194
   _globals['_CONFIRMREQUEST']._serialized_start=196
@@ -60,44 +72,48 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_BLOCKEVENT']._serialized_end=1211
   _globals['_HINTEVENT']._serialized_start=1213
   _globals['_HINTEVENT']._serialized_end=1238
-  _globals['_FINISHEVENT']._serialized_start=1240
-  _globals['_FINISHEVENT']._serialized_end=1325
-  _globals['_DISPLAYFIELD']._serialized_start=1327
-  _globals['_DISPLAYFIELD']._serialized_end=1371
-  _globals['_CONFIRMCALL']._serialized_start=1374
-  _globals['_CONFIRMCALL']._serialized_end=1521
-  _globals['_CONFIRMEVENT']._serialized_start=1524
-  _globals['_CONFIRMEVENT']._serialized_end=1671
-  _globals['_CANCELEVENT']._serialized_start=1673
-  _globals['_CANCELEVENT']._serialized_end=1722
-  _globals['_DONEEVENT']._serialized_start=1724
-  _globals['_DONEEVENT']._serialized_end=1735
-  _globals['_LISTCONVERSATIONSREQUEST']._serialized_start=1737
-  _globals['_LISTCONVERSATIONSREQUEST']._serialized_end=1802
-  _globals['_LISTCONVERSATIONSRESPONSE']._serialized_start=1804
-  _globals['_LISTCONVERSATIONSRESPONSE']._serialized_end=1914
-  _globals['_LISTMESSAGESREQUEST']._serialized_start=1916
-  _globals['_LISTMESSAGESREQUEST']._serialized_end=2001
-  _globals['_LISTMESSAGESRESPONSE']._serialized_start=2003
-  _globals['_LISTMESSAGESRESPONSE']._serialized_end=2104
-  _globals['_RENAMECONVERSATIONREQUEST']._serialized_start=2106
-  _globals['_RENAMECONVERSATIONREQUEST']._serialized_end=2173
-  _globals['_RENAMECONVERSATIONRESPONSE']._serialized_start=2175
-  _globals['_RENAMECONVERSATIONRESPONSE']._serialized_end=2260
-  _globals['_DELETECONVERSATIONREQUEST']._serialized_start=2262
-  _globals['_DELETECONVERSATIONREQUEST']._serialized_end=2314
-  _globals['_DELETECONVERSATIONRESPONSE']._serialized_start=2316
-  _globals['_DELETECONVERSATIONRESPONSE']._serialized_end=2370
-  _globals['_BATCHDELETECONVERSATIONSREQUEST']._serialized_start=2372
-  _globals['_BATCHDELETECONVERSATIONSREQUEST']._serialized_end=2431
-  _globals['_BATCHDELETECONVERSATIONSRESPONSE']._serialized_start=2433
-  _globals['_BATCHDELETECONVERSATIONSRESPONSE']._serialized_end=2498
-  _globals['_GETRAGHISTORYREQUEST']._serialized_start=2500
-  _globals['_GETRAGHISTORYREQUEST']._serialized_end=2562
-  _globals['_HISTORYMESSAGE']._serialized_start=2564
-  _globals['_HISTORYMESSAGE']._serialized_end=2608
-  _globals['_GETRAGHISTORYRESPONSE']._serialized_start=2610
-  _globals['_GETRAGHISTORYRESPONSE']._serialized_end=2688
-  _globals['_AGENTSERVICE']._serialized_start=3050
-  _globals['_AGENTSERVICE']._serialized_end=4005
+  _globals['_FINISHEVENT']._serialized_start=1241
+  _globals['_FINISHEVENT']._serialized_end=1389
+  _globals['_DISPLAYFIELD']._serialized_start=1391
+  _globals['_DISPLAYFIELD']._serialized_end=1435
+  _globals['_CONFIRMCALL']._serialized_start=1438
+  _globals['_CONFIRMCALL']._serialized_end=1585
+  _globals['_CONFIRMEVENT']._serialized_start=1588
+  _globals['_CONFIRMEVENT']._serialized_end=1735
+  _globals['_CANCELEVENT']._serialized_start=1737
+  _globals['_CANCELEVENT']._serialized_end=1786
+  _globals['_DONEEVENT']._serialized_start=1788
+  _globals['_DONEEVENT']._serialized_end=1799
+  _globals['_LISTCONVERSATIONSREQUEST']._serialized_start=1801
+  _globals['_LISTCONVERSATIONSREQUEST']._serialized_end=1866
+  _globals['_LISTCONVERSATIONSRESPONSE']._serialized_start=1869
+  _globals['_LISTCONVERSATIONSRESPONSE']._serialized_end=2033
+  _globals['_LISTMESSAGESREQUEST']._serialized_start=2035
+  _globals['_LISTMESSAGESREQUEST']._serialized_end=2120
+  _globals['_LISTMESSAGESRESPONSE']._serialized_start=2123
+  _globals['_LISTMESSAGESRESPONSE']._serialized_end=2281
+  _globals['_RENAMECONVERSATIONREQUEST']._serialized_start=2283
+  _globals['_RENAMECONVERSATIONREQUEST']._serialized_end=2350
+  _globals['_RENAMECONVERSATIONRESPONSE']._serialized_start=2353
+  _globals['_RENAMECONVERSATIONRESPONSE']._serialized_end=2494
+  _globals['_DELETECONVERSATIONREQUEST']._serialized_start=2496
+  _globals['_DELETECONVERSATIONREQUEST']._serialized_end=2548
+  _globals['_DELETECONVERSATIONRESPONSE']._serialized_start=2550
+  _globals['_DELETECONVERSATIONRESPONSE']._serialized_end=2604
+  _globals['_BATCHDELETECONVERSATIONSREQUEST']._serialized_start=2606
+  _globals['_BATCHDELETECONVERSATIONSREQUEST']._serialized_end=2665
+  _globals['_BATCHDELETECONVERSATIONSRESPONSE']._serialized_start=2667
+  _globals['_BATCHDELETECONVERSATIONSRESPONSE']._serialized_end=2732
+  _globals['_GETRAGHISTORYREQUEST']._serialized_start=2734
+  _globals['_GETRAGHISTORYREQUEST']._serialized_end=2796
+  _globals['_HISTORYMESSAGE']._serialized_start=2798
+  _globals['_HISTORYMESSAGE']._serialized_end=2842
+  _globals['_GETRAGHISTORYRESPONSE']._serialized_start=2844
+  _globals['_GETRAGHISTORYRESPONSE']._serialized_end=2922
+  _globals['_CONVERSATION']._serialized_start=2925
+  _globals['_CONVERSATION']._serialized_end=3077
+  _globals['_MESSAGERECORD']._serialized_start=3080
+  _globals['_MESSAGERECORD']._serialized_end=3382
+  _globals['_AGENTSERVICE']._serialized_start=4042
+  _globals['_AGENTSERVICE']._serialized_end=4997
 # @@protoc_insertion_point(module_scope)

@@ -27,6 +27,11 @@ if sys.version_info >= (3, 11):
 else:
     from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
 
+if sys.version_info >= (3, 13):
+    from warnings import deprecated as _deprecated
+else:
+    from typing_extensions import deprecated as _deprecated
+
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class _MessageType:
@@ -96,6 +101,66 @@ TOOL_CALL_STATUS_DENIED: ToolCallStatus.ValueType  # 5
 TOOL_CALL_STATUS_INTERRUPTED: ToolCallStatus.ValueType  # 6
 """The call was not run (stopped, interrupted or its card expired)."""
 Global___ToolCallStatus: _TypeAlias = ToolCallStatus  # noqa: Y015
+
+class _MessageRole:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _MessageRoleEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_MessageRole.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    MESSAGE_ROLE_UNSPECIFIED: _MessageRole.ValueType  # 0
+    """Not set."""
+    MESSAGE_ROLE_USER: _MessageRole.ValueType  # 1
+    """The end user."""
+    MESSAGE_ROLE_ASSISTANT: _MessageRole.ValueType  # 2
+    """The agent."""
+
+class MessageRole(_MessageRole, metaclass=_MessageRoleEnumTypeWrapper):
+    """Who wrote a message record."""
+
+MESSAGE_ROLE_UNSPECIFIED: MessageRole.ValueType  # 0
+"""Not set."""
+MESSAGE_ROLE_USER: MessageRole.ValueType  # 1
+"""The end user."""
+MESSAGE_ROLE_ASSISTANT: MessageRole.ValueType  # 2
+"""The agent."""
+Global___MessageRole: _TypeAlias = MessageRole  # noqa: Y015
+
+class _MessageStatus:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _MessageStatusEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_MessageStatus.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    MESSAGE_STATUS_UNSPECIFIED: _MessageStatus.ValueType  # 0
+    """Not set."""
+    MESSAGE_STATUS_NORMAL: _MessageStatus.ValueType  # 1
+    """Complete."""
+    MESSAGE_STATUS_AWAITING_CONFIRM: _MessageStatus.ValueType  # 2
+    """Ends with a confirmation card not answered yet (answer it with Confirm)."""
+    MESSAGE_STATUS_INTERRUPTED: _MessageStatus.ValueType  # 3
+    """The turn was stopped or interrupted."""
+    MESSAGE_STATUS_ERROR: _MessageStatus.ValueType  # 4
+    """The turn failed."""
+    MESSAGE_STATUS_STREAMING: _MessageStatus.ValueType  # 5
+    """The turn that writes this record is still running."""
+
+class MessageStatus(_MessageStatus, metaclass=_MessageStatusEnumTypeWrapper):
+    """Where a message record stands, as a UI shows it."""
+
+MESSAGE_STATUS_UNSPECIFIED: MessageStatus.ValueType  # 0
+"""Not set."""
+MESSAGE_STATUS_NORMAL: MessageStatus.ValueType  # 1
+"""Complete."""
+MESSAGE_STATUS_AWAITING_CONFIRM: MessageStatus.ValueType  # 2
+"""Ends with a confirmation card not answered yet (answer it with Confirm)."""
+MESSAGE_STATUS_INTERRUPTED: MessageStatus.ValueType  # 3
+"""The turn was stopped or interrupted."""
+MESSAGE_STATUS_ERROR: MessageStatus.ValueType  # 4
+"""The turn failed."""
+MESSAGE_STATUS_STREAMING: MessageStatus.ValueType  # 5
+"""The turn that writes this record is still running."""
+Global___MessageStatus: _TypeAlias = MessageStatus  # noqa: Y015
 
 @_typing.final
 class ChatRequest(_message.Message):
@@ -437,19 +502,35 @@ class FinishEvent(_message.Message):
 
     MESSAGE_ID_FIELD_NUMBER: _builtins.int
     STATUS_FIELD_NUMBER: _builtins.int
+    RECORD_STATUS_FIELD_NUMBER: _builtins.int
     message_id: _builtins.str
     """The assistant message record of this turn."""
-    status: _state_service_pb2.MessageStatus.ValueType
+    @_builtins.property
+    @_deprecated("""This field has been marked as deprecated using proto field options.""")
+    def status(self) -> _state_service_pb2.MessageStatus.ValueType:
+        """Deprecated: the state service's type, kept for v1 callers; read
+        `record_status`.
+        """
+
+    @status.setter
+    @_deprecated("""This field has been marked as deprecated using proto field options.""")
+    def status(self, value: _state_service_pb2.MessageStatus.ValueType) -> None:
+        """Deprecated: the state service's type, kept for v1 callers; read
+        `record_status`.
+        """
+
+    record_status: Global___MessageStatus.ValueType
     """Its record status (NORMAL)."""
     def __init__(
         self,
         *,
         message_id: _builtins.str = ...,
         status: _state_service_pb2.MessageStatus.ValueType = ...,
+        record_status: Global___MessageStatus.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["message_id", b"message_id", "status", b"status"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["message_id", b"message_id", "record_status", b"record_status", "status", b"status"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -636,21 +717,30 @@ class ListConversationsResponse(_message.Message):
 
     CONVERSATIONS_FIELD_NUMBER: _builtins.int
     NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    ITEMS_FIELD_NUMBER: _builtins.int
     next_page_token: _builtins.str
     """Empty when there are no more pages."""
     @_builtins.property
+    @_deprecated("""This field has been marked as deprecated using proto field options.""")
     def conversations(self) -> _containers.RepeatedCompositeFieldContainer[_state_service_pb2.Conversation]:
-        """Newest first."""
+        """Deprecated: the state service's type (it carries the internal user id),
+        kept for v1 callers; read `items`.
+        """
+
+    @_builtins.property
+    def items(self) -> _containers.RepeatedCompositeFieldContainer[Global___Conversation]:
+        """The conversations, newest first."""
 
     def __init__(
         self,
         *,
         conversations: _abc.Iterable[_state_service_pb2.Conversation] | None = ...,
         next_page_token: _builtins.str = ...,
+        items: _abc.Iterable[Global___Conversation] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversations", b"conversations", "next_page_token", b"next_page_token"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversations", b"conversations", "items", b"items", "next_page_token", b"next_page_token"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -694,21 +784,30 @@ class ListMessagesResponse(_message.Message):
 
     MESSAGES_FIELD_NUMBER: _builtins.int
     NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    RECORDS_FIELD_NUMBER: _builtins.int
     next_page_token: _builtins.str
     """Empty when there are no more pages."""
     @_builtins.property
+    @_deprecated("""This field has been marked as deprecated using proto field options.""")
     def messages(self) -> _containers.RepeatedCompositeFieldContainer[_state_service_pb2.MessageRecord]:
-        """Oldest first."""
+        """Deprecated: the state service's type (it carries the internal user id),
+        kept for v1 callers; read `records`.
+        """
+
+    @_builtins.property
+    def records(self) -> _containers.RepeatedCompositeFieldContainer[Global___MessageRecord]:
+        """The message records, oldest first."""
 
     def __init__(
         self,
         *,
         messages: _abc.Iterable[_state_service_pb2.MessageRecord] | None = ...,
         next_page_token: _builtins.str = ...,
+        records: _abc.Iterable[Global___MessageRecord] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["messages", b"messages", "next_page_token", b"next_page_token"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["messages", b"messages", "next_page_token", b"next_page_token", "records", b"records"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -747,18 +846,25 @@ class RenameConversationResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     CONVERSATION_FIELD_NUMBER: _builtins.int
+    RENAMED_FIELD_NUMBER: _builtins.int
     @_builtins.property
+    @_deprecated("""This field has been marked as deprecated using proto field options.""")
     def conversation(self) -> _state_service_pb2.Conversation:
+        """Deprecated: the state service's type, kept for v1 callers; read `renamed`."""
+
+    @_builtins.property
+    def renamed(self) -> Global___Conversation:
         """The conversation after the change."""
 
     def __init__(
         self,
         *,
         conversation: _state_service_pb2.Conversation | None = ...,
+        renamed: Global___Conversation | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["conversation", b"conversation"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["conversation", b"conversation", "renamed", b"renamed"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation", b"conversation"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation", b"conversation", "renamed", b"renamed"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -929,3 +1035,95 @@ class GetRagHistoryResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetRagHistoryResponse: _TypeAlias = GetRagHistoryResponse  # noqa: Y015
+
+@_typing.final
+class Conversation(_message.Message):
+    """A conversation of the calling user."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONVERSATION_ID_FIELD_NUMBER: _builtins.int
+    TITLE_FIELD_NUMBER: _builtins.int
+    CREATE_TIME_FIELD_NUMBER: _builtins.int
+    UPDATE_TIME_FIELD_NUMBER: _builtins.int
+    conversation_id: _builtins.str
+    """Its id (a 64-bit decimal string)."""
+    title: _builtins.str
+    """Its title."""
+    @_builtins.property
+    def create_time(self) -> _timestamp_pb2.Timestamp:
+        """When it was created."""
+
+    @_builtins.property
+    def update_time(self) -> _timestamp_pb2.Timestamp:
+        """When it, its state or its messages last changed."""
+
+    def __init__(
+        self,
+        *,
+        conversation_id: _builtins.str = ...,
+        title: _builtins.str = ...,
+        create_time: _timestamp_pb2.Timestamp | None = ...,
+        update_time: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "update_time", b"update_time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "create_time", b"create_time", "title", b"title", "update_time", b"update_time"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Conversation: _TypeAlias = Conversation  # noqa: Y015
+
+@_typing.final
+class MessageRecord(_message.Message):
+    """One message record as a UI replays it."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MESSAGE_ID_FIELD_NUMBER: _builtins.int
+    CONVERSATION_ID_FIELD_NUMBER: _builtins.int
+    ROLE_FIELD_NUMBER: _builtins.int
+    BLOCKS_JSON_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
+    METADATA_JSON_FIELD_NUMBER: _builtins.int
+    CREATE_TIME_FIELD_NUMBER: _builtins.int
+    UPDATE_TIME_FIELD_NUMBER: _builtins.int
+    message_id: _builtins.str
+    """Its id (a 64-bit decimal string); ids grow in the order records were written."""
+    conversation_id: _builtins.str
+    """The conversation it belongs to."""
+    role: Global___MessageRole.ValueType
+    """Who wrote it."""
+    blocks_json: _builtins.bytes
+    """The blocks as a UTF-8 JSON array (text, thinking, tool_use, tool_result)."""
+    status: Global___MessageStatus.ValueType
+    """Its status."""
+    metadata_json: _builtins.bytes
+    """A UTF-8 JSON object (for example {"card": ...} on a confirmation card)."""
+    @_builtins.property
+    def create_time(self) -> _timestamp_pb2.Timestamp:
+        """When it was written."""
+
+    @_builtins.property
+    def update_time(self) -> _timestamp_pb2.Timestamp:
+        """When it last changed."""
+
+    def __init__(
+        self,
+        *,
+        message_id: _builtins.str = ...,
+        conversation_id: _builtins.str = ...,
+        role: Global___MessageRole.ValueType = ...,
+        blocks_json: _builtins.bytes = ...,
+        status: Global___MessageStatus.ValueType = ...,
+        metadata_json: _builtins.bytes = ...,
+        create_time: _timestamp_pb2.Timestamp | None = ...,
+        update_time: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "update_time", b"update_time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["blocks_json", b"blocks_json", "conversation_id", b"conversation_id", "create_time", b"create_time", "message_id", b"message_id", "metadata_json", b"metadata_json", "role", b"role", "status", b"status", "update_time", b"update_time"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___MessageRecord: _TypeAlias = MessageRecord  # noqa: Y015

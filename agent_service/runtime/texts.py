@@ -1,0 +1,51 @@
+"""Every word the runtime says, in one place.
+
+What the end user reads (hints, replies the runtime writes itself, what a tool
+result says when a call could not run) is Chinese, like the product; what a
+calling service reads in an error status is English.
+"""
+
+from __future__ import annotations
+
+# ------------------------------------------------------------- to the end user
+
+EXPIRED_CARD = "确认卡片已过期，操作没有执行。"
+TOO_MANY_STEPS = "这个问题需要的步骤太多，我先停在这里。"
+MULTI_CALL_CARD_TITLE = "{count} 个操作需要确认"
+
+HINT_RESUMED_AFTER_SHUTDOWN = "上一轮因服务停机被中断，已从保存的状态继续。"
+HINT_DEAD_TURN_REPAIRED = "上一轮没有正常结束（服务异常退出），它未完成的回复已标记为中断。"
+HINT_EXPIRED_CARD_SETTLED = "上一张确认卡片已过期，其中的操作没有执行。"
+HINT_COMPACTED = "早前的对话已压缩成摘要，完整记录仍可在历史里查看。"
+
+SAVE_FAILED = "保存会话状态失败：{error}"
+
+# Tool results the model reads when a call could not run.
+NO_SUCH_TOOL = "没有名为 {name} 的工具。"
+TOOL_NEEDS_SKILL = "工具 {name} 现在不可用：先用 load_skill 加载手册 {skill}。"
+BAD_ARGUMENTS = "参数错误：{error}"
+TOOL_FAILED = "工具出错：{error}"
+
+# ------------------------------------------------------------- to the caller
+
+QUESTION_EMPTY = "question must not be empty"
+QUESTION_TOO_LONG = "question is longer than {limit} characters"
+QUESTION_HAS_NUL = "question must not contain NUL characters"
+MESSAGE_ID_REQUIRED = "message_id is required"
+CONVERSATION_ID_REQUIRED = "conversation_id is required"
+DRAINING = "this agent replica is shutting down; retry on another"
+CARD_PENDING = (
+    "confirmation card {message_id} is still pending: "
+    "answer it with Confirm before asking something new"
+)
+CARD_ALREADY_HANDLED = "confirmation card {message_id} was already handled"
+CARD_EXPIRED = (
+    "confirmation card {message_id} expired at {expires_at}; its operations were not executed"
+)
+MODEL_FAILED = "the model failed: {error}"
+
+# Why a turn was cancelled (the cancel event's reason).
+STOPPED_BY_USER = "stopped by the user"
+LEASE_LOST = "the run lease was lost"
+SHUTTING_DOWN = "the service is shutting down"
+INTERRUPTED = "interrupted"
