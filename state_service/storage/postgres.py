@@ -347,7 +347,7 @@ class PostgresStore(StateStore):
         return self._pool.pool
 
     @property
-    def guard(self) -> GuardedPool:
+    def guard(self) -> GuardedPool[Conn]:
         """The pool's outage guard: availability, its listeners and probe settings."""
         return self._pool
 
