@@ -10,9 +10,11 @@ SQL in-process, and LangGraph's AsyncPostgresSaver.
 - in-process: `PostgresStore` (the state service's own storage class, the same SQL and
   pool size) called directly from this process: what the service costs on top of it.
 - LangGraph: one `AsyncPostgresSaver` over a pool of 10 shared by every session (as an
-  application shares its checkpointer), a turn being `aget_tuple` + `aput` of a
-  checkpoint whose one channel holds the same state; `langgraph (per session)` gives
-  every session a saver of its own, for comparison.
+  application shares its checkpointer; the saver serialises its calls with a lock), a turn
+  being `aget_tuple` + `aput` of a checkpoint whose one channel holds the same state: the
+  least a turn can cost it. `langgraph (shared, per step)` checkpoints the way LangGraph's
+  agent loop does, after each of the example's 5 steps (`aput_writes` + `aput`);
+  `langgraph (per session)` gives every session a saver (and connection) of its own.
 
 Part 1, latency (one caller): GetState and a compare-and-set UpsertState of an
 N-message AgentState (the source's 8-message example repeated). Part 2, throughput:
@@ -171,25 +173,34 @@ class InProcess(Ours):
         )
 
     async def new_conversation(self) -> str:
-        return str((await self.store.create_conversation(USER, "bench")).conversation_id)
+        conversation = await self.store.create_conversation(user_id=USER, title="bench")
+        return str(conversation.conversation_id)
 
     async def get(self, cid: str) -> None:
-        await self.store.get_state(USER, int(cid), "agent_state")
+        await self.store.get_state(user_id=USER, conversation_id=int(cid), state_key="agent_state")
 
     async def upsert(self, cid: str, payload: bytes, version: int) -> int:
-        result = await self.store.upsert_state(USER, int(cid), "agent_state", payload, version)
+        result = await self.store.save_state(
+            user_id=USER,
+            conversation_id=int(cid),
+            state_key="agent_state",
+            payload=payload,
+            expected_version=version,
+        )
         return result.version
 
     async def turn(self, cid: str, payload: bytes, version: int) -> int:
-        begun = await self.store.begin_turn(USER, int(cid), self.start)
-        ended = await self.store.end_turn(
-            USER,
-            int(cid),
-            "agent_state",
-            payload,
-            begun.state.version if begun.state else 0,
-            begun.lease.task_id,
-            [
+        begun = await self.store.begin_turn(
+            user_id=USER, conversation_id=int(cid), start=self.start
+        )
+        ended = await self.store.save_state(
+            user_id=USER,
+            conversation_id=int(cid),
+            state_key="agent_state",
+            payload=payload,
+            expected_version=begun.state.version if begun.state else 0,
+            task_id=begun.lease.task_id,
+            message_writes=[
                 MessageUpdate(
                     begun.messages[1].message_id,
                     status=MessageStatus.NORMAL,
@@ -201,11 +212,16 @@ class InProcess(Ours):
 
 
 class LangGraph:
-    """LangGraph's AsyncPostgresSaver: a turn loads the latest checkpoint, saves the next."""
+    """LangGraph's AsyncPostgresSaver: a turn loads the latest checkpoint, then saves
+    `steps` checkpoints. With steps=1 that is the least a turn can cost it (one save per
+    turn, as we do); LangGraph's own agent loop checkpoints after every step (each model
+    call and each tool node), and the source's example Chat turn is 5 steps, each saving
+    the node's writes and a checkpoint with the whole message list (`steps=5`)."""
 
-    def __init__(self, name: str, saver_for: Callable[[int], Any]) -> None:
+    def __init__(self, name: str, saver_for: Callable[[int], Any], steps: int = 1) -> None:
         self.name = name
         self.saver_for = saver_for  # session number -> saver
+        self.steps = steps
 
     async def turn(self, session: int, thread: str, state: dict[str, Any]) -> None:
         from langgraph.checkpoint.base import empty_checkpoint
@@ -214,12 +230,20 @@ class LangGraph:
         config: dict[str, Any] = {"configurable": {"thread_id": thread, "checkpoint_ns": ""}}
         latest = await saver.aget_tuple(config)
         current = latest.checkpoint["channel_versions"].get("state") if latest else None
-        checkpoint = empty_checkpoint()
-        version = saver.get_next_version(current, None)
-        checkpoint["channel_values"] = {"state": state}
-        checkpoint["channel_versions"] = {"state": version}
         parent = latest.config if latest else config
-        await saver.aput(parent, checkpoint, {"source": "loop", "step": 1}, {"state": version})
+        for step in range(self.steps):
+            checkpoint = empty_checkpoint()
+            version = saver.get_next_version(current, None)
+            checkpoint["channel_values"] = {"state": state}
+            checkpoint["channel_versions"] = {"state": version}
+            parent = await saver.aput(
+                parent, checkpoint, {"source": "loop", "step": step}, {"state": version}
+            )
+            current = version
+            if self.steps > 1:  # the next node's output, recorded against this checkpoint
+                await saver.aput_writes(
+                    parent, [("state", state["context"][-1])], task_id=f"step-{step}"
+                )
 
 
 # --------------------------------------------------------------------- measuring
@@ -514,6 +538,7 @@ async def _langgraph(
         own.append(AsyncPostgresSaver(conn))
     return [
         LangGraph("langgraph (shared saver)", lambda _session: shared),
+        LangGraph("langgraph (shared, per step)", lambda _session: shared, steps=5),
         LangGraph("langgraph (per session)", lambda session: own[session]),
     ]
 

@@ -142,7 +142,7 @@ async def serve(settings: StateServiceSettings) -> None:
 
 async def purge(store: StateStore, before: datetime) -> DeleteCounts:
     """Run one retention sweep and account for it."""
-    counts = await store.purge_inactive(before)
+    counts = await store.purge_inactive(before=before)
     for kind, value in (
         ("conversations", counts.conversations),
         ("messages", counts.messages),

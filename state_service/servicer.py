@@ -284,6 +284,18 @@ class _Save:
     writes: list[d.MessageWrite]
     compactions: list[d.Compaction]
 
+    def arguments(self) -> dict[str, Any]:
+        """The store's save_state keywords."""
+        return {
+            "user_id": self.user_id,
+            "conversation_id": self.conversation_id,
+            "state_key": self.state_key,
+            "payload": self.payload,
+            "expected_version": self.expected_version,
+            "message_writes": self.writes,
+            "compactions": self.compactions,
+        }
+
 
 class StateServicer(pb_grpc.StateServiceServicer):
     def __init__(self, store: StateStore, *, max_payload_bytes: int) -> None:
@@ -296,9 +308,9 @@ class StateServicer(pb_grpc.StateServiceServicer):
     ) -> pb.GetStateResponse:
         with _timed(LOAD_DURATION):
             state = await self._store.get_state(
-                d.validate_user_id(request.user_id),
-                d.parse_id(request.conversation_id, "conversation_id"),
-                d.validate_state_key(request.state_key),
+                user_id=d.validate_user_id(request.user_id),
+                conversation_id=d.parse_id(request.conversation_id, "conversation_id"),
+                state_key=d.validate_state_key(request.state_key),
             )
         PAYLOAD_SIZE.record(len(state.payload), {"side": "server", "op": "load"})
         return pb.GetStateResponse(
@@ -332,15 +344,7 @@ class StateServicer(pb_grpc.StateServiceServicer):
     ) -> pb.UpsertStateResponse:
         save = self._save_request(request)
         with _timed(SAVE_DURATION):
-            result = await self._store.upsert_state(
-                save.user_id,
-                save.conversation_id,
-                save.state_key,
-                save.payload,
-                save.expected_version,
-                save.writes,
-                save.compactions,
-            )
+            result = await self._store.save_state(**save.arguments())
         return pb.UpsertStateResponse(
             version=result.version,
             update_time=_timestamp(result.update_time),
@@ -380,7 +384,9 @@ class StateServicer(pb_grpc.StateServiceServicer):
             guard=guard,
         )
         with _timed(LOAD_DURATION):
-            begun = await self._store.begin_turn(user_id, conversation_id, start)
+            begun = await self._store.begin_turn(
+                user_id=user_id, conversation_id=conversation_id, start=start
+            )
         response = pb.BeginTurnResponse(
             conversation=conversation_to_pb(begun.conversation),
             conversation_created=begun.conversation_created,
@@ -403,16 +409,7 @@ class StateServicer(pb_grpc.StateServiceServicer):
         save = self._save_request(request)
         task_id = d.parse_id(request.task_id, "task_id")
         with _timed(SAVE_DURATION):
-            result = await self._store.end_turn(
-                save.user_id,
-                save.conversation_id,
-                save.state_key,
-                save.payload,
-                save.expected_version,
-                task_id,
-                save.writes,
-                save.compactions,
-            )
+            result = await self._store.save_state(**save.arguments(), task_id=task_id)
         return pb.EndTurnResponse(
             version=result.version,
             update_time=_timestamp(result.update_time),
@@ -425,8 +422,8 @@ class StateServicer(pb_grpc.StateServiceServicer):
         self, request: pb.CreateConversationRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.CreateConversationResponse:
         conversation = await self._store.create_conversation(
-            d.validate_user_id(request.user_id),
-            d.normalize_title(request.title, default=d.DEFAULT_TITLE),
+            user_id=d.validate_user_id(request.user_id),
+            title=d.normalize_title(request.title, default=d.DEFAULT_TITLE),
         )
         return pb.CreateConversationResponse(conversation=conversation_to_pb(conversation))
 
@@ -435,8 +432,8 @@ class StateServicer(pb_grpc.StateServiceServicer):
         self, request: pb.GetConversationRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.GetConversationResponse:
         conversation = await self._store.get_conversation(
-            d.validate_user_id(request.user_id),
-            d.parse_id(request.conversation_id, "conversation_id"),
+            user_id=d.validate_user_id(request.user_id),
+            conversation_id=d.parse_id(request.conversation_id, "conversation_id"),
         )
         return pb.GetConversationResponse(conversation=conversation_to_pb(conversation))
 
@@ -445,9 +442,9 @@ class StateServicer(pb_grpc.StateServiceServicer):
         self, request: pb.ListConversationsRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.ListConversationsResponse:
         page = await self._store.list_conversations(
-            d.validate_user_id(request.user_id),
-            d.page_size(request.page_size, default=50, maximum=500),
-            d.parse_page_token(request.page_token),
+            user_id=d.validate_user_id(request.user_id),
+            page_size=d.page_size(request.page_size, default=50, maximum=500),
+            before_id=d.parse_page_token(request.page_token),
         )
         return pb.ListConversationsResponse(
             conversations=[conversation_to_pb(c) for c in page.items],
@@ -459,9 +456,9 @@ class StateServicer(pb_grpc.StateServiceServicer):
         self, request: pb.RenameConversationRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.RenameConversationResponse:
         conversation = await self._store.rename_conversation(
-            d.validate_user_id(request.user_id),
-            d.parse_id(request.conversation_id, "conversation_id"),
-            d.normalize_title(request.title),
+            user_id=d.validate_user_id(request.user_id),
+            conversation_id=d.parse_id(request.conversation_id, "conversation_id"),
+            title=d.normalize_title(request.title),
         )
         return pb.RenameConversationResponse(conversation=conversation_to_pb(conversation))
 
@@ -470,8 +467,8 @@ class StateServicer(pb_grpc.StateServiceServicer):
         self, request: pb.DeleteConversationRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.DeleteConversationResponse:
         counts = await self._store.delete_conversations(
-            d.validate_user_id(request.user_id),
-            [d.parse_id(request.conversation_id, "conversation_id")],
+            user_id=d.validate_user_id(request.user_id),
+            conversation_ids=[d.parse_id(request.conversation_id, "conversation_id")],
         )
         return pb.DeleteConversationResponse(
             conversations_deleted=counts.conversations,
@@ -494,7 +491,7 @@ class StateServicer(pb_grpc.StateServiceServicer):
             d.parse_id(cid, f"conversation_ids[{i}]")
             for i, cid in enumerate(request.conversation_ids)
         ]
-        counts = await self._store.delete_conversations(user_id, ids)
+        counts = await self._store.delete_conversations(user_id=user_id, conversation_ids=ids)
         return pb.BatchDeleteConversationsResponse(
             conversations_deleted=counts.conversations,
             messages_deleted=counts.messages,
@@ -508,9 +505,9 @@ class StateServicer(pb_grpc.StateServiceServicer):
         if not request.HasField("message"):
             raise d.InvalidArgument("message is required")
         record = await self._store.append_message(
-            d.validate_user_id(request.user_id),
-            d.parse_id(request.conversation_id, "conversation_id"),
-            new_message_from_pb(request.message, "message"),
+            user_id=d.validate_user_id(request.user_id),
+            conversation_id=d.parse_id(request.conversation_id, "conversation_id"),
+            message=new_message_from_pb(request.message, "message"),
         )
         return pb.AppendMessageResponse(message=message_to_pb(record))
 
@@ -521,9 +518,9 @@ class StateServicer(pb_grpc.StateServiceServicer):
         if not request.HasField("update"):
             raise d.InvalidArgument("update is required")
         record = await self._store.update_message(
-            d.validate_user_id(request.user_id),
-            d.parse_id(request.conversation_id, "conversation_id"),
-            message_update_from_pb(request.update, "update"),
+            user_id=d.validate_user_id(request.user_id),
+            conversation_id=d.parse_id(request.conversation_id, "conversation_id"),
+            update=message_update_from_pb(request.update, "update"),
         )
         return pb.UpdateMessageResponse(message=message_to_pb(record))
 
@@ -532,11 +529,11 @@ class StateServicer(pb_grpc.StateServiceServicer):
         self, request: pb.ListMessagesRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.ListMessagesResponse:
         page = await self._store.list_messages(
-            d.validate_user_id(request.user_id),
-            d.parse_id(request.conversation_id, "conversation_id"),
-            d.page_size(request.page_size, default=100, maximum=1000),
-            d.parse_page_token(request.page_token),
-            request.newest_first,
+            user_id=d.validate_user_id(request.user_id),
+            conversation_id=d.parse_id(request.conversation_id, "conversation_id"),
+            page_size=d.page_size(request.page_size, default=100, maximum=1000),
+            after_id=d.parse_page_token(request.page_token),
+            newest_first=request.newest_first,
         )
         return pb.ListMessagesResponse(
             messages=[message_to_pb(m) for m in page.items],
@@ -548,9 +545,9 @@ class StateServicer(pb_grpc.StateServiceServicer):
         self, request: pb.GetMessageRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.GetMessageResponse:
         record = await self._store.get_message(
-            d.validate_user_id(request.user_id),
-            d.parse_id(request.conversation_id, "conversation_id"),
-            d.parse_id(request.message_id, "message_id"),
+            user_id=d.validate_user_id(request.user_id),
+            conversation_id=d.parse_id(request.conversation_id, "conversation_id"),
+            message_id=d.parse_id(request.message_id, "message_id"),
         )
         return pb.GetMessageResponse(message=message_to_pb(record))
 
@@ -561,11 +558,11 @@ class StateServicer(pb_grpc.StateServiceServicer):
         if request.max_user_leases < 0:
             raise d.InvalidArgument("max_user_leases must not be negative")
         acquired = await self._store.acquire_lease(
-            d.validate_user_id(request.user_id),
-            d.parse_id(request.conversation_id, "conversation_id"),
-            d.validate_holder(request.holder),
-            d.validate_ttl_ms(request.ttl_ms),
-            request.max_user_leases,
+            user_id=d.validate_user_id(request.user_id),
+            conversation_id=d.parse_id(request.conversation_id, "conversation_id"),
+            holder=d.validate_holder(request.holder),
+            ttl_ms=d.validate_ttl_ms(request.ttl_ms),
+            max_user_leases=request.max_user_leases,
         )
         lapsed = acquired.lapsed_task_id
         return pb.AcquireLeaseResponse(
@@ -577,9 +574,9 @@ class StateServicer(pb_grpc.StateServiceServicer):
         self, request: pb.RenewLeaseRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.RenewLeaseResponse:
         lease = await self._store.renew_lease(
-            d.validate_user_id(request.user_id),
-            d.parse_id(request.task_id, "task_id"),
-            d.validate_ttl_ms(request.ttl_ms),
+            user_id=d.validate_user_id(request.user_id),
+            task_id=d.parse_id(request.task_id, "task_id"),
+            ttl_ms=d.validate_ttl_ms(request.ttl_ms),
         )
         return pb.RenewLeaseResponse(lease=lease_to_pb(lease))
 
@@ -588,7 +585,8 @@ class StateServicer(pb_grpc.StateServiceServicer):
         self, request: pb.ReleaseLeaseRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.ReleaseLeaseResponse:
         released = await self._store.release_lease(
-            d.validate_user_id(request.user_id), d.parse_id(request.task_id, "task_id")
+            user_id=d.validate_user_id(request.user_id),
+            task_id=d.parse_id(request.task_id, "task_id"),
         )
         return pb.ReleaseLeaseResponse(released=released)
 
@@ -597,7 +595,8 @@ class StateServicer(pb_grpc.StateServiceServicer):
         self, request: pb.RequestStopRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.RequestStopResponse:
         lease = await self._store.request_stop(
-            d.validate_user_id(request.user_id), d.parse_id(request.task_id, "task_id")
+            user_id=d.validate_user_id(request.user_id),
+            task_id=d.parse_id(request.task_id, "task_id"),
         )
         return pb.RequestStopResponse(lease=lease_to_pb(lease))
 
@@ -606,7 +605,7 @@ class StateServicer(pb_grpc.StateServiceServicer):
         self, request: pb.ListCompactionsRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.ListCompactionsResponse:
         compactions = await self._store.list_compactions(
-            d.validate_user_id(request.user_id),
-            d.parse_id(request.conversation_id, "conversation_id"),
+            user_id=d.validate_user_id(request.user_id),
+            conversation_id=d.parse_id(request.conversation_id, "conversation_id"),
         )
         return pb.ListCompactionsResponse(compactions=[compaction_to_pb(c) for c in compactions])

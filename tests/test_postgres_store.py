@@ -234,16 +234,38 @@ async def test_delete_racing_turns_leases_and_writes(
             refusals[type(exc).__name__] = refusals.get(type(exc).__name__, 0) + 1
 
     for round_no in range(RACE_ROUNDS):
-        cid = (await pg_store.create_conversation(user_id, "race")).conversation_id
+        cid = (await pg_store.create_conversation(user_id=user_id, title="race")).conversation_id
         racers = [
-            attempt(pg_store.begin_turn(user_id, cid, start)),
-            attempt(pg_store.acquire_lease(user_id, cid, "r2", 60_000, 0)),
-            attempt(pg_store.upsert_state(user_id, cid, "agent_state", b"{}", None)),
-            attempt(pg_store.append_message(user_id, cid, NewMessage(MessageRole.USER))),
+            attempt(pg_store.begin_turn(user_id=user_id, conversation_id=cid, start=start)),
+            attempt(
+                pg_store.acquire_lease(
+                    user_id=user_id,
+                    conversation_id=cid,
+                    holder="r2",
+                    ttl_ms=60_000,
+                    max_user_leases=0,
+                )
+            ),
+            attempt(
+                pg_store.save_state(
+                    user_id=user_id,
+                    conversation_id=cid,
+                    state_key="agent_state",
+                    payload=b"{}",
+                    expected_version=None,
+                )
+            ),
+            attempt(
+                pg_store.append_message(
+                    user_id=user_id, conversation_id=cid, message=NewMessage(MessageRole.USER)
+                )
+            ),
         ]
         # The delete goes in at a different place each round.
         position = round_no % (len(racers) + 1)
-        deleted = asyncio.ensure_future(pg_store.delete_conversations(user_id, [cid]))
+        deleted = asyncio.ensure_future(
+            pg_store.delete_conversations(user_id=user_id, conversation_ids=[cid])
+        )
         await asyncio.gather(*racers[:position], deleted, *racers[position:])
         assert deleted.result().conversations == 1
     async with await psycopg.AsyncConnection.connect(database_url) as conn:

@@ -16,14 +16,14 @@ from tests.conftest import create_database
 
 
 async def _conversation(store: StateStore, user_id: str) -> int:
-    conversation = await store.create_conversation(user_id, "t")
-    await store.upsert_state(
-        user_id,
-        conversation.conversation_id,
-        "agent_state",
-        b'{"context": []}',
-        None,
-        [NewMessage(MessageRole.USER, b'[{"type": "text", "text": "hi"}]')],
+    conversation = await store.create_conversation(user_id=user_id, title="t")
+    await store.save_state(
+        user_id=user_id,
+        conversation_id=conversation.conversation_id,
+        state_key="agent_state",
+        payload=b'{"context": []}',
+        expected_version=None,
+        message_writes=[NewMessage(MessageRole.USER, b'[{"type": "text", "text": "hi"}]')],
     )
     return conversation.conversation_id
 
@@ -31,20 +31,40 @@ async def _conversation(store: StateStore, user_id: str) -> int:
 async def test_purge_deletes_inactive_and_keeps_running(store: StateStore, user_id: str) -> None:
     idle = [await _conversation(store, user_id) for _ in range(2)]
     busy = await _conversation(store, user_id)
-    lease = (await store.acquire_lease(user_id, busy, "replica", 60_000, 0)).lease
-    await store.purge_inactive(datetime.now(UTC) - timedelta(days=1))  # none of ours is that old
-    assert len((await store.list_conversations(user_id, 10, None)).items) == 3
+    lease = (
+        await store.acquire_lease(
+            user_id=user_id,
+            conversation_id=busy,
+            holder="replica",
+            ttl_ms=60_000,
+            max_user_leases=0,
+        )
+    ).lease
+    await store.purge_inactive(
+        before=datetime.now(UTC) - timedelta(days=1)
+    )  # none of ours is that old
+    assert (
+        len((await store.list_conversations(user_id=user_id, page_size=10, before_id=None)).items)
+        == 3
+    )
 
-    counts = await store.purge_inactive(datetime.now(UTC) + timedelta(seconds=1))
+    counts = await store.purge_inactive(before=datetime.now(UTC) + timedelta(seconds=1))
     assert counts.conversations >= 2 and counts.messages >= 2 and counts.states >= 2
-    left = [c.conversation_id for c in (await store.list_conversations(user_id, 10, None)).items]
+    left = [
+        c.conversation_id
+        for c in (
+            await store.list_conversations(user_id=user_id, page_size=10, before_id=None)
+        ).items
+    ]
     assert left == [busy]  # the running turn's conversation stays
     for cid in idle:
         assert cid not in left
 
-    await store.release_lease(user_id, lease.task_id)
-    await store.purge_inactive(datetime.now(UTC) + timedelta(seconds=1))
-    assert (await store.list_conversations(user_id, 10, None)).items == []
+    await store.release_lease(user_id=user_id, task_id=lease.task_id)
+    await store.purge_inactive(before=datetime.now(UTC) + timedelta(seconds=1))
+    assert (
+        await store.list_conversations(user_id=user_id, page_size=10, before_id=None)
+    ).items == []
 
 
 async def test_purge_command_and_sweeper(postgres: object, user_id: str) -> None:
@@ -71,7 +91,11 @@ async def test_purge_command_and_sweeper(postgres: object, user_id: str) -> None
         for _ in range(50):  # the sweeper runs every 0.2 s
             ids = [
                 c.conversation_id
-                for c in (await app.store.list_conversations(user_id, 10, None)).items
+                for c in (
+                    await app.store.list_conversations(
+                        user_id=user_id, page_size=10, before_id=None
+                    )
+                ).items
             ]
             if old not in ids:
                 break

@@ -3,7 +3,8 @@
 Implementations: `PostgresStore` (production) and `MemoryStore` (demos and
 fast tests). Both pass the same behavioural test suite. Every method is
 scoped by user_id; another user's rows behave as if they did not exist.
-Arguments arrive already validated (see state_service.domain).
+Arguments arrive already validated (see state_service.domain) and are passed
+by keyword, so a call site says what each id is.
 """
 
 from __future__ import annotations
@@ -31,13 +32,16 @@ from state_service.domain import (
 
 
 class StateStore(abc.ABC):
+    # ------------------------------------------------------------------ state
+
     @abc.abstractmethod
-    async def get_state(self, user_id: str, conversation_id: int, state_key: str) -> StoredState:
+    async def get_state(self, *, user_id: str, conversation_id: int, state_key: str) -> StoredState:
         """Raise NotFound when the conversation or the state is absent."""
 
     @abc.abstractmethod
-    async def upsert_state(
+    async def save_state(
         self,
+        *,
         user_id: str,
         conversation_id: int,
         state_key: str,
@@ -45,17 +49,21 @@ class StateStore(abc.ABC):
         expected_version: int | None,
         message_writes: Sequence[MessageWrite] = (),
         compactions: Sequence[Compaction] = (),
+        task_id: int | None = None,
     ) -> UpsertResult:
-        """Replace the whole state, apply message writes and record compactions atomically.
+        """Replace the whole state, apply message writes and record compactions atomically
+        (UpsertState); with `task_id`, also release that turn's lease (EndTurn).
 
         expected_version: None = unconditional, 0 = create only, N = only if the
-        stored version is N (else VersionConflict). NotFound when the
-        conversation does not exist. Nothing changes on any error.
+        stored version is N (else VersionConflict). NotFound when the conversation
+        does not exist; LeaseLost when `task_id` is given and another task holds the
+        conversation's lease (that turn's lapsed and was taken over). Nothing changes
+        on any error.
         """
 
     @abc.abstractmethod
     async def begin_turn(
-        self, user_id: str, conversation_id: int | None, start: TurnStart
+        self, *, user_id: str, conversation_id: int | None, start: TurnStart
     ) -> BegunTurn:
         """Start a turn atomically: create (conversation_id None) or lock the
         conversation, take its lease (as acquire_lease), check the card guard, mark
@@ -65,63 +73,51 @@ class StateStore(abc.ABC):
         from the guard. Nothing changes on any error.
         """
 
-    @abc.abstractmethod
-    async def end_turn(
-        self,
-        user_id: str,
-        conversation_id: int,
-        state_key: str,
-        payload: bytes,
-        expected_version: int | None,
-        task_id: int,
-        message_writes: Sequence[MessageWrite] = (),
-        compactions: Sequence[Compaction] = (),
-    ) -> UpsertResult:
-        """upsert_state, then release the lease of `task_id`, atomically.
-
-        LeaseLost when another task holds the conversation's lease (this turn's
-        lapsed and was taken over). Nothing changes on any error."""
+    # ---------------------------------------------------------- conversations
 
     @abc.abstractmethod
-    async def create_conversation(self, user_id: str, title: str) -> Conversation: ...
+    async def create_conversation(self, *, user_id: str, title: str) -> Conversation: ...
 
     @abc.abstractmethod
-    async def get_conversation(self, user_id: str, conversation_id: int) -> Conversation: ...
+    async def get_conversation(self, *, user_id: str, conversation_id: int) -> Conversation: ...
 
     @abc.abstractmethod
     async def list_conversations(
-        self, user_id: str, page_size: int, before_id: int | None
+        self, *, user_id: str, page_size: int, before_id: int | None
     ) -> Page[Conversation]:
         """Newest first; `before_id` is the last id of the previous page."""
 
     @abc.abstractmethod
     async def rename_conversation(
-        self, user_id: str, conversation_id: int, title: str
+        self, *, user_id: str, conversation_id: int, title: str
     ) -> Conversation: ...
 
     @abc.abstractmethod
     async def delete_conversations(
-        self, user_id: str, conversation_ids: Sequence[int]
+        self, *, user_id: str, conversation_ids: Sequence[int]
     ) -> DeleteCounts:
         """Delete conversations, their messages and states in one transaction.
 
         All or nothing: NotFound naming the first absent id, and nothing deleted.
         """
 
+    # --------------------------------------------------------------- messages
+
     @abc.abstractmethod
     async def append_message(
-        self, user_id: str, conversation_id: int, message: NewMessage
+        self, *, user_id: str, conversation_id: int, message: NewMessage
     ) -> MessageRecord: ...
 
     @abc.abstractmethod
     async def update_message(
-        self, user_id: str, conversation_id: int, update: MessageUpdate
+        self, *, user_id: str, conversation_id: int, update: MessageUpdate
     ) -> MessageRecord:
         """FailedPrecondition when `expected_status` is set and differs."""
 
     @abc.abstractmethod
     async def list_messages(
         self,
+        *,
         user_id: str,
         conversation_id: int,
         page_size: int,
@@ -133,12 +129,12 @@ class StateStore(abc.ABC):
         NotFound when the conversation is absent."""
 
     @abc.abstractmethod
-    async def list_compactions(self, user_id: str, conversation_id: int) -> list[Compaction]:
+    async def list_compactions(self, *, user_id: str, conversation_id: int) -> list[Compaction]:
         """Oldest first; NotFound when the conversation is absent."""
 
     @abc.abstractmethod
     async def get_message(
-        self, user_id: str, conversation_id: int, message_id: int
+        self, *, user_id: str, conversation_id: int, message_id: int
     ) -> MessageRecord: ...
 
     # ------------------------------------------------------------ run leases
@@ -146,6 +142,7 @@ class StateStore(abc.ABC):
     @abc.abstractmethod
     async def acquire_lease(
         self,
+        *,
         user_id: str,
         conversation_id: int,
         holder: str,
@@ -154,24 +151,26 @@ class StateStore(abc.ABC):
     ) -> AcquiredLease:
         """Take the conversation's run lease with a new task id.
 
-        NotFound (conversation absent), FailedPrecondition (another unexpired
-        lease), ResourceExhausted (the user holds `max_user_leases` others; 0 = no limit).
+        NotFound (conversation absent), LeaseHeld (another unexpired lease),
+        ResourceExhausted (the user holds `max_user_leases` others; 0 = no limit).
         Reports the task id of a lapsed, never-released lease it replaced.
         """
 
     @abc.abstractmethod
-    async def renew_lease(self, user_id: str, task_id: int, ttl_ms: int) -> Lease:
-        """FailedPrecondition when the lease is gone (released or taken over)."""
+    async def renew_lease(self, *, user_id: str, task_id: int, ttl_ms: int) -> Lease:
+        """LeaseLost when the lease is gone (released or taken over)."""
 
     @abc.abstractmethod
-    async def release_lease(self, user_id: str, task_id: int) -> bool: ...
+    async def release_lease(self, *, user_id: str, task_id: int) -> bool: ...
 
     @abc.abstractmethod
-    async def request_stop(self, user_id: str, task_id: int) -> Lease:
+    async def request_stop(self, *, user_id: str, task_id: int) -> Lease:
         """NotFound when no unexpired lease has this task id."""
 
+    # -------------------------------------------------------------- retention
+
     @abc.abstractmethod
-    async def purge_inactive(self, before: datetime, batch_size: int = 500) -> DeleteCounts:
+    async def purge_inactive(self, *, before: datetime, batch_size: int = 500) -> DeleteCounts:
         """Retention: delete every conversation (with its messages, states, leases and
         compaction records) untouched since `before`, except those running a turn.
         Each batch is one transaction."""

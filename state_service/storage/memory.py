@@ -91,7 +91,7 @@ class MemoryStore(StateStore):
 
     # ------------------------------------------------------------------ state
 
-    async def get_state(self, user_id: str, conversation_id: int, state_key: str) -> StoredState:
+    async def get_state(self, *, user_id: str, conversation_id: int, state_key: str) -> StoredState:
         async with self._lock:
             self._conversation(user_id, conversation_id)
             row = self._states.get((conversation_id, state_key))
@@ -101,8 +101,9 @@ class MemoryStore(StateStore):
                 )
             return StoredState(row.payload, row.version, row.update_time)
 
-    async def upsert_state(
+    async def save_state(
         self,
+        *,
         user_id: str,
         conversation_id: int,
         state_key: str,
@@ -110,29 +111,7 @@ class MemoryStore(StateStore):
         expected_version: int | None,
         message_writes: Sequence[MessageWrite] = (),
         compactions: Sequence[Compaction] = (),
-    ) -> UpsertResult:
-        async with self._lock:
-            return self._save(
-                user_id,
-                conversation_id,
-                state_key,
-                payload,
-                expected_version,
-                None,
-                message_writes,
-                compactions,
-            )
-
-    async def end_turn(
-        self,
-        user_id: str,
-        conversation_id: int,
-        state_key: str,
-        payload: bytes,
-        expected_version: int | None,
-        task_id: int,
-        message_writes: Sequence[MessageWrite] = (),
-        compactions: Sequence[Compaction] = (),
+        task_id: int | None = None,
     ) -> UpsertResult:
         async with self._lock:
             return self._save(
@@ -186,7 +165,7 @@ class MemoryStore(StateStore):
         return UpsertResult(row.version, row.update_time, staged, lease_released=released)
 
     async def begin_turn(
-        self, user_id: str, conversation_id: int | None, start: TurnStart
+        self, *, user_id: str, conversation_id: int | None, start: TurnStart
     ) -> BegunTurn:
         async with self._lock:
             now = _now()
@@ -297,19 +276,19 @@ class MemoryStore(StateStore):
 
     # ---------------------------------------------------------- conversations
 
-    async def create_conversation(self, user_id: str, title: str) -> Conversation:
+    async def create_conversation(self, *, user_id: str, title: str) -> Conversation:
         async with self._lock:
             now = _now()
             conversation = Conversation(self._ids.next_id(), user_id, title, now, now)
             self._conversations[conversation.conversation_id] = conversation
             return conversation
 
-    async def get_conversation(self, user_id: str, conversation_id: int) -> Conversation:
+    async def get_conversation(self, *, user_id: str, conversation_id: int) -> Conversation:
         async with self._lock:
             return self._conversation(user_id, conversation_id)
 
     async def list_conversations(
-        self, user_id: str, page_size: int, before_id: int | None
+        self, *, user_id: str, page_size: int, before_id: int | None
     ) -> Page[Conversation]:
         async with self._lock:
             mine = sorted(
@@ -326,7 +305,7 @@ class MemoryStore(StateStore):
         return Page(items, token)
 
     async def rename_conversation(
-        self, user_id: str, conversation_id: int, title: str
+        self, *, user_id: str, conversation_id: int, title: str
     ) -> Conversation:
         async with self._lock:
             conversation = self._conversation(user_id, conversation_id)
@@ -335,7 +314,7 @@ class MemoryStore(StateStore):
             return renamed
 
     async def delete_conversations(
-        self, user_id: str, conversation_ids: Sequence[int]
+        self, *, user_id: str, conversation_ids: Sequence[int]
     ) -> DeleteCounts:
         async with self._lock:
             wanted = sorted(set(conversation_ids))
@@ -348,7 +327,7 @@ class MemoryStore(StateStore):
                     ) from None
             return self._delete(wanted)
 
-    async def purge_inactive(self, before: datetime, batch_size: int = 500) -> DeleteCounts:
+    async def purge_inactive(self, *, before: datetime, batch_size: int = 500) -> DeleteCounts:
         async with self._lock:
             now = _now()
             running = {c for c, lease in self._leases.items() if lease.expire_time > now}
@@ -375,12 +354,12 @@ class MemoryStore(StateStore):
     # --------------------------------------------------------------- messages
 
     async def append_message(
-        self, user_id: str, conversation_id: int, message: NewMessage
+        self, *, user_id: str, conversation_id: int, message: NewMessage
     ) -> MessageRecord:
         return await self._write_one(user_id, conversation_id, message)
 
     async def update_message(
-        self, user_id: str, conversation_id: int, update: MessageUpdate
+        self, *, user_id: str, conversation_id: int, update: MessageUpdate
     ) -> MessageRecord:
         return await self._write_one(user_id, conversation_id, update)
 
@@ -396,6 +375,7 @@ class MemoryStore(StateStore):
 
     async def list_messages(
         self,
+        *,
         user_id: str,
         conversation_id: int,
         page_size: int,
@@ -418,13 +398,13 @@ class MemoryStore(StateStore):
         token = str(items[-1].message_id) if len(records) > page_size else ""
         return Page(items, token)
 
-    async def list_compactions(self, user_id: str, conversation_id: int) -> list[Compaction]:
+    async def list_compactions(self, *, user_id: str, conversation_id: int) -> list[Compaction]:
         async with self._lock:
             self._conversation(user_id, conversation_id)
             return list(self._compactions.get(conversation_id, []))
 
     async def get_message(
-        self, user_id: str, conversation_id: int, message_id: int
+        self, *, user_id: str, conversation_id: int, message_id: int
     ) -> MessageRecord:
         async with self._lock:
             self._conversation(user_id, conversation_id)
@@ -439,6 +419,7 @@ class MemoryStore(StateStore):
 
     async def acquire_lease(
         self,
+        *,
         user_id: str,
         conversation_id: int,
         holder: str,
@@ -489,7 +470,7 @@ class MemoryStore(StateStore):
                 return lease
         return None
 
-    async def renew_lease(self, user_id: str, task_id: int, ttl_ms: int) -> Lease:
+    async def renew_lease(self, *, user_id: str, task_id: int, ttl_ms: int) -> Lease:
         async with self._lock:
             lease = self._lease_of_task(user_id, task_id)
             if lease is None:
@@ -498,7 +479,7 @@ class MemoryStore(StateStore):
             self._leases[lease.conversation_id] = renewed
             return renewed
 
-    async def release_lease(self, user_id: str, task_id: int) -> bool:
+    async def release_lease(self, *, user_id: str, task_id: int) -> bool:
         async with self._lock:
             lease = self._lease_of_task(user_id, task_id)
             if lease is None:
@@ -506,7 +487,7 @@ class MemoryStore(StateStore):
             del self._leases[lease.conversation_id]
             return True
 
-    async def request_stop(self, user_id: str, task_id: int) -> Lease:
+    async def request_stop(self, *, user_id: str, task_id: int) -> Lease:
         async with self._lock:
             lease = self._lease_of_task(user_id, task_id)
             if lease is None or lease.expire_time <= _now():

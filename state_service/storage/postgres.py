@@ -412,7 +412,7 @@ class PostgresStore(StateStore):
 
     # ------------------------------------------------------------------ state
 
-    async def get_state(self, user_id: str, conversation_id: int, state_key: str) -> StoredState:
+    async def get_state(self, *, user_id: str, conversation_id: int, state_key: str) -> StoredState:
         rows = await self._rows(
             sql.SELECT_STATE,
             {"user_id": user_id, "conversation_id": conversation_id, "state_key": state_key},
@@ -426,8 +426,9 @@ class PostgresStore(StateStore):
             )
         return StoredState(row["payload"], int(row["version"]), row["update_time"])
 
-    async def upsert_state(
+    async def save_state(
         self,
+        *,
         user_id: str,
         conversation_id: int,
         state_key: str,
@@ -435,50 +436,7 @@ class PostgresStore(StateStore):
         expected_version: int | None,
         message_writes: Sequence[MessageWrite] = (),
         compactions: Sequence[Compaction] = (),
-    ) -> UpsertResult:
-        return await self._save(
-            user_id,
-            conversation_id,
-            state_key,
-            payload,
-            expected_version,
-            None,
-            message_writes,
-            compactions,
-        )
-
-    async def end_turn(
-        self,
-        user_id: str,
-        conversation_id: int,
-        state_key: str,
-        payload: bytes,
-        expected_version: int | None,
-        task_id: int,
-        message_writes: Sequence[MessageWrite] = (),
-        compactions: Sequence[Compaction] = (),
-    ) -> UpsertResult:
-        return await self._save(
-            user_id,
-            conversation_id,
-            state_key,
-            payload,
-            expected_version,
-            task_id,
-            message_writes,
-            compactions,
-        )
-
-    async def _save(
-        self,
-        user_id: str,
-        conversation_id: int,
-        state_key: str,
-        payload: bytes,
-        expected_version: int | None,
-        task_id: int | None,
-        message_writes: Sequence[MessageWrite],
-        compactions: Sequence[Compaction],
+        task_id: int | None = None,
     ) -> UpsertResult:
         params = {
             "user_id": user_id,
@@ -509,7 +467,7 @@ class PostgresStore(StateStore):
         )
 
     async def begin_turn(
-        self, user_id: str, conversation_id: int | None, start: TurnStart
+        self, *, user_id: str, conversation_id: int | None, start: TurnStart
     ) -> BegunTurn:
         guard = start.guard
         params = {
@@ -578,11 +536,11 @@ class PostgresStore(StateStore):
 
     # ---------------------------------------------------------- conversations
 
-    async def create_conversation(self, user_id: str, title: str) -> Conversation:
+    async def create_conversation(self, *, user_id: str, title: str) -> Conversation:
         (row,) = await self._rows(sql.INSERT_CONVERSATION, {"user_id": user_id, "title": title})
         return _conversation(row)
 
-    async def get_conversation(self, user_id: str, conversation_id: int) -> Conversation:
+    async def get_conversation(self, *, user_id: str, conversation_id: int) -> Conversation:
         rows = await self._rows(
             sql.SELECT_CONVERSATION, {"user_id": user_id, "conversation_id": conversation_id}
         )
@@ -591,7 +549,7 @@ class PostgresStore(StateStore):
         return _conversation(rows[0])
 
     async def list_conversations(
-        self, user_id: str, page_size: int, before_id: int | None
+        self, *, user_id: str, page_size: int, before_id: int | None
     ) -> Page[Conversation]:
         rows = await self._rows(
             sql.LIST_CONVERSATIONS,
@@ -602,7 +560,7 @@ class PostgresStore(StateStore):
         return Page(items, token)
 
     async def rename_conversation(
-        self, user_id: str, conversation_id: int, title: str
+        self, *, user_id: str, conversation_id: int, title: str
     ) -> Conversation:
         rows = await self._rows(
             sql.RENAME_CONVERSATION,
@@ -613,7 +571,7 @@ class PostgresStore(StateStore):
         return _conversation(rows[0])
 
     async def delete_conversations(
-        self, user_id: str, conversation_ids: Sequence[int]
+        self, *, user_id: str, conversation_ids: Sequence[int]
     ) -> DeleteCounts:
         params = {
             "user_id": user_id,
@@ -622,7 +580,7 @@ class PostgresStore(StateStore):
         (row,) = await self._rows(sql.DELETE_CONVERSATIONS, params)
         return _counts(row)
 
-    async def purge_inactive(self, before: datetime, batch_size: int = 500) -> DeleteCounts:
+    async def purge_inactive(self, *, before: datetime, batch_size: int = 500) -> DeleteCounts:
         total = DeleteCounts(0, 0, 0)
         while True:
             async with self._connection() as conn, conn.transaction():
@@ -647,12 +605,12 @@ class PostgresStore(StateStore):
     # --------------------------------------------------------------- messages
 
     async def append_message(
-        self, user_id: str, conversation_id: int, message: NewMessage
+        self, *, user_id: str, conversation_id: int, message: NewMessage
     ) -> MessageRecord:
         return await self._write_one(user_id, conversation_id, message)
 
     async def update_message(
-        self, user_id: str, conversation_id: int, update: MessageUpdate
+        self, *, user_id: str, conversation_id: int, update: MessageUpdate
     ) -> MessageRecord:
         return await self._write_one(user_id, conversation_id, update)
 
@@ -665,6 +623,7 @@ class PostgresStore(StateStore):
 
     async def list_messages(
         self,
+        *,
         user_id: str,
         conversation_id: int,
         page_size: int,
@@ -688,7 +647,7 @@ class PostgresStore(StateStore):
         token = str(items[-1].message_id) if len(records) > page_size else ""
         return Page(items, token)
 
-    async def list_compactions(self, user_id: str, conversation_id: int) -> list[Compaction]:
+    async def list_compactions(self, *, user_id: str, conversation_id: int) -> list[Compaction]:
         rows = await self._rows(
             sql.LIST_COMPACTIONS, {"user_id": user_id, "conversation_id": conversation_id}
         )
@@ -697,7 +656,7 @@ class PostgresStore(StateStore):
         return [_compaction(row) for row in rows if row["id"] is not None]
 
     async def get_message(
-        self, user_id: str, conversation_id: int, message_id: int
+        self, *, user_id: str, conversation_id: int, message_id: int
     ) -> MessageRecord:
         rows = await self._rows(
             sql.SELECT_MESSAGE,
@@ -711,6 +670,7 @@ class PostgresStore(StateStore):
 
     async def acquire_lease(
         self,
+        *,
         user_id: str,
         conversation_id: int,
         holder: str,
@@ -738,7 +698,7 @@ class PostgresStore(StateStore):
         lapsed = row["lapsed_task_id"]
         return AcquiredLease(lease, int(lapsed) if lapsed is not None else None)
 
-    async def renew_lease(self, user_id: str, task_id: int, ttl_ms: int) -> Lease:
+    async def renew_lease(self, *, user_id: str, task_id: int, ttl_ms: int) -> Lease:
         rows = await self._rows(
             sql.RENEW_LEASE, {"user_id": user_id, "task_id": task_id, "ttl_ms": ttl_ms}
         )
@@ -746,12 +706,12 @@ class PostgresStore(StateStore):
             raise d.LeaseLost(f"lease of task {task_id} was lost (released or taken over)")
         return _lease(rows[0])
 
-    async def release_lease(self, user_id: str, task_id: int) -> bool:
+    async def release_lease(self, *, user_id: str, task_id: int) -> bool:
         async with self._connection() as conn:
             cur = await conn.execute(sql.RELEASE_LEASE, {"user_id": user_id, "task_id": task_id})
             return cur.rowcount > 0
 
-    async def request_stop(self, user_id: str, task_id: int) -> Lease:
+    async def request_stop(self, *, user_id: str, task_id: int) -> Lease:
         rows = await self._rows(sql.REQUEST_STOP, {"user_id": user_id, "task_id": task_id})
         if not rows:
             raise NotFound(f"no running task {task_id}", "task")
