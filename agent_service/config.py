@@ -24,6 +24,9 @@ class AgentServiceSettings:
     state_address: str = "127.0.0.1:50051"
     # AGENT_STATE_TIMEOUT_SECONDS: deadline of each state service call.
     state_timeout_seconds: float = 10.0
+    # AGENT_PROFILE: empty (no business tools), a registered name such as order_demo, or
+    # MODULE:ATTRIBUTE; see agent_service/profile.py.
+    profile: str = ""
     # AGENT_MODEL: scripted (offline default) or openai (OPENAI_* variables).
     model: str = "scripted"
     # AGENT_SCRIPTED_STEP_DELAY_SECONDS: simulated latency of each scripted model call.
@@ -56,8 +59,6 @@ class AgentServiceSettings:
     state_max_bytes: int = 8 * MIB
     # AGENT_TRACE_USER_ID: how spans carry the end user: hash (default), plain or omit.
     trace_user_id: str = "hash"
-    # ORDERS_DATABASE_URL: the demo order system's PostgreSQL; empty = in memory.
-    orders_database_url: str = ""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> AgentServiceSettings:
@@ -69,6 +70,7 @@ class AgentServiceSettings:
             state_timeout_seconds=env_float(
                 env, "AGENT_STATE_TIMEOUT_SECONDS", d.state_timeout_seconds, minimum=0.1
             ),
+            profile=env_str(env, "AGENT_PROFILE", d.profile),
             model=env_choice(env, "AGENT_MODEL", d.model, ("scripted", "openai")),
             scripted_step_delay_seconds=env_float(
                 env, "AGENT_SCRIPTED_STEP_DELAY_SECONDS", d.scripted_step_delay_seconds
@@ -93,7 +95,6 @@ class AgentServiceSettings:
             grpc_max_message_bytes=env_int(
                 env, "AGENT_GRPC_MAX_MESSAGE_BYTES", d.grpc_max_message_bytes, minimum=1024
             ),
-            orders_database_url=env_str(env, "ORDERS_DATABASE_URL", d.orders_database_url),
             context_budget_tokens=env_int(
                 env, "AGENT_CONTEXT_BUDGET_TOKENS", d.context_budget_tokens, minimum=1000
             ),

@@ -100,12 +100,6 @@ CONFIRM_RESULTS_KEY = "confirm_results"
 EXPIRED_CARD_TEXT = "确认卡片已过期，操作没有执行。"
 STOPPED_TEXT = "这一轮被中断，操作没有执行。"
 
-SYSTEM_PROMPT = (
-    "你是电商平台的售后助手。按需加载业务手册（load_skill）并严格按手册步骤办事；"
-    "只根据工具返回和对话里已有的信息回答，不编造订单信息；"
-    "会改变订单的操作需要用户在确认卡片上确认。"
-)
-
 
 @dataclass(frozen=True)
 class RuntimeSettings:
@@ -166,7 +160,7 @@ class TurnRunner:
         registry: TurnRegistry,
         context: ContextManager,
         middlewares: tuple[ContextMiddleware, ...] = DEFAULT_MIDDLEWARES,
-        system_prompt: str = SYSTEM_PROMPT,
+        system_prompt: str,  # the profile's (agent_service/profile.py)
     ) -> None:
         self.state = state
         self.context = context
