@@ -2,8 +2,8 @@
 
 It follows the order-change handbook the way a real model would, from what is
 in its context: it loads the handbook if it is not there, queries the recent
-orders if this turn has not, finds the order the user means (by a product it
-contains), asks to cancel it, and answers a decision on the
+orders if this turn has not, finds the order the user means (by its number, or
+by a product it contains), asks to cancel it, and answers a decision on the
 card using only the stored tool results (the orders and the handbook's step 3),
 never canned facts. The generic parts (slash commands, remembered facts,
 summaries) are agent_service.model.scripted's.
@@ -14,8 +14,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from agent_service.agent_state import ToolResultState, ToolUseBlock
+from agent_service.agent_state import Role, ToolResultState, ToolUseBlock
 from agent_service.model.scripted import ScriptedModel, ScriptedView, Step
+from examples.order_demo.orders.base import MAX_RECENT_ORDERS
 from examples.order_demo.tools import ORDER_SKILL
 
 AWAITING_SHIPMENT = "已支付待发货"
@@ -24,6 +25,11 @@ _ORDER_LINE = re.compile(
     r"订单 (?P<no>\d+) \| (?P<status>\S+) \| 实付 (?P<paid>[\d.]+) \| "
     r"下单 (?P<placed>[\d-]+ [\d:]+)\n\s+商品: (?P<items>[^\n]+)"
 )
+# An order number in the user's words: five digits or more (a year or an amount is not
+# one: 2026, 3378.00).
+_ORDER_NO = re.compile(r"(?<![\d.])\d{5,}(?!\d|\.\d)")
+_CANCEL_WORDS = ("取消", "不要了", "不想要", "cancel")
+ASK_FOR_NUMBER = "能告诉我订单号吗？"
 _CN_NUMBERS = "零一两三四五六七八九十"
 
 
@@ -65,8 +71,26 @@ def _mentions(question: str, order: _Order) -> bool:
     return False
 
 
+def order_numbers(question: str) -> list[str]:
+    """The order numbers the user wrote, in order."""
+    return _ORDER_NO.findall(question)
+
+
+def wants_cancel(question: str) -> bool:
+    lowered = question.lower()
+    return any(word in lowered for word in _CANCEL_WORDS)
+
+
 def _count_cn(n: int) -> str:
     return _CN_NUMBERS[n] if 0 <= n < len(_CN_NUMBERS) else str(n)
+
+
+def _answers_our_question(view: ScriptedView) -> bool:
+    """Did the previous turn end by asking the user for the order number?"""
+    for msg in reversed(view.context[: view.turn_start]):
+        if msg.role is Role.ASSISTANT and msg.text:
+            return msg.text.endswith(ASK_FOR_NUMBER)
+    return False
 
 
 def _handbook(view: ScriptedView) -> str:
@@ -88,25 +112,43 @@ class ScriptedOrderModel(ScriptedModel):
 
     def answer(self, view: ScriptedView) -> Step:
         question = view.question
-        cancel = "取消" in question or "cancel" in question.lower()
+        numbers = order_numbers(question)
+        # "88240" alone, after we asked which order: still the cancellation asked for.
+        cancel = wants_cancel(question) or bool(numbers and _answers_our_question(view))
         if cancel and ("cancel_order" not in view.tools or not _handbook(view)):
             return Step(
                 "用户要取消订单，先加载订单变更手册。",
                 "我先看一下订单变更的处理规范。",
                 ("load_skill", {"name": ORDER_SKILL}),
             )
+        queries = view.calls("query_order")
         results = view.results("query_order", this_turn=True)
         if not results:
             return Step(f"先查最近{RECENT}笔订单。", "", ("query_order", {"limit": RECENT}))
+        if results[-1].state is not ToolResultState.SUCCESS:
+            return Step("查询订单失败。", f"查询订单没有成功：{results[-1].text}")
         orders = _parse_orders(results[-1].text)
+        if numbers:
+            named = [o for o in orders if o.no in numbers]
+            if not named:
+                limit = queries[-1].input.get("limit") if queries else None
+                asked = limit if isinstance(limit, int) else RECENT
+                if len(orders) >= asked and asked < MAX_RECENT_ORDERS:
+                    # A full page: the order may be older. Look as far back as the tool allows.
+                    return Step(
+                        f"最近{asked}笔里没有订单{numbers[0]}，再往前查。",
+                        "",
+                        ("query_order", {"limit": MAX_RECENT_ORDERS}),
+                    )
+                return self._unknown_number(numbers[0], orders, complete=len(orders) < asked)
+        else:
+            named = [o for o in orders if _mentions(question, o)]
         if not cancel:
-            named = [o for o in orders if o.no in question or _mentions(question, o)]
             return Step(text=self._describe(named or orders))
-        named = [o for o in orders if _mentions(question, o)]
         if not named:
             return Step(
                 "最近的订单里没有用户说的商品。",
-                "最近5笔订单里没有找到你说的商品，能告诉我订单号吗？",
+                f"最近{len(orders)}笔订单里没有找到你说的商品，{ASK_FOR_NUMBER}",
             )
         order = named[0]
         cancels = [c for c in view.calls("cancel_order") if c.input.get("orderNo") == order.no]
@@ -122,6 +164,15 @@ class ScriptedOrderModel(ScriptedModel):
             f"找到了订单{order.no}（{'、'.join(order.items)}，实付{order.paid}），"
             "还没发货，我来帮你取消，请在卡片上确认。",
             ("cancel_order", {"orderNo": order.no}),
+        )
+
+    def _unknown_number(self, number: str, orders: list[_Order], *, complete: bool) -> Step:
+        where = "你的订单里" if complete else f"你最近的{len(orders)}笔订单里"
+        known = "、".join(o.no for o in orders)
+        listed = f"（{'你的订单' if complete else '这些订单'}是：{known}）" if known else ""
+        return Step(
+            f"查到的订单里没有{number}。",
+            f"{where}没有订单号为{number}的订单{listed}，请核对一下订单号。",
         )
 
     def _after_cancel(self, view: ScriptedView, order: _Order, call: ToolUseBlock) -> Step:
