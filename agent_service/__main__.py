@@ -1,15 +1,18 @@
 """`agentstate-agent`: run the agent service.
 
 Settings come from environment variables: see agent_service/config.py and README.
+AGENT_PROFILE picks the profile (agent_service/profile.py); a bad one exits with 2.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 
 from agent_service.config import AgentServiceSettings
+from agent_service.profile import load_profile
 from agent_service.server import serve
 from agentstate.common import telemetry
 from agentstate.common.config import ConfigError
@@ -21,8 +24,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         telemetry.configure_logging("agentstate-agent")
         settings = AgentServiceSettings.from_env()
+        profile = load_profile(settings.profile, os.environ)
         telemetry.configure_from_env("agentstate-agent")
-        asyncio.run(serve(settings))
+        asyncio.run(serve(settings, profile))
     except ConfigError as exc:
         print(f"agentstate-agent: {exc}", file=sys.stderr)
         return 2

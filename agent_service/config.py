@@ -46,6 +46,14 @@ class AgentServiceSettings(EnvSettings):
         ge=0.1,
         description="deadline of each state service call",
     )
+    profile: str = Field(
+        default="",
+        validation_alias="AGENT_PROFILE",
+        description=(
+            "empty (no business tools), a registered profile name such as order_demo, "
+            "or MODULE:ATTRIBUTE (agent_service/profile.py)"
+        ),
+    )
     model: ModelKind = Field(
         default="scripted",
         validation_alias="AGENT_MODEL",
@@ -144,11 +152,6 @@ class AgentServiceSettings(EnvSettings):
         default="hash",
         validation_alias="AGENT_TRACE_USER_ID",
         description="how spans carry the end user: hash, plain or omit",
-    )
-    orders_database_url: str = Field(
-        default="",
-        validation_alias="ORDERS_DATABASE_URL",
-        description="the demo order system's PostgreSQL; empty keeps it in memory",
     )
 
     @model_validator(mode="after")

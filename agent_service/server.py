@@ -1,4 +1,4 @@
-"""Assemble and run the agent service: state client, model, tools, runtime, gRPC."""
+"""Assemble and run the agent service: state client, profile, model, tools, runtime, gRPC."""
 
 from __future__ import annotations
 
@@ -15,20 +15,17 @@ from agent_service.context.manager import ContextManager, ContextSettings
 from agent_service.context.tokens import make_counter
 from agent_service.middleware import DEFAULT_MIDDLEWARES, ContextMiddleware
 from agent_service.model.base import ChatModel
-from agent_service.model.scripted import ScriptedOrderModel
-from agent_service.orders.base import OrderSystem
-from agent_service.orders.memory import MemoryOrderSystem
-from agent_service.orders.postgres import PostgresOrderSystem
-from agent_service.runtime import SYSTEM_PROMPT, RuntimeSettings, TurnRunner
+from agent_service.profile import Profile
+from agent_service.runtime import RuntimeSettings, TurnRunner
 from agent_service.servicer import AgentServicer
 from agent_service.state_client import StateClient
-from agent_service.tools.orders import cancel_order_tool, query_order_tool
 from agent_service.tools.registry import Tool, ToolRegistry
 from agent_service.tools.skills import load_skill_tool
 from agent_service.turns import TurnRegistry
 from agentstate.agent.v1 import agent_service_pb2 as pb
 from agentstate.agent.v1 import agent_service_pb2_grpc as pb_grpc
 from agentstate.common import service_config, telemetry
+from agentstate.common.config import ConfigError
 from agentstate.common.grpc_server import (
     add_health_and_reflection,
     bind,
@@ -44,34 +41,44 @@ SERVICE_NAME = pb.DESCRIPTOR.services_by_name["AgentService"].full_name
 _INTERRUPT_SAVE_SECONDS = 5.0
 
 
-def build_model(settings: AgentServiceSettings) -> ChatModel:
+def build_model(settings: AgentServiceSettings, profile: Profile) -> ChatModel:
     if settings.model == "openai":
         from agent_service.model.openai_compat import OpenAICompatModel
 
         return OpenAICompatModel.from_env(os.environ)
-    return ScriptedOrderModel(settings.scripted_step_delay_seconds)
+    return profile.scripted_model(settings.scripted_step_delay_seconds)
 
 
-def build_tools(orders: OrderSystem, extra: Sequence[Tool] = ()) -> ToolRegistry:
-    return ToolRegistry(
-        [load_skill_tool(), query_order_tool(orders), cancel_order_tool(orders), *extra]
-    )
+def build_tools(profile: Profile, extra: Sequence[Tool] = ()) -> ToolRegistry:
+    """The profile's tools, and load_skill over its handbooks when it has any."""
+    skills = profile.skills()
+    tools = [*profile.tools(), *extra]
+    for tool in tools:
+        # Such a tool is offered only once its handbook is loaded: without one, never.
+        if tool.skill is not None and tool.skill not in skills:
+            raise ConfigError(
+                f"profile {profile.name!r}: tool {tool.name!r} needs the handbook "
+                f"{tool.skill!r}, which the profile does not have"
+            )
+    return ToolRegistry([load_skill_tool(skills), *tools] if skills else tools)
 
 
 class AgentServiceApp:
     def __init__(
         self,
         settings: AgentServiceSettings,
+        profile: Profile,
         model: ChatModel | None = None,
         middlewares: tuple[ContextMiddleware, ...] | None = None,
         extra_tools: Sequence[Tool] = (),
     ) -> None:
         self.settings = settings
+        self.profile = profile
         self._extra_tools = extra_tools
         self._model = model
         self._middlewares = DEFAULT_MIDDLEWARES if middlewares is None else middlewares
         self.registry = TurnRegistry()
-        self.orders: OrderSystem | None = None
+        self._profile_open = False
         self._channel: grpc.aio.Channel | None = None
         self._server: grpc.aio.Server | None = None
         self._health: Any = None
@@ -79,6 +86,8 @@ class AgentServiceApp:
 
     async def start(self) -> str:
         settings = self.settings
+        profile = self.profile
+        tools = build_tools(profile, self._extra_tools)  # a bad profile fails before any I/O
         limit = settings.grpc_max_message_bytes
         self._channel = grpc.aio.insecure_channel(
             settings.state_address,
@@ -96,12 +105,9 @@ class AgentServiceApp:
             ],
         )
         state = StateClient(self._channel, timeout_seconds=settings.state_timeout_seconds)
-        if settings.orders_database_url:
-            self.orders = PostgresOrderSystem(settings.orders_database_url)
-        else:
-            self.orders = MemoryOrderSystem()
-        await self.orders.open()
-        model = self._model or build_model(settings)
+        await profile.open()
+        self._profile_open = True
+        model = self._model or build_model(settings, profile)
         self.runner = runner = TurnRunner(
             state=state,
             model=model,
@@ -115,9 +121,9 @@ class AgentServiceApp:
                 ),
                 make_counter(settings.tokenizer, model.name),  # its family picks the table
                 model.summarize,
-                SYSTEM_PROMPT,
+                profile.system_prompt,
             ),
-            tools=build_tools(self.orders, self._extra_tools),
+            tools=tools,
             settings=RuntimeSettings(
                 holder=settings.replica_name,
                 lease_ttl_ms=int(settings.lease_ttl_seconds * 1000),
@@ -129,6 +135,7 @@ class AgentServiceApp:
             ),
             registry=self.registry,
             middlewares=self._middlewares,
+            system_prompt=profile.system_prompt,
         )
         server = create_server(
             max_message_bytes=limit, interceptors=telemetry.grpc_server_interceptors()
@@ -140,10 +147,11 @@ class AgentServiceApp:
         self._server = server
         await set_serving(self._health, [SERVICE_NAME])
         log.info(
-            "agent service listening on %s (state service %s, model %s)",
+            "agent service listening on %s (state service %s, profile %s, model %s)",
             address,
             settings.state_address,
-            settings.model,
+            profile.name or "none",
+            model.name,
         )
         return address
 
@@ -171,17 +179,18 @@ class AgentServiceApp:
                 await asyncio.wait(pending, timeout=_INTERRUPT_SAVE_SECONDS)
         if self._server is not None:
             await self._server.stop(2.0)  # lets the last events of interrupted turns go out
-        if self.orders is not None:
-            await self.orders.close()
+        if self._profile_open:
+            self._profile_open = False
+            await self.profile.close()
         if self._channel is not None:
             await self._channel.close(None)
         log.info("agent service stopped")
 
 
-async def serve(settings: AgentServiceSettings) -> None:
+async def serve(settings: AgentServiceSettings, profile: Profile) -> None:
     stop = asyncio.Event()
     install_stop_signals(stop)
-    app = AgentServiceApp(settings)
+    app = AgentServiceApp(settings, profile)
     await app.start()
     await stop.wait()
     await app.stop()

@@ -91,6 +91,7 @@ def main() -> None:
                 **otel,
                 "AGENT_LISTEN_ADDRESS": "127.0.0.1:0",
                 "AGENT_STATE_ADDRESS": state.wait_ready(),
+                "AGENT_PROFILE": "order_demo",
             },
         )
         services.append(agent)

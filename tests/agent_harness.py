@@ -1,4 +1,7 @@
-"""Running the state service and agent replicas in-process on loopback, and driving turns."""
+"""Running the state service and agent replicas in-process on loopback, and driving turns.
+
+The agent replicas run the order demo profile (examples/order_demo) unless told otherwise.
+"""
 
 from __future__ import annotations
 
@@ -15,7 +18,7 @@ from agent_service.agent_state import AgentState, Msg
 from agent_service.config import AgentServiceSettings
 from agent_service.middleware import ContextMiddleware
 from agent_service.model.base import ChatModel, ModelEvent, ModelRequest
-from agent_service.model.scripted import ScriptedOrderModel
+from agent_service.profile import Profile
 from agent_service.server import AgentServiceApp
 from agent_service.servicer import USER_ID_METADATA_KEY
 from agent_service.tools.registry import Tool
@@ -23,6 +26,8 @@ from agentstate.agent.v1 import agent_service_pb2 as pb
 from agentstate.agent.v1 import agent_service_pb2_grpc as pb_grpc
 from agentstate.state.v1 import state_service_pb2 as spb
 from agentstate.state.v1 import state_service_pb2_grpc as spb_grpc
+from examples.order_demo import OrderDemoProfile, OrderDemoSettings
+from examples.order_demo.model import ScriptedOrderModel
 from state_service.config import StateServiceSettings
 from state_service.server import StateServiceApp
 
@@ -158,9 +163,13 @@ class StateReader:
 
 
 class Stack:
-    """A state service and any number of agent replicas, all in this process."""
+    """A state service and any number of agent replicas, all in this process.
+
+    Each replica gets its own order demo profile on `orders_url` (one shared order
+    database, as replicas share it in production), unless given another profile."""
 
     def __init__(self, database_url: str, orders_url: str, **agent_overrides: Any) -> None:
+        self.orders_url = orders_url
         self.state_address = f"127.0.0.1:{free_port()}"
         self.state_settings = StateServiceSettings(
             listen_address=self.state_address,
@@ -173,7 +182,6 @@ class Stack:
             "listen_address": "127.0.0.1:0",
             "state_address": self.state_address,
             "state_timeout_seconds": 5,
-            "orders_database_url": orders_url,
             "lease_renew_seconds": 0.2,
             "shutdown_grace_seconds": 1,
         }
@@ -196,11 +204,14 @@ class Stack:
         model: ChatModel | None = None,
         middlewares: tuple[ContextMiddleware, ...] | None = None,
         extra_tools: Sequence[Tool] = (),
+        profile: Profile | None = None,
         **overrides: Any,
     ) -> AgentClient:
         settings = self.agent_settings.model_copy(update=overrides)
+        if profile is None:
+            profile = OrderDemoProfile(OrderDemoSettings(database_url=self.orders_url))
         app = AgentServiceApp(
-            settings, model=model, middlewares=middlewares, extra_tools=extra_tools
+            settings, profile, model=model, middlewares=middlewares, extra_tools=extra_tools
         )
         client = AgentClient(await app.start())
         self.agents.append((app, client))
@@ -215,7 +226,10 @@ class Stack:
 
     @property
     def orders(self) -> Any:
-        return self.agents[0][0].orders
+        """The first replica's order system (the order demo profile's)."""
+        profile = self.agents[0][0].profile
+        assert isinstance(profile, OrderDemoProfile), profile
+        return profile.orders
 
     async def close(self) -> None:
         for _, client in list(self.agents):

@@ -2,6 +2,15 @@
 
 from __future__ import annotations
 
+import os
+
+# The test process starts many child processes (services, PostgreSQL, Patroni, etcd) while
+# its own gRPC channels and servers run. gRPC's fork handlers restart its poller in a
+# forked child before the child execs, and a child caught in them once never reached exec
+# (a Patroni node that never started). The tests never use gRPC in a forked child: off.
+# Read when grpc is first imported, hence before any import below.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
+
 import shutil
 import tempfile
 import uuid

@@ -41,6 +41,7 @@ def _agent(state_address: str, orders_url: str, **env: str) -> ServiceProcess:
         {
             "AGENT_LISTEN_ADDRESS": "127.0.0.1:0",
             "AGENT_STATE_ADDRESS": state_address,
+            "AGENT_PROFILE": "order_demo",
             "ORDERS_DATABASE_URL": orders_url,
             "AGENT_LEASE_RENEW_SECONDS": "0.2",
             **env,

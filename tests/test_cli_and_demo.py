@@ -28,6 +28,7 @@ def agent_address(database_url: str, orders_database_url: str) -> Iterator[str]:
         {
             "AGENT_LISTEN_ADDRESS": "127.0.0.1:0",
             "AGENT_STATE_ADDRESS": state.wait_ready(),
+            "AGENT_PROFILE": "order_demo",
             "ORDERS_DATABASE_URL": orders_database_url,
         },
     )
@@ -80,7 +81,7 @@ def test_cli_approve_flag(agent_address: str, user_id: str) -> None:
 
 def test_demo_runs_the_example_end_to_end() -> None:
     demo = subprocess.run(
-        [sys.executable, "-m", "agent_service.demo"],
+        [sys.executable, "-m", "examples.order_demo.demo"],
         capture_output=True,
         text=True,
         timeout=120,

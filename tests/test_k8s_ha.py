@@ -163,7 +163,9 @@ def test_agent_pod_uses_the_read_write_service(
     read = variables_read()
     otel = otel_sdk_variables()
     containers = agent_pod_containers(ha)
-    for service, variable in [("state", "DATABASE_URL"), ("agent", "ORDERS_DATABASE_URL")]:
+    # The product agent (no profile) has no database of its own: only the sidecar's.
+    assert not any("DATABASE_URL" in v["name"] for v in containers["agent"].get("env", []))
+    for service, variable in [("state", "DATABASE_URL")]:
         container = containers[service]
         env = container_env(container, ha, secrets)
         url = env[variable]

@@ -1,4 +1,4 @@
-"""The demo order system: one behavioural suite over both implementations."""
+"""The order demo's order system (examples/order_demo): one suite over both implementations."""
 
 from __future__ import annotations
 
@@ -11,15 +11,15 @@ from decimal import Decimal
 import psycopg
 import pytest
 
-from agent_service.orders import (
+from agentstate.common.embedded_postgres import EmbeddedPostgres
+from examples.order_demo.orders import (
     CouponStatus,
     MemoryOrderSystem,
     OrderStatus,
     OrderSystem,
     PostgresOrderSystem,
 )
-from agent_service.orders.seed import INITIAL_STOCK, SHANGHAI
-from agentstate.common.embedded_postgres import EmbeddedPostgres
+from examples.order_demo.orders.seed import INITIAL_STOCK, SHANGHAI
 from tests.conftest import create_database
 
 WATCH = "WATCH-S12-42-AL-GPS-SG"

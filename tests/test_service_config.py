@@ -16,6 +16,7 @@ import grpc
 import pytest
 
 from agent_service.config import AgentServiceSettings
+from agent_service.profile import Profile
 from agent_service.server import AgentServiceApp
 from agentstate.agent.v1 import agent_service_pb2 as apb
 from agentstate.agent.v1 import agent_service_pb2_grpc as apb_grpc
@@ -93,16 +94,14 @@ async def test_reads_are_retried_and_writes_are_not(
 
 
 async def test_the_agents_state_channel_uses_it(
-    blips_and_state: tuple[Blips, str], orders_database_url: str, user_id: str
+    blips_and_state: tuple[Blips, str], user_id: str
 ) -> None:
     blips, address = blips_and_state
     app = AgentServiceApp(
         AgentServiceSettings(
-            listen_address="127.0.0.1:0",
-            state_address=address,
-            state_timeout_seconds=10,
-            orders_database_url=orders_database_url,
-        )
+            listen_address="127.0.0.1:0", state_address=address, state_timeout_seconds=10
+        ),
+        Profile(),  # state calls only: no profile needed
     )
     agent_address = await app.start()
     try:

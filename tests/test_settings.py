@@ -12,6 +12,7 @@ from agent_service.config import AgentServiceSettings
 from agent_service.model.openai_compat import OpenAISettings
 from agentstate.common.config import ConfigError, EnvSettings
 from agentstate.common.telemetry import LoggingSettings
+from examples.order_demo.profile import OrderDemoSettings
 from state_service.config import StateServiceSettings
 
 README = Path(__file__).resolve().parents[1] / "README.md"
@@ -21,6 +22,7 @@ TABLES: dict[str, list[type[EnvSettings]]] = {
     "State service": [StateServiceSettings],
     "Agent service": [AgentServiceSettings, OpenAISettings],
     "Both services": [LoggingSettings],
+    "Order demo profile": [OrderDemoSettings],
 }
 SETTINGS_CLASSES = [cls for classes in TABLES.values() for cls in classes]
 

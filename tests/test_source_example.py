@@ -8,9 +8,9 @@ from decimal import Decimal
 import grpc
 
 from agent_service.agent_state import PERMISSION_DENIED_TEXT
-from agent_service.orders.base import OrderStatus
 from agentstate.agent.v1 import agent_service_pb2 as pb
 from agentstate.state.v1 import state_service_pb2 as spb
+from examples.order_demo.orders.base import OrderStatus
 from tests.agent_harness import Stack, block_summary
 from tests.source_example import QUESTION
 

@@ -12,6 +12,6 @@
 No gRPC, no SQL, no protobuf here.
 """
 
-from agent_service.runtime.runner import SYSTEM_PROMPT, RuntimeSettings, TurnRunner
+from agent_service.runtime.runner import RuntimeSettings, TurnRunner
 
-__all__ = ["SYSTEM_PROMPT", "RuntimeSettings", "TurnRunner"]
+__all__ = ["RuntimeSettings", "TurnRunner"]

@@ -62,13 +62,6 @@ log = logging.getLogger(__name__)
 
 MAX_QUESTION_CHARS = 8000
 
-# The demo profile's prompt until profiles supply their own (agent_service/server.py).
-SYSTEM_PROMPT = (
-    "你是电商平台的售后助手。按需加载业务手册（load_skill）并严格按手册步骤办事；"
-    "只根据工具返回和对话里已有的信息回答，不编造订单信息；"
-    "会改变订单的操作需要用户在确认卡片上确认。"
-)
-
 Outcome = Finished | CardShown | Cancelled
 
 
@@ -93,8 +86,8 @@ class TurnRunner:
         settings: RuntimeSettings,
         registry: TurnRegistry,
         context: ContextManager,
+        system_prompt: str,  # the profile's (agent_service/profile.py)
         middlewares: tuple[ContextMiddleware, ...] = DEFAULT_MIDDLEWARES,
-        system_prompt: str = SYSTEM_PROMPT,
     ) -> None:
         self.state = state
         self.context = context

@@ -1,7 +1,8 @@
-"""load_skill: handbooks shipped as Markdown files that the model loads on demand."""
+"""load_skill: a profile's handbooks, which the model loads on demand."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from importlib import resources
 from typing import Any
 
@@ -9,20 +10,18 @@ from agent_service.agent_state import Msg, ToolResultBlock, ToolResultState, Too
 from agent_service.model.base import ToolSpec
 from agent_service.tools.registry import Tool, ToolContext, ToolOutput
 
-SKILLS_PACKAGE = "agent_service.skills"
 
-
-def available_skills() -> dict[str, str]:
-    """Skill name (file stem) -> handbook text."""
+def read_skills(package: str) -> dict[str, str]:
+    """Handbooks shipped as Markdown files in a package: name (file stem) -> text."""
     skills: dict[str, str] = {}
-    for entry in resources.files(SKILLS_PACKAGE).iterdir():
+    for entry in resources.files(package).iterdir():
         if entry.name.endswith(".md"):
             skills[entry.name.removesuffix(".md")] = entry.read_text(encoding="utf-8")
     return skills
 
 
-def load_skill_tool(skills: dict[str, str] | None = None) -> Tool:
-    handbooks = available_skills() if skills is None else skills
+def load_skill_tool(skills: Mapping[str, str]) -> Tool:
+    handbooks = dict(skills)
     names = ", ".join(sorted(handbooks))
 
     async def run(args: dict[str, Any], context: ToolContext) -> ToolOutput:

@@ -7,7 +7,7 @@ from datetime import datetime, timedelta, timezone
 from decimal import Decimal
 from typing import Final
 
-from agent_service.orders.base import CouponStatus, Order, OrderItem, OrderStatus
+from examples.order_demo.orders.base import CouponStatus, Order, OrderItem, OrderStatus
 
 # A fixed offset rather than ZoneInfo: no tzdata needed, and China has no DST.
 SHANGHAI: Final = timezone(timedelta(hours=8), "Asia/Shanghai")

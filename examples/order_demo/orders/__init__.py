@@ -1,6 +1,6 @@
 """The demo order system the agent's order tools call (a stand-in business backend)."""
 
-from agent_service.orders.base import (
+from examples.order_demo.orders.base import (
     CancelOutcome,
     CouponStatus,
     Order,
@@ -9,8 +9,8 @@ from agent_service.orders.base import (
     OrderSystem,
     OrderSystemUnavailable,
 )
-from agent_service.orders.memory import MemoryOrderSystem
-from agent_service.orders.postgres import PostgresOrderSystem
+from examples.order_demo.orders.memory import MemoryOrderSystem
+from examples.order_demo.orders.postgres import PostgresOrderSystem
 
 __all__ = [
     "CancelOutcome",

@@ -1,6 +1,6 @@
 """query_order and cancel_order: the agent's window onto the demo order system.
 
-The order system is a separate business backend (agent_service.orders); these
+The order system is a separate business backend (examples.order_demo.orders); these
 tools only turn its answers into text for the model.
 """
 
@@ -9,8 +9,11 @@ from __future__ import annotations
 from typing import Any
 
 from agent_service.model.base import ToolSpec
-from agent_service.orders.base import Order, OrderSystem, OrderSystemUnavailable
 from agent_service.tools.registry import Permission, Tool, ToolContext, ToolOutput
+from examples.order_demo.orders.base import Order, OrderSystem, OrderSystemUnavailable
+
+# The handbook (skills/order-change.md) that cancel_order waits for.
+ORDER_SKILL = "order-change"
 
 
 def format_orders(orders: list[Order]) -> str:
@@ -94,5 +97,5 @@ def cancel_order_tool(orders: OrderSystem) -> Tool:
         permission=Permission.ASK,
         card_title=lambda args: f"取消订单 {args.get('orderNo', '')}",
         card_fields=lambda args: [("订单号", str(args.get("orderNo", "")))],
-        skill="order-change",
+        skill=ORDER_SKILL,
     )

@@ -1,9 +1,11 @@
 """`agentstate-demo`: the source's worked example, end to end, on the embedded default.
 
 Starts a state service (which starts and owns a throwaway PostgreSQL) and an
-agent service as real processes on 127.0.0.1, asks the source's question,
-answers the confirmation card (Cancel, as in the source, or --approve), then
-prints the stored AgentState and the message records, and shuts both down.
+agent service with the order_demo profile (orders in memory unless
+ORDERS_DATABASE_URL is set) as real processes on 127.0.0.1, asks the source's
+question, answers the confirmation card (Cancel, as in the source, or
+--approve), then prints the stored AgentState and the message records, and
+shuts both down.
 Nothing external is needed: the model is the offline scripted one.
 """
 
@@ -69,11 +71,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  state service on {state_address}")
         agent_service = ServiceProcess(
             "agent_service",
-            {"AGENT_LISTEN_ADDRESS": "127.0.0.1:0", "AGENT_STATE_ADDRESS": state_address},
+            {
+                "AGENT_LISTEN_ADDRESS": "127.0.0.1:0",
+                "AGENT_STATE_ADDRESS": state_address,
+                "AGENT_PROFILE": "order_demo",
+            },
         )
         services.append(agent_service)
         agent_address = agent_service.wait_ready()
-        print(f"  agent service on {agent_address} (scripted model)\n")
+        print(f"  agent service on {agent_address} (profile order_demo, scripted model)\n")
 
         renderer = Renderer()
         print(f"user: {args.question}")

@@ -10,7 +10,7 @@ import asyncio
 from dataclasses import replace
 from decimal import Decimal
 
-from agent_service.orders.base import (
+from examples.order_demo.orders.base import (
     CancelOutcome,
     CouponStatus,
     Order,
@@ -23,7 +23,7 @@ from agent_service.orders.base import (
     not_cancellable,
     unknown_order,
 )
-from agent_service.orders.seed import DEMO_COUPONS, INITIAL_STOCK, demo_orders, demo_skus
+from examples.order_demo.orders.seed import DEMO_COUPONS, INITIAL_STOCK, demo_orders, demo_skus
 
 
 class MemoryOrderSystem(OrderSystem):

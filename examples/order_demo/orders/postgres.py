@@ -16,7 +16,8 @@ from psycopg.rows import tuple_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
-from agent_service.orders.base import (
+from agentstate.common.pg_pool import Conn, GuardedPool
+from examples.order_demo.orders.base import (
     CancelOutcome,
     CouponStatus,
     Order,
@@ -31,14 +32,13 @@ from agent_service.orders.base import (
     not_cancellable,
     unknown_order,
 )
-from agent_service.orders.seed import (
+from examples.order_demo.orders.seed import (
     DEMO_COUPONS,
     INITIAL_STOCK,
     SHANGHAI,
     demo_orders,
     demo_skus,
 )
-from agentstate.common.pg_pool import Conn, GuardedPool
 
 # Arbitrary constant, distinct from the state service's migration lock: serialises
 # schema creation so two replicas opening at once cannot race on CREATE ... IF NOT EXISTS.

@@ -1,0 +1,1 @@
+"""Profiles built on the agent service (examples/README.md)."""

@@ -1,0 +1,1 @@
+"""The order demo's handbooks (Markdown, served by load_skill)."""
