@@ -448,8 +448,9 @@ def plot(lat: list[Latency], thr: list[Throughput], out_dir: Path) -> list[Path]
         ax.set_title(f"{n} messages")
         ax.set_ylabel("turns per second")
         ax.grid(axis="y", alpha=0.3)
-    axes[0][0].legend(fontsize=8)
-    fig.tight_layout()
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=len(names), fontsize=8)
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
     path = out_dir / "turn_throughput.png"
     fig.savefig(path, dpi=110)
     written.append(path)
@@ -552,7 +553,21 @@ def main() -> None:
     parser.add_argument("--no-langgraph", action="store_true")
     parser.add_argument("--plots", type=Path, help="write PNG plots into this directory")
     parser.add_argument("--json", type=Path, help="write the results as JSON")
+    parser.add_argument(
+        "--replot",
+        type=Path,
+        help="print and plot the results of an earlier --json, measure nothing",
+    )
     args = parser.parse_args()
+    if args.replot:
+        saved = json.loads(args.replot.read_text())
+        lat = [Latency(**row) for row in saved["latency"]]
+        thr = [Throughput(**row) for row in saved["throughput"]]
+        print_tables(lat, thr)
+        if args.plots:
+            for path in plot(lat, thr, args.plots):
+                print(f"wrote {path}")
+        return
     print(
         f"{os.cpu_count()} cores; PostgreSQL embedded, fsync on; sizes {args.sizes}; "
         f"concurrency {args.concurrency}; {args.seconds:g}s per throughput cell",
