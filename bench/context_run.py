@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from agent_service.context.manager import ContextReport
+from agentstate.agent_service.context.manager import ContextReport
 from agentstate.common.embedded_postgres import EmbeddedPostgres
 from agentstate.state.v1 import state_service_pb2 as spb
 from tests.agent_harness import RecordingModel, Stack

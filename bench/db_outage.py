@@ -33,7 +33,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from agentstate.common.embedded_postgres import EmbeddedPostgres
-from agentstate.common.service_process import ServiceProcess
+from agentstate.dev.processes import ServiceProcess
 from agentstate.state.v1 import state_service_pb2 as pb
 from agentstate.state.v1 import state_service_pb2_grpc as pb_grpc
 
@@ -147,7 +147,7 @@ def main() -> None:
     pg = EmbeddedPostgres(root / "pgdata", "system")
     dsn = pg.start()
     service = ServiceProcess(
-        "state_service",
+        "agentstate.state_service",
         {"STATE_LISTEN_ADDRESS": "127.0.0.1:0", "STATE_STORE": "postgres", "DATABASE_URL": dsn},
     )
     rec = Recorder()

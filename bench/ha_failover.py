@@ -19,7 +19,7 @@ import argparse
 import asyncio
 import time
 
-from agentstate.common.service_process import ServiceProcess
+from agentstate.dev.processes import ServiceProcess
 from tests.ha_failover import run_failover
 from tests.patroni_cluster import PatroniCluster, missing_tools
 
@@ -30,7 +30,7 @@ async def rounds(count: int) -> None:
         cluster.start()
         print(f"cluster up in {time.monotonic() - started:.1f}s", flush=True)
         service = ServiceProcess(
-            "state_service",
+            "agentstate.state_service",
             {
                 "STATE_LISTEN_ADDRESS": "127.0.0.1:0",
                 "STATE_STORE": "postgres",

@@ -44,18 +44,18 @@ import grpc
 import psycopg
 
 from agentstate.common.embedded_postgres import EmbeddedPostgres
-from agentstate.common.service_process import ServiceProcess
+from agentstate.dev.processes import ServiceProcess
 from agentstate.state.v1 import state_service_pb2 as pb
 from agentstate.state.v1 import state_service_pb2_grpc as pb_grpc
-from bench.state_latency import grown_state
-from state_service.domain import (
+from agentstate.state_service.domain import (
     MessageRole,
     MessageStatus,
     MessageUpdate,
     NewMessage,
     TurnStart,
 )
-from state_service.storage.postgres import PostgresStore
+from agentstate.state_service.storage.postgres import PostgresStore
+from bench.state_latency import grown_state
 
 POOL_SIZE = 10
 USER = "bench"
@@ -484,7 +484,7 @@ async def run(args: argparse.Namespace) -> tuple[list[Latency], list[Throughput]
     closers: list[Callable[[], Awaitable[object]]] = []
     try:
         service = ServiceProcess(
-            "state_service",
+            "agentstate.state_service",
             {
                 "STATE_LISTEN_ADDRESS": "127.0.0.1:0",
                 "STATE_STORE": "postgres",

@@ -24,7 +24,7 @@ from typing import Any
 
 import grpc
 
-from agentstate.common.service_process import ServiceProcess
+from agentstate.dev.processes import ServiceProcess
 from agentstate.state.v1 import state_service_pb2 as pb
 from agentstate.state.v1 import state_service_pb2_grpc as pb_grpc
 from tests.source_example import source_agent_state
@@ -110,7 +110,7 @@ def main() -> None:
         "STATE_EMBEDDED_PG_DIR": str(data_root / "pgdata"),
         "DATABASE_URL": database_url if args.store == "postgres" else "",
     }
-    service = ServiceProcess("state_service", env)
+    service = ServiceProcess("agentstate.state_service", env)
     try:
         address = service.wait_ready()
         rows = run(address, args.calls, [int(s) for s in args.sizes.split(",")])

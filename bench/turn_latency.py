@@ -23,10 +23,10 @@ from typing import Any
 
 import grpc
 
-from agent_service.servicer import USER_ID_METADATA_KEY
 from agentstate.agent.v1 import agent_service_pb2 as pb
 from agentstate.agent.v1 import agent_service_pb2_grpc as pb_grpc
-from agentstate.common.service_process import ServiceProcess
+from agentstate.agent_service.servicer import USER_ID_METADATA_KEY
+from agentstate.dev.processes import ServiceProcess
 from tests.telemetry_tools import OtlpReceiver
 
 QUESTION = "我买的那块Apple Watch还没发货的话，帮我取消吧，不想要了。"
@@ -75,7 +75,7 @@ def main() -> None:
     services = []
     try:
         state = ServiceProcess(
-            "state_service",
+            "agentstate.state_service",
             {
                 **otel,
                 "STATE_LISTEN_ADDRESS": "127.0.0.1:0",
@@ -86,7 +86,7 @@ def main() -> None:
         )
         services.append(state)
         agent = ServiceProcess(
-            "agent_service",
+            "agentstate.agent_service",
             {
                 **otel,
                 "AGENT_LISTEN_ADDRESS": "127.0.0.1:0",

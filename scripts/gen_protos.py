@@ -1,9 +1,9 @@
-"""Generate the Python protobuf/gRPC code from protos/ into agentstate/<pkg>/v1/.
+"""Generate the Python protobuf/gRPC code from protos/ into src/agentstate/<pkg>/v1/.
 
     python scripts/gen_protos.py          # write the generated files
     python scripts/gen_protos.py --check  # exit 1 if the committed files are stale
 
-Generated code lives only under agentstate/*/v1/ and is committed, so that
+Generated code lives only under src/agentstate/*/v1/ and is committed, so that
 `pip install .` needs no code generator; CI runs --check. Beside it, DESCRIPTOR_SET holds
 the same files' descriptors with their comments (source info), which the Python
 descriptors lack: server reflection serves it, so `grpcurl describe` shows the docs.
@@ -22,8 +22,10 @@ from pathlib import Path
 from google.protobuf import descriptor_pb2
 from grpc_tools import protoc
 
-ROOT = Path(__file__).resolve().parent.parent
-PROTO_ROOT = ROOT / "protos"
+REPO = Path(__file__).resolve().parent.parent
+PROTO_ROOT = REPO / "protos"
+# Generated paths (agentstate/state/v1/…) are relative to the package root.
+ROOT = REPO / "src"
 GENERATED_SUFFIXES = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py", "_pb2_grpc.pyi", ".binpb")
 DESCRIPTOR_SET = Path("agentstate/descriptors.binpb")
 # mypy-protobuf's plugins sit beside this interpreter (pinned in pyproject's dev extra).

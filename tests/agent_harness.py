@@ -14,22 +14,22 @@ from typing import Any
 
 import grpc
 
-from agent_service.agent_state import AgentState, Msg
-from agent_service.config import AgentServiceSettings
-from agent_service.middleware import ContextMiddleware
-from agent_service.model.base import ChatModel, ModelEvent, ModelRequest
-from agent_service.profile import Profile
-from agent_service.server import AgentServiceApp
-from agent_service.servicer import USER_ID_METADATA_KEY
-from agent_service.tools.registry import Tool
 from agentstate.agent.v1 import agent_service_pb2 as pb
 from agentstate.agent.v1 import agent_service_pb2_grpc as pb_grpc
+from agentstate.agent_service.agent_state import AgentState, Msg
+from agentstate.agent_service.config import AgentServiceSettings
+from agentstate.agent_service.middleware import ContextMiddleware
+from agentstate.agent_service.model.base import ChatModel, ModelEvent, ModelRequest
+from agentstate.agent_service.profile import Profile
+from agentstate.agent_service.server import AgentServiceApp
+from agentstate.agent_service.servicer import USER_ID_METADATA_KEY
+from agentstate.agent_service.tools.registry import Tool
+from agentstate.examples.order_demo import OrderDemoProfile, OrderDemoSettings
+from agentstate.examples.order_demo.model import ScriptedOrderModel
 from agentstate.state.v1 import state_service_pb2 as spb
 from agentstate.state.v1 import state_service_pb2_grpc as spb_grpc
-from examples.order_demo import OrderDemoProfile, OrderDemoSettings
-from examples.order_demo.model import ScriptedOrderModel
-from state_service.config import StateServiceSettings
-from state_service.server import StateServiceApp
+from agentstate.state_service.config import StateServiceSettings
+from agentstate.state_service.server import StateServiceApp
 
 
 def free_port() -> int:

@@ -26,10 +26,10 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from agentstate.common.embedded_postgres import EmbeddedPostgres
 from agentstate.common.grpc_server import bind, create_server
 from agentstate.state.v1 import state_service_pb2_grpc as pb_grpc
-from state_service.servicer import StateServicer
-from state_service.storage.base import StateStore
-from state_service.storage.memory import MemoryStore
-from state_service.storage.postgres import PostgresStore
+from agentstate.state_service.servicer import StateServicer
+from agentstate.state_service.storage.base import StateStore
+from agentstate.state_service.storage.memory import MemoryStore
+from agentstate.state_service.storage.postgres import PostgresStore
 from tests.agent_harness import Stack
 from tests.telemetry_tools import install_in_memory
 

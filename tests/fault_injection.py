@@ -16,8 +16,8 @@ import grpc
 
 from agentstate.common.grpc_server import bind, create_server
 from agentstate.state.v1 import state_service_pb2_grpc as pb_grpc
-from state_service.servicer import StateServicer
-from state_service.storage.base import StateStore
+from agentstate.state_service.servicer import StateServicer
+from agentstate.state_service.storage.base import StateStore
 
 if TYPE_CHECKING:
     Interceptor = grpc.aio.ServerInterceptor[Any, Any]

@@ -13,6 +13,7 @@ from tests.agent_harness import Stack, metadata
 from tests.source_example import QUESTION
 
 ROOT = Path(__file__).resolve().parent.parent
+AGENT = ROOT / "src" / "agentstate" / "agent_service"
 
 
 async def test_records_and_conversations_in_the_agents_own_types(
@@ -68,13 +69,19 @@ def _imports(path: Path) -> set[str]:
 def test_the_runtime_knows_no_grpc_nor_protobuf() -> None:
     """Only the state client and the servicer translate protobuf; the runtime, the
     records it speaks and the domain model stay free of it."""
-    forbidden = ("grpc", "google.protobuf", "agentstate.state", "agentstate.agent")
+    forbidden = (
+        "grpc",
+        "google.protobuf",
+        "agentstate.state.v1",
+        "agentstate.agent.v1",
+        "agentstate.state_service",
+    )
     modules = [
-        *sorted((ROOT / "agent_service" / "runtime").glob("*.py")),
-        ROOT / "agent_service" / "records.py",
-        ROOT / "agent_service" / "agent_state.py",
-        ROOT / "agent_service" / "events.py",
-        ROOT / "agent_service" / "turns.py",
+        *sorted((AGENT / "runtime").glob("*.py")),
+        AGENT / "records.py",
+        AGENT / "agent_state.py",
+        AGENT / "events.py",
+        AGENT / "turns.py",
     ]
     offenders = {
         str(path.relative_to(ROOT)): sorted(

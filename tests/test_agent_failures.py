@@ -8,12 +8,12 @@ from typing import Any
 import grpc
 import psycopg
 
-from agent_service.agent_state import ToolResultBlock
-from agent_service.model.base import ModelError, ModelEvent, ModelRequest, ToolSpec
-from agent_service.tools.registry import Tool, ToolContext, ToolOutput
 from agentstate.agent.v1 import agent_service_pb2 as pb
+from agentstate.agent_service.agent_state import ToolResultBlock
+from agentstate.agent_service.model.base import ModelError, ModelEvent, ModelRequest, ToolSpec
+from agentstate.agent_service.tools.registry import Tool, ToolContext, ToolOutput
+from agentstate.examples.order_demo.orders.base import OrderStatus
 from agentstate.state.v1 import state_service_pb2 as spb
-from examples.order_demo.orders.base import OrderStatus
 from tests.agent_harness import RecordingModel, Stack, collect, metadata
 
 STATUS = "我的订单88235现在什么状态？"

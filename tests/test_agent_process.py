@@ -9,10 +9,10 @@ from collections.abc import Iterator
 import grpc
 import pytest
 
-from agent_service.agent_state import AgentState
 from agentstate.agent.v1 import agent_service_pb2 as pb
 from agentstate.agent.v1 import agent_service_pb2_grpc as pb_grpc
-from agentstate.common.service_process import ServiceProcess
+from agentstate.agent_service.agent_state import AgentState
+from agentstate.dev.processes import ServiceProcess
 from agentstate.state.v1 import state_service_pb2 as spb
 from agentstate.state.v1 import state_service_pb2_grpc as spb_grpc
 from tests.agent_harness import metadata
@@ -23,7 +23,7 @@ QUESTION = "我的订单88235现在什么状态？"
 @pytest.fixture
 def state_process(database_url: str) -> Iterator[str]:
     service = ServiceProcess(
-        "state_service",
+        "agentstate.state_service",
         {
             "STATE_LISTEN_ADDRESS": "127.0.0.1:0",
             "STATE_STORE": "postgres",
@@ -37,7 +37,7 @@ def state_process(database_url: str) -> Iterator[str]:
 
 def _agent(state_address: str, orders_url: str, **env: str) -> ServiceProcess:
     return ServiceProcess(
-        "agent_service",
+        "agentstate.agent_service",
         {
             "AGENT_LISTEN_ADDRESS": "127.0.0.1:0",
             "AGENT_STATE_ADDRESS": state_address,

@@ -9,13 +9,13 @@ from typing import Any
 import grpc
 import pytest
 
-from agent_service import server as server_module
-from agent_service.agent_state import PERMISSION_DENIED_TEXT, ToolResultBlock
-from agent_service.middleware import DENIAL_REWRITE_TEXT
-from agent_service.model.base import ToolSpec
-from agent_service.state_client import StateClient
-from agent_service.tools.registry import Permission, Tool, ToolContext, ToolOutput
 from agentstate.agent.v1 import agent_service_pb2 as pb
+from agentstate.agent_service import server as server_module
+from agentstate.agent_service.agent_state import PERMISSION_DENIED_TEXT, ToolResultBlock
+from agentstate.agent_service.middleware import DENIAL_REWRITE_TEXT
+from agentstate.agent_service.model.base import ToolSpec
+from agentstate.agent_service.state_client import StateClient
+from agentstate.agent_service.tools.registry import Permission, Tool, ToolContext, ToolOutput
 from agentstate.state.v1 import state_service_pb2 as spb
 from tests.agent_harness import RecordingModel, Stack, collect, metadata
 from tests.source_example import QUESTION

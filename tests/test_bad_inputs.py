@@ -17,7 +17,7 @@ from agentstate.agent.v1 import agent_service_pb2 as apb
 from agentstate.common.error_details import error_info
 from agentstate.state.v1 import state_service_pb2 as pb
 from agentstate.state.v1 import state_service_pb2_grpc as pb_grpc
-from state_service.domain import MAX_JSON_DEPTH
+from agentstate.state_service.domain import MAX_JSON_DEPTH
 from tests.agent_harness import Stack, collect
 from tests.helpers import all_messages, expect_rpc_error, get_state, new_conversation, put_state
 

@@ -9,14 +9,14 @@ from collections.abc import Iterator
 
 import pytest
 
-from agentstate.common.service_process import ServiceProcess
+from agentstate.dev.processes import ServiceProcess
 from tests.source_example import QUESTION
 
 
 @pytest.fixture
 def agent_address(database_url: str, orders_database_url: str) -> Iterator[str]:
     state = ServiceProcess(
-        "state_service",
+        "agentstate.state_service",
         {
             "STATE_LISTEN_ADDRESS": "127.0.0.1:0",
             "STATE_STORE": "postgres",
@@ -24,7 +24,7 @@ def agent_address(database_url: str, orders_database_url: str) -> Iterator[str]:
         },
     )
     agent = ServiceProcess(
-        "agent_service",
+        "agentstate.agent_service",
         {
             "AGENT_LISTEN_ADDRESS": "127.0.0.1:0",
             "AGENT_STATE_ADDRESS": state.wait_ready(),
@@ -41,7 +41,16 @@ def _cli(
     address: str, user_id: str, *args: str, stdin: str = ""
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "agent_service.cli", "--address", address, "--user", user_id, *args],
+        [
+            sys.executable,
+            "-m",
+            "agentstate.agent_service.cli",
+            "--address",
+            address,
+            "--user",
+            user_id,
+            *args,
+        ],
         input=stdin,
         capture_output=True,
         text=True,
@@ -81,7 +90,7 @@ def test_cli_approve_flag(agent_address: str, user_id: str) -> None:
 
 def test_demo_runs_the_example_end_to_end() -> None:
     demo = subprocess.run(
-        [sys.executable, "-m", "examples.order_demo.demo"],
+        [sys.executable, "-m", "agentstate.examples.order_demo.demo"],
         capture_output=True,
         text=True,
         timeout=120,

@@ -8,7 +8,8 @@ from typing import Any
 import grpc
 import pytest
 
-from agent_service.agent_state import (
+from agentstate.agent.v1 import agent_service_pb2 as pb
+from agentstate.agent_service.agent_state import (
     AgentState,
     Msg,
     Role,
@@ -18,21 +19,20 @@ from agent_service.agent_state import (
     ToolUseBlock,
     ToolUseState,
 )
-from agent_service.context.manager import (
+from agentstate.agent_service.context.manager import (
     TRIM_MARKER,
     TRUNCATION_MARKER,
     ContextManager,
     ContextSettings,
 )
-from agent_service.context.rag_history import HistoryRecord, rag_history, strip_citations
-from agent_service.context.tokens import BpeCounter, EstimatingCounter, make_counter
-from agent_service.errors import LimitReached
-from agent_service.model.base import ToolSpec
-from agent_service.model.scripted import ScriptedModel
-from agent_service.tools.registry import Tool, ToolContext, ToolOutput
-from agentstate.agent.v1 import agent_service_pb2 as pb
+from agentstate.agent_service.context.rag_history import HistoryRecord, rag_history, strip_citations
+from agentstate.agent_service.context.tokens import BpeCounter, EstimatingCounter, make_counter
+from agentstate.agent_service.errors import LimitReached
+from agentstate.agent_service.model.base import ToolSpec
+from agentstate.agent_service.model.scripted import ScriptedModel
+from agentstate.agent_service.tools.registry import Tool, ToolContext, ToolOutput
+from agentstate.examples.order_demo.profile import SYSTEM_PROMPT
 from agentstate.state.v1 import state_service_pb2 as spb
-from examples.order_demo.profile import SYSTEM_PROMPT
 from tests.agent_harness import RecordingModel, Stack, metadata
 from tests.source_example import QUESTION
 

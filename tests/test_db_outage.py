@@ -22,10 +22,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from agentstate.common.embedded_postgres import EmbeddedPostgres, EmbeddedPostgresError
 from agentstate.common.pg_pool import one_line, pg_reason
-from agentstate.common.service_process import ServiceProcess
+from agentstate.dev.processes import ServiceProcess
 from agentstate.state.v1 import state_service_pb2 as pb
 from agentstate.state.v1 import state_service_pb2_grpc as pb_grpc
-from state_service.server import SERVICE_NAME
+from agentstate.state_service.server import SERVICE_NAME
 from tests.kustomize import REPO, render
 from tests.test_k8s import agent_pod_containers, probe_once
 
@@ -106,7 +106,7 @@ def test_outage_fails_fast_reports_not_serving_and_recovers(
     own_postgres: EmbeddedPostgres,
 ) -> None:
     service = ServiceProcess(
-        "state_service",
+        "agentstate.state_service",
         {
             "STATE_LISTEN_ADDRESS": "127.0.0.1:0",
             "STATE_STORE": "postgres",
@@ -208,7 +208,7 @@ def test_start_up_waits_for_a_database_that_comes_up_late(
     dsn = own_postgres.dsn
     own_postgres.stop()
     service = ServiceProcess(
-        "state_service",
+        "agentstate.state_service",
         {
             "STATE_LISTEN_ADDRESS": "127.0.0.1:0",
             "STATE_STORE": "postgres",

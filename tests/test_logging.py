@@ -8,7 +8,7 @@ import subprocess
 import sys
 from typing import Any
 
-from agentstate.common.service_process import ServiceProcess
+from agentstate.dev.processes import ServiceProcess
 
 # Logs in a fresh interpreter, as a service does: outside a span, inside one, an exception.
 PROBE = """
@@ -80,7 +80,7 @@ def test_text_format_for_humans() -> None:
 
 def test_a_bad_log_setting_stops_the_service_with_a_clear_message() -> None:
     service = ServiceProcess(
-        "state_service", {"AGENTSTATE_LOG_FORMAT": "xml", "STATE_STORE": "memory"}
+        "agentstate.state_service", {"AGENTSTATE_LOG_FORMAT": "xml", "STATE_STORE": "memory"}
     )
     assert service.wait(30) == 2
     assert "AGENTSTATE_LOG_FORMAT='xml' must be one of json, text" in service.output

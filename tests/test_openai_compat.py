@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from agent_service.agent_state import (
+from agentstate.agent_service.agent_state import (
     Msg,
     Role,
     TextBlock,
@@ -26,7 +26,7 @@ from agent_service.agent_state import (
     ToolResultState,
     ToolUseBlock,
 )
-from agent_service.model.base import (
+from agentstate.agent_service.model.base import (
     ModelError,
     ModelEvent,
     ModelRequest,
@@ -36,7 +36,7 @@ from agent_service.model.base import (
     ToolSpec,
     Usage,
 )
-from agent_service.model.openai_compat import (
+from agentstate.agent_service.model.openai_compat import (
     SUMMARY_HEADING,
     OpenAICompatModel,
     OpenAISettings,

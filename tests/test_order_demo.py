@@ -9,13 +9,13 @@ from decimal import Decimal
 import grpc
 import pytest
 
-from agent_service.profile import load_profile
 from agentstate.agent.v1 import agent_service_pb2 as pb
-from examples.order_demo import OrderDemoProfile
-from examples.order_demo.model import order_numbers, wants_cancel
-from examples.order_demo.orders.base import OrderStatus
-from examples.order_demo.orders.memory import MemoryOrderSystem
-from examples.order_demo.orders.postgres import PostgresOrderSystem
+from agentstate.agent_service.profile import load_profile
+from agentstate.examples.order_demo import OrderDemoProfile
+from agentstate.examples.order_demo.model import order_numbers, wants_cancel
+from agentstate.examples.order_demo.orders.base import OrderStatus
+from agentstate.examples.order_demo.orders.memory import MemoryOrderSystem
+from agentstate.examples.order_demo.orders.postgres import PostgresOrderSystem
 from tests.agent_harness import Stack, Turn
 from tests.source_example import HANDBOOK_STEP_3
 
@@ -159,7 +159,7 @@ def test_the_profile_ships_the_handbook_and_tools() -> None:
     assert profile.scripted_model().name == "scripted-order-model"
 
 
-@pytest.mark.parametrize("spec", ["order_demo", "examples.order_demo:create_profile"])
+@pytest.mark.parametrize("spec", ["order_demo", "agentstate.examples.order_demo:create_profile"])
 def test_selected_by_name_or_module_path(spec: str) -> None:
     profile = load_profile(spec, {"ORDERS_DATABASE_URL": "postgresql://db/orders"})
     assert isinstance(profile, OrderDemoProfile) and profile.name == "order_demo"

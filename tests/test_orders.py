@@ -12,14 +12,14 @@ import psycopg
 import pytest
 
 from agentstate.common.embedded_postgres import EmbeddedPostgres
-from examples.order_demo.orders import (
+from agentstate.examples.order_demo.orders import (
     CouponStatus,
     MemoryOrderSystem,
     OrderStatus,
     OrderSystem,
     PostgresOrderSystem,
 )
-from examples.order_demo.orders.seed import INITIAL_STOCK, SHANGHAI
+from agentstate.examples.order_demo.orders.seed import INITIAL_STOCK, SHANGHAI
 from tests.conftest import create_database
 
 WATCH = "WATCH-S12-42-AL-GPS-SG"

@@ -16,15 +16,15 @@ import pytest
 from agentstate.common.embedded_postgres import EmbeddedPostgres
 from agentstate.state.v1 import state_service_pb2 as pb
 from agentstate.state.v1 import state_service_pb2_grpc as pb_grpc
-from state_service.domain import (
+from agentstate.state_service.domain import (
     LeaseHeld,
     MessageRole,
     NewMessage,
     NotFound,
     TurnStart,
 )
-from state_service.storage.migrations import MIGRATIONS, apply_migrations
-from state_service.storage.postgres import BigintArray, PostgresStore, TextArray
+from agentstate.state_service.storage.migrations import MIGRATIONS, apply_migrations
+from agentstate.state_service.storage.postgres import BigintArray, PostgresStore, TextArray
 from tests.conftest import create_database, start_state_server
 from tests.helpers import all_messages, expect_rpc_error, get_state, new_conversation, user_text
 from tests.source_example import source_state_bytes

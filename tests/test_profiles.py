@@ -11,14 +11,14 @@ from pathlib import Path
 import grpc
 import pytest
 
-from agent_service.model.scripted import ScriptedModel
-from agent_service.profile import GENERIC_SYSTEM_PROMPT, Profile, load_profile
-from agent_service.server import build_tools
 from agentstate.agent.v1 import agent_service_pb2 as pb
 from agentstate.agent.v1 import agent_service_pb2_grpc as pb_grpc
+from agentstate.agent_service.model.scripted import ScriptedModel
+from agentstate.agent_service.profile import GENERIC_SYSTEM_PROMPT, Profile, load_profile
+from agentstate.agent_service.server import build_tools
 from agentstate.common.config import ConfigError
-from agentstate.common.service_process import ServiceProcess
-from examples.order_demo import OrderDemoProfile
+from agentstate.dev.processes import ServiceProcess
+from agentstate.examples.order_demo import OrderDemoProfile
 from tests.agent_harness import RecordingModel, Stack, metadata
 from tests.source_example import QUESTION
 
@@ -68,10 +68,12 @@ def test_load_profile_forms_and_errors() -> None:
         "no_such_profile": "no profile registered under that name (registered: order_demo",
         "two words": "expected a registered name or MODULE:ATTRIBUTE",
         "no_such_module:create": "cannot import no_such_module",
-        "examples.order_demo:no_such_factory": "examples.order_demo has no no_such_factory",
-        "examples.order_demo.profile:SYSTEM_PROMPT": "is not a profile factory",
-        "examples.order_demo:OrderDemoSettings": "not a Profile",
-        "examples.order_demo:": "expected MODULE:ATTRIBUTE",
+        "agentstate.examples.order_demo:no_such_factory": (
+            "agentstate.examples.order_demo has no no_such_factory"
+        ),
+        "agentstate.examples.order_demo.profile:SYSTEM_PROMPT": "is not a profile factory",
+        "agentstate.examples.order_demo:OrderDemoSettings": "not a Profile",
+        "agentstate.examples.order_demo:": "expected MODULE:ATTRIBUTE",
     }
     for spec, message in bad.items():
         with pytest.raises(ConfigError) as raised:
@@ -89,7 +91,7 @@ def test_load_profile_forms_and_errors() -> None:
 )
 def test_an_invalid_profile_exits_2_before_serving(spec: str, message: str) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "agent_service"],
+        [sys.executable, "-m", "agentstate.agent_service"],
         env={"PATH": "/usr/bin:/bin", "AGENT_PROFILE": spec, "AGENT_LISTEN_ADDRESS": "127.0.0.1:0"},
         capture_output=True,
         text=True,
@@ -104,7 +106,7 @@ def test_an_invalid_profile_exits_2_before_serving(spec: str, message: str) -> N
 
 def test_a_module_path_profile_serves(database_url: str, user_id: str) -> None:
     state = ServiceProcess(
-        "state_service",
+        "agentstate.state_service",
         {
             "STATE_LISTEN_ADDRESS": "127.0.0.1:0",
             "STATE_STORE": "postgres",
@@ -112,11 +114,11 @@ def test_a_module_path_profile_serves(database_url: str, user_id: str) -> None:
         },
     )
     agent = ServiceProcess(
-        "agent_service",
+        "agentstate.agent_service",
         {
             "AGENT_LISTEN_ADDRESS": "127.0.0.1:0",
             "AGENT_STATE_ADDRESS": state.wait_ready(),
-            "AGENT_PROFILE": "examples.order_demo:create_profile",
+            "AGENT_PROFILE": "agentstate.examples.order_demo:create_profile",
             "ORDERS_DATABASE_URL": "",
         },
     )
@@ -154,15 +156,21 @@ def test_tools_and_handbooks_of_a_profile() -> None:
 
 
 def test_the_product_never_imports_the_examples() -> None:
-    """agent_service, state_service and agentstate stand alone: a profile plugs in."""
-    for package in ("agent_service", "state_service", "agentstate"):
-        for path in (REPO / package).rglob("*.py"):
-            tree = ast.parse(path.read_text(encoding="utf-8"))
-            for node in ast.walk(tree):
-                names = []
-                if isinstance(node, ast.Import):
-                    names = [alias.name for alias in node.names]
-                elif isinstance(node, ast.ImportFrom) and node.module:
-                    names = [node.module]
-                for name in names:
-                    assert not name.startswith("examples"), f"{path}: imports {name}"
+    """The product (everything in agentstate but its examples and local dev helpers) stands
+    alone: a profile plugs in, and no service runs the helpers."""
+    product = REPO / "src" / "agentstate"
+    outside = (product / "examples", product / "dev")
+    for path in product.rglob("*.py"):
+        if any(part in path.parents for part in outside):
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            for name in names:
+                assert not name.startswith(("agentstate.examples", "agentstate.dev")), (
+                    f"{path}: imports {name}"
+                )

@@ -17,7 +17,7 @@ import pytest
 from google.protobuf import descriptor_pb2, descriptor_pool
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from agentstate.common.service_process import ServiceProcess
+from agentstate.dev.processes import ServiceProcess
 from agentstate.state.v1 import state_service_pb2
 
 STATE = "agentstate.state.v1.StateService"
@@ -36,11 +36,11 @@ def grpcurl(*args: str) -> subprocess.CompletedProcess[str]:
 def addresses() -> Iterator[tuple[str, str]]:
     """A state service (memory store: reflection needs no database) and an agent service."""
     state = ServiceProcess(
-        "state_service", {"STATE_LISTEN_ADDRESS": "127.0.0.1:0", "STATE_STORE": "memory"}
+        "agentstate.state_service", {"STATE_LISTEN_ADDRESS": "127.0.0.1:0", "STATE_STORE": "memory"}
     )
     state_address = state.wait_ready()
     agent = ServiceProcess(
-        "agent_service",
+        "agentstate.agent_service",
         {"AGENT_LISTEN_ADDRESS": "127.0.0.1:0", "AGENT_STATE_ADDRESS": state_address},
     )
     try:

@@ -7,11 +7,11 @@ from datetime import UTC, datetime, timedelta
 
 import psycopg
 
-from agentstate.common.service_process import ServiceProcess
-from state_service.config import StateServiceSettings
-from state_service.domain import MessageRole, NewMessage
-from state_service.server import StateServiceApp
-from state_service.storage.base import StateStore
+from agentstate.dev.processes import ServiceProcess
+from agentstate.state_service.config import StateServiceSettings
+from agentstate.state_service.domain import MessageRole, NewMessage
+from agentstate.state_service.server import StateServiceApp
+from agentstate.state_service.storage.base import StateStore
 from tests.conftest import create_database
 
 
@@ -118,7 +118,7 @@ async def test_purge_command_and_sweeper(postgres: object, user_id: str) -> None
             (recent,),
         )
     command = ServiceProcess(
-        "state_service",
+        "agentstate.state_service",
         {"STATE_STORE": "postgres", "DATABASE_URL": dsn},
         "purge",
         "--older-than-days",
@@ -127,7 +127,7 @@ async def test_purge_command_and_sweeper(postgres: object, user_id: str) -> None
     assert await asyncio.to_thread(command.wait, 60) == 0, command.output
     assert "deleted 1 conversations" in command.output
     refused = ServiceProcess(
-        "state_service", {"STATE_STORE": "postgres", "DATABASE_URL": dsn}, "purge"
+        "agentstate.state_service", {"STATE_STORE": "postgres", "DATABASE_URL": dsn}, "purge"
     )
     assert await asyncio.to_thread(refused.wait, 60) == 2
     assert "--older-than-days" in refused.output

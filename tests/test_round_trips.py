@@ -23,7 +23,7 @@ from opentelemetry.trace import SpanKind
 from agentstate.common.embedded_postgres import EmbeddedPostgres
 from agentstate.state.v1 import state_service_pb2 as pb
 from agentstate.state.v1 import state_service_pb2_grpc as pb_grpc
-from state_service.storage.postgres import PostgresStore
+from agentstate.state_service.storage.postgres import PostgresStore
 from tests.agent_harness import Stack, Turn
 from tests.conftest import create_database, start_state_server
 from tests.helpers import new_conversation, user_text

@@ -15,15 +15,15 @@ from typing import Any
 import grpc
 import pytest
 
-from agent_service.config import AgentServiceSettings
-from agent_service.profile import Profile
-from agent_service.server import AgentServiceApp
 from agentstate.agent.v1 import agent_service_pb2 as apb
 from agentstate.agent.v1 import agent_service_pb2_grpc as apb_grpc
+from agentstate.agent_service.config import AgentServiceSettings
+from agentstate.agent_service.profile import Profile
+from agentstate.agent_service.server import AgentServiceApp
 from agentstate.common.service_config import channel_options, service_config_json
 from agentstate.state.v1 import state_service_pb2 as pb
 from agentstate.state.v1 import state_service_pb2_grpc as pb_grpc
-from state_service.storage.postgres import PostgresStore
+from agentstate.state_service.storage.postgres import PostgresStore
 from tests.agent_harness import metadata
 from tests.fault_injection import Blips, state_service_with_blips
 

@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from agent_service.config import AgentServiceSettings
-from agent_service.model.openai_compat import OpenAISettings
+from agentstate.agent_service.config import AgentServiceSettings
+from agentstate.agent_service.model.openai_compat import OpenAISettings
 from agentstate.common.config import ConfigError, EnvSettings
 from agentstate.common.telemetry import LoggingSettings
-from examples.order_demo.profile import OrderDemoSettings
-from state_service.config import StateServiceSettings
+from agentstate.examples.order_demo.profile import OrderDemoSettings
+from agentstate.state_service.config import StateServiceSettings
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 

@@ -7,10 +7,10 @@ from decimal import Decimal
 
 import grpc
 
-from agent_service.agent_state import PERMISSION_DENIED_TEXT
 from agentstate.agent.v1 import agent_service_pb2 as pb
+from agentstate.agent_service.agent_state import PERMISSION_DENIED_TEXT
+from agentstate.examples.order_demo.orders.base import OrderStatus
 from agentstate.state.v1 import state_service_pb2 as spb
-from examples.order_demo.orders.base import OrderStatus
 from tests.agent_harness import Stack, block_summary
 from tests.source_example import QUESTION
 

@@ -19,12 +19,12 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from agentstate.common.service_process import ServiceProcess
+from agentstate.dev.processes import ServiceProcess
 from agentstate.state.v1 import state_service_pb2 as pb
 from agentstate.state.v1 import state_service_pb2_grpc as pb_grpc
 from tests.source_example import source_agent_state, source_state_bytes
 
-MODULE = "state_service"
+MODULE = "agentstate.state_service"
 
 
 def _health(address: str, service: str = "") -> int:

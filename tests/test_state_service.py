@@ -15,7 +15,7 @@ import pytest
 from agentstate.common.grpc_metadata import trailer
 from agentstate.state.v1 import state_service_pb2 as pb
 from agentstate.state.v1 import state_service_pb2_grpc as pb_grpc
-from state_service.servicer import CURRENT_VERSION_TRAILER, MISSING_TRAILER
+from agentstate.state_service.servicer import CURRENT_VERSION_TRAILER, MISSING_TRAILER
 from tests.conftest import TEST_MAX_PAYLOAD_BYTES
 from tests.helpers import (
     all_messages,

@@ -14,10 +14,10 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
-from agent_service.model.base import ModelEvent, ModelRequest
 from agentstate.agent.v1 import agent_service_pb2 as pb
 from agentstate.agent.v1 import agent_service_pb2_grpc as pb_grpc
-from agentstate.common.service_process import ServiceProcess
+from agentstate.agent_service.model.base import ModelEvent, ModelRequest
+from agentstate.dev.processes import ServiceProcess
 from agentstate.state.v1 import state_service_pb2 as spb
 from tests.agent_harness import RecordingModel, Stack, metadata
 from tests.source_example import QUESTION
@@ -196,7 +196,7 @@ def test_otlp_export_from_both_services_configured_by_environment(
         "OTEL_METRIC_EXPORT_INTERVAL": "500",
     }
     state = ServiceProcess(
-        "state_service",
+        "agentstate.state_service",
         {
             **otel,
             "OTEL_SERVICE_NAME": "agentstate-state",
@@ -206,7 +206,7 @@ def test_otlp_export_from_both_services_configured_by_environment(
         },
     )
     agent = ServiceProcess(
-        "agent_service",
+        "agentstate.agent_service",
         {
             **otel,
             "OTEL_SERVICE_NAME": "agentstate-agent",

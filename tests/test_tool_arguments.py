@@ -15,8 +15,9 @@ from typing import Any
 import grpc
 import pytest
 
-from agent_service.agent_state import Role, ToolResultBlock, ToolResultState
-from agent_service.model.base import (
+from agentstate.agent.v1 import agent_service_pb2 as pb
+from agentstate.agent_service.agent_state import Role, ToolResultBlock, ToolResultState
+from agentstate.agent_service.model.base import (
     ChatModel,
     ModelEvent,
     ModelRequest,
@@ -24,14 +25,13 @@ from agent_service.model.base import (
     ToolCall,
     ToolSpec,
 )
-from agent_service.tools.registry import (
+from agentstate.agent_service.tools.registry import (
     Tool,
     ToolContext,
     ToolOutput,
     ToolRegistry,
     check_arguments,
 )
-from agentstate.agent.v1 import agent_service_pb2 as pb
 from tests.agent_harness import Stack
 
 SHIP_SCHEMA: dict[str, Any] = {

@@ -23,10 +23,10 @@ from typing import Any
 import grpc
 import pytest
 
-from agentstate.common.service_process import ServiceProcess
+from agentstate.dev.processes import ServiceProcess
 from agentstate.state.v1 import state_service_pb2 as spb
 from agentstate.state.v1 import state_service_pb2_grpc as spb_grpc
-from state_service.storage.postgres import PostgresStore
+from agentstate.state_service.storage.postgres import PostgresStore
 from tests.fault_injection import state_service_with_blips
 from tests.source_example import QUESTION
 from tests.test_cross_language import NODE_DIR
@@ -75,7 +75,7 @@ def run_client(client: Built, program: str, *args: str) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def state_address(database_url: str) -> Iterator[str]:
     service = ServiceProcess(
-        "state_service",
+        "agentstate.state_service",
         {
             "STATE_LISTEN_ADDRESS": "127.0.0.1:0",
             "STATE_STORE": "postgres",
@@ -90,7 +90,7 @@ def state_address(database_url: str) -> Iterator[str]:
 @pytest.fixture(scope="module")
 def agent_address(state_address: str, orders_database_url: str) -> Iterator[str]:
     service = ServiceProcess(
-        "agent_service",
+        "agentstate.agent_service",
         {
             "AGENT_LISTEN_ADDRESS": "127.0.0.1:0",
             "AGENT_STATE_ADDRESS": state_address,

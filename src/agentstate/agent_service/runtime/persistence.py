@@ -1,0 +1,117 @@
+"""Ending a turn: the whole state, its record writes and its compaction notes in one
+state call, with the version the turn loaded (compare-and-set), releasing the lease.
+
+An interrupted turn still saves what it completed (the save is shielded from
+cancellation). When the save fails, the turn's reply record says ERROR and the
+stored state is left as it was: never half a turn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentstate.agent_service import errors
+from agentstate.agent_service.agent_state import AgentState, Block
+from agentstate.agent_service.context.manager import CompactionDone, ContextManager
+from agentstate.agent_service.events import Delta, DeltaKind, Emit
+from agentstate.agent_service.records import CompactionNote, RecordStatus, RecordUpdate, RecordWrite
+from agentstate.agent_service.runtime import texts
+from agentstate.agent_service.runtime.port import StatePort
+from agentstate.agent_service.turns import TurnControl
+
+
+@dataclass
+class TurnRecord:
+    """This turn's reply record (what the user sees) and what context management did."""
+
+    record_id: str
+    blocks: list[dict[str, Any]] = field(default_factory=list)
+    compactions: list[CompactionDone] = field(default_factory=list)
+
+    def add(self, block: Block) -> None:
+        self.blocks.append(block.to_json())
+
+
+class TurnSaver:
+    def __init__(self, state: StatePort, context: ContextManager) -> None:
+        self._state = state
+        self._context = context
+
+    async def save(
+        self,
+        control: TurnControl,
+        state: AgentState,
+        version: int,
+        record: TurnRecord,
+        writes: list[RecordWrite],
+        *,
+        status: RecordStatus = RecordStatus.NORMAL,
+        metadata: dict[str, Any] | None = None,
+        emit: Emit | None = None,
+    ) -> None:
+        """Save the turn. On failure the record is marked ERROR, the client is told
+        (`emit`) and the error raised; the stored state is the one before the turn."""
+        writes = [
+            *writes,
+            RecordUpdate(
+                message_id=record.record_id,
+                status=status,
+                blocks=record.blocks,
+                metadata=metadata or {},
+            ),
+        ]
+        try:
+            # Never send the state service more than it accepts.
+            payload, fitted = await self._context.fit_for_save(state)
+        except errors.LimitReached as exc:
+            await self.mark_failed(control, record)
+            if emit is not None:
+                await emit(Delta(DeltaKind.ERROR, str(exc)))
+            raise
+        record.compactions += fitted
+        save = asyncio.ensure_future(
+            self._state.end_turn(
+                control.user_id,
+                control.conversation_id,
+                control.task_id,
+                payload=payload,
+                message_count=len(state.context),
+                expected_version=version,
+                writes=writes,
+                compactions=[_note(c) for c in record.compactions],
+            )
+        )
+        try:
+            ended = await asyncio.shield(save)
+        except asyncio.CancelledError:
+            ended = await save  # interrupted: the save goes on regardless
+        except errors.AgentError as exc:
+            await self.mark_failed(control, record)
+            if emit is not None:
+                await emit(Delta(DeltaKind.ERROR, texts.SAVE_FAILED.format(error=exc)))
+            raise
+        control.released = ended.lease_released
+
+    async def mark_failed(self, control: TurnControl, record: TurnRecord) -> None:
+        with contextlib.suppress(errors.AgentError):
+            await self._state.update_message(
+                control.user_id,
+                control.conversation_id,
+                RecordUpdate(
+                    message_id=record.record_id, status=RecordStatus.ERROR, blocks=record.blocks
+                ),
+            )
+
+
+def _note(done: CompactionDone) -> CompactionNote:
+    return CompactionNote(
+        messages_before=done.messages_before,
+        messages_after=done.messages_after,
+        tokens_before=done.tokens_before,
+        tokens_after=done.tokens_after,
+        summary_chars=done.summary_chars,
+        reason=done.reason,
+    )

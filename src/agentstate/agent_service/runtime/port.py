@@ -1,0 +1,61 @@
+"""The runtime's port to session state: what a turn needs, in the runtime's own types.
+
+StateClient (agent_service/state_client.py) implements it over gRPC and is the one
+place that speaks the StateService contract; tests and other deployments may plug
+in anything with these methods.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from agentstate.agent_service.records import (
+    BegunTurn,
+    CompactionNote,
+    EndedTurn,
+    LeaseInfo,
+    LoadedState,
+    RecordUpdate,
+    RecordWrite,
+    TurnRequest,
+)
+
+
+class StatePort(Protocol):
+    async def begin_turn(self, request: TurnRequest) -> BegunTurn:
+        """Start a turn in one call: (create the conversation,) take the lease, check the
+        card guard, append the turn's records, load the state. Raises and changes
+        nothing on failure; errors.CardPending names an open card."""
+        ...
+
+    async def end_turn(
+        self,
+        user_id: str,
+        conversation_id: str,
+        task_id: str,
+        *,
+        payload: bytes,
+        message_count: int,
+        expected_version: int,
+        writes: Sequence[RecordWrite] = (),
+        compactions: Sequence[CompactionNote] = (),
+    ) -> EndedTurn:
+        """Save the turn and release its lease in one call; nothing saved on failure."""
+        ...
+
+    async def load(self, user_id: str, conversation_id: str) -> LoadedState:
+        """The stored state (None when there is none yet); any failure raises."""
+        ...
+
+    async def update_message(
+        self, user_id: str, conversation_id: str, update: RecordUpdate
+    ) -> None: ...
+
+    async def renew_lease(self, user_id: str, task_id: str, ttl_ms: int) -> LeaseInfo:
+        """errors.Conflict when the lease was lost."""
+        ...
+
+    async def release_lease(self, user_id: str, task_id: str) -> bool: ...
+
+    async def request_stop(self, user_id: str, task_id: str) -> LeaseInfo: ...

@@ -1,0 +1,358 @@
+"""The turn runner: one Chat or Confirm turn, from start to saved state.
+
+A turn is two state calls when nothing goes wrong. BeginTurn takes the
+conversation's run lease, appends the turn's records and loads the state (a load
+failure ends the turn: never start fresh over a state that exists); the ReAct
+loop runs; EndTurn saves the whole state with the version it loaded
+(compare-and-set) together with the turn's record writes and releases the lease.
+Knows nothing of gRPC or SQL: state goes through a StatePort, the model through
+a ChatModel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from datetime import timedelta
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.trace import Span
+
+from agentstate.agent_service import errors
+from agentstate.agent_service.agent_state import AgentState, Msg, Role, TextBlock
+from agentstate.agent_service.context.manager import ContextManager
+from agentstate.agent_service.events import (
+    Cancelled,
+    CardShown,
+    Delta,
+    DeltaKind,
+    Done,
+    Emit,
+    Finished,
+    Hint,
+    Meta,
+)
+from agentstate.agent_service.middleware import DEFAULT_MIDDLEWARES, ContextMiddleware
+from agentstate.agent_service.model.base import ChatModel, ModelError
+from agentstate.agent_service.records import (
+    NewRecord,
+    NoOpenCard,
+    OpenCard,
+    RecordRole,
+    RecordStatus,
+    RecordWrite,
+    TurnRequest,
+)
+from agentstate.agent_service.runtime import cards, texts
+from agentstate.agent_service.runtime.cards import CardStatus
+from agentstate.agent_service.runtime.lease import LeaseSettings, TurnLeases
+from agentstate.agent_service.runtime.loop import ReactLoop
+from agentstate.agent_service.runtime.persistence import TurnRecord, TurnSaver
+from agentstate.agent_service.runtime.port import StatePort
+from agentstate.agent_service.telemetry import CONFIRMATIONS, RUNNING_TURNS, user_attribute
+from agentstate.agent_service.tools.registry import ToolRegistry
+from agentstate.agent_service.turns import TurnControl, TurnRegistry, TurnStopped
+from agentstate.common.telemetry import tracer
+
+log = logging.getLogger(__name__)
+
+MAX_QUESTION_CHARS = 8000
+
+Outcome = Finished | CardShown | Cancelled
+
+
+@dataclass(frozen=True)
+class RuntimeSettings:
+    holder: str = "agent"  # this replica's name, recorded on leases
+    lease_ttl_ms: int = 15_000
+    lease_renew_seconds: float = 2.0
+    max_turns_per_user: int = 5
+    card_ttl_seconds: float = 900.0
+    max_steps: int = 8
+    trace_user_id: str = "hash"  # how spans carry the end user: hash, plain or omit
+
+
+class TurnRunner:
+    def __init__(
+        self,
+        *,
+        state: StatePort,
+        model: ChatModel,
+        tools: ToolRegistry,
+        settings: RuntimeSettings,
+        registry: TurnRegistry,
+        context: ContextManager,
+        system_prompt: str,  # the profile's (agent_service/profile.py)
+        middlewares: tuple[ContextMiddleware, ...] = DEFAULT_MIDDLEWARES,
+    ) -> None:
+        self.state = state
+        self.context = context
+        self.settings = settings
+        self.registry = registry
+        self.leases = TurnLeases(
+            state,
+            LeaseSettings(
+                holder=settings.holder,
+                ttl_ms=settings.lease_ttl_ms,
+                renew_seconds=settings.lease_renew_seconds,
+                max_turns_per_user=settings.max_turns_per_user,
+            ),
+            registry,
+        )
+        self.loop = ReactLoop(
+            model=model,
+            tools=tools,
+            context=context,
+            middlewares=middlewares,
+            system_prompt=system_prompt,
+            max_steps=settings.max_steps,
+            card_ttl=timedelta(seconds=settings.card_ttl_seconds),
+        )
+        self.saver = TurnSaver(state, context)
+
+    # ------------------------------------------------------------ entry points
+
+    @contextlib.contextmanager
+    def _turn_span(self, kind: str, user_id: str, conversation_id: str) -> Iterator[Span]:
+        """The turn's span: everything the turn does (state, model, tools) nests under it."""
+        with tracer().start_as_current_span(f"agent.turn {kind}") as span:
+            user = user_attribute(user_id, self.settings.trace_user_id)
+            if user is not None:
+                span.set_attribute("enduser.id", user)
+            if conversation_id:
+                span.set_attribute("agentstate.conversation_id", conversation_id)
+            RUNNING_TURNS.add(1)
+            try:
+                yield span
+            except errors.AgentError as exc:
+                span.set_attribute("agentstate.turn.outcome", f"error:{type(exc).__name__}")
+                raise
+            finally:
+                RUNNING_TURNS.add(-1)
+
+    def _request(self, user_id: str, conversation_id: str, **fields: Any) -> TurnRequest:
+        lease = self.leases.settings
+        return TurnRequest(
+            user_id=user_id,
+            conversation_id=conversation_id,
+            holder=lease.holder,
+            ttl_ms=lease.ttl_ms,
+            max_user_leases=lease.max_turns_per_user,
+            **fields,
+        )
+
+    async def chat(self, user_id: str, conversation_id: str, question: str, emit: Emit) -> None:
+        with self._turn_span("Chat", user_id, conversation_id):
+            await self._chat(user_id, conversation_id, question, emit)
+
+    async def _chat(self, user_id: str, conversation_id: str, question: str, emit: Emit) -> None:
+        question = question.strip()
+        if not question:
+            raise errors.InvalidInput(texts.QUESTION_EMPTY)
+        if len(question) > MAX_QUESTION_CHARS:
+            raise errors.InvalidInput(texts.QUESTION_TOO_LONG.format(limit=MAX_QUESTION_CHARS))
+        if "\x00" in question:
+            raise errors.InvalidInput(texts.QUESTION_HAS_NUL)
+        self.leases.ensure_accepting()
+        # The question's record and the reply's (STREAMING until saved) are appended
+        # when the turn starts: their ids are known before the loop runs.
+        request = self._request(
+            user_id,
+            conversation_id,
+            title=" ".join(question.split())[:40],
+            new_records=(
+                NewRecord(RecordRole.USER, blocks=[TextBlock(question).to_json()]),
+                NewRecord(RecordRole.ASSISTANT, status=RecordStatus.STREAMING),
+            ),
+            guard=NoOpenCard(),
+        )
+        async with contextlib.AsyncExitStack() as stack:
+            try:
+                control, begun = await stack.enter_async_context(self.leases.turn(request))
+            except errors.CardPending as exc:
+                # A card is open: a new question may only settle it if it has expired.
+                await self._refuse_unless_expired(user_id, conversation_id, exc.message_id)
+                retry = replace(request, guard=OpenCard(exc.message_id))
+                control, begun = await stack.enter_async_context(self.leases.turn(retry))
+            conversation_id = begun.conversation_id
+            state = begun.state or AgentState(session_id=conversation_id, user_id=user_id)
+            hints = self._recover_interrupted(state, control)
+            writes: list[RecordWrite] = []
+            opened = cards.open_card(state)
+            if opened is not None:
+                if not opened.expired(cards.now()):  # the record and the state disagree
+                    assert opened.card is not None
+                    raise errors.CardPending(
+                        texts.CARD_PENDING.format(message_id=opened.card.record_id),
+                        opened.card.record_id,
+                    )
+                writes += cards.settle_expired(state, opened)
+                hints.append(texts.HINT_EXPIRED_CARD_SETTLED)
+            record = TurnRecord(begun.record_ids[1])
+            await emit(Meta(conversation_id, control.task_id, begun.conversation_created))
+            for hint in hints:
+                await emit(Hint(hint))
+            # A new question is one user message holding only its text.
+            state.context.append(Msg(role=Role.USER, name="user", content=[TextBlock(question)]))
+            state.reply_id = control.task_id
+            outcome = await self._run_and_save(control, state, begun.version, record, writes, emit)
+        await self._finish(outcome, emit)
+
+    async def _refuse_unless_expired(
+        self, user_id: str, conversation_id: str, message_id: str
+    ) -> None:
+        """CardPending unless the open card `message_id` has expired (a rare path: one
+        more state call, before anything is written)."""
+        loaded = await self.state.load(user_id, conversation_id)
+        opened = cards.open_card(loaded.state) if loaded.state else None
+        if opened is not None and opened.is_card(message_id) and not opened.expired(cards.now()):
+            raise errors.CardPending(texts.CARD_PENDING.format(message_id=message_id), message_id)
+
+    async def confirm(
+        self, user_id: str, conversation_id: str, message_id: str, approved: bool, emit: Emit
+    ) -> None:
+        with self._turn_span("Confirm", user_id, conversation_id) as span:
+            span.set_attribute("agentstate.confirm.approved", approved)
+            await self._confirm(user_id, conversation_id, message_id, approved, emit)
+
+    async def _confirm(
+        self, user_id: str, conversation_id: str, message_id: str, approved: bool, emit: Emit
+    ) -> None:
+        if not message_id:
+            raise errors.InvalidInput(texts.MESSAGE_ID_REQUIRED)
+        if not conversation_id:
+            raise errors.InvalidInput(texts.CONVERSATION_ID_REQUIRED)
+        self.leases.ensure_accepting()
+        # The card's record must still await confirmation: a card is answered once.
+        request = self._request(
+            user_id,
+            conversation_id,
+            new_records=(NewRecord(RecordRole.ASSISTANT, status=RecordStatus.STREAMING),),
+            guard=OpenCard(message_id),
+        )
+        async with self.leases.turn(request) as (control, begun):
+            record = TurnRecord(begun.record_ids[0])
+            state = begun.state
+            opened = cards.open_card(state) if state else None
+            if state is None or opened is None or not opened.is_card(message_id):
+                # The record awaits confirmation but the state has no such card: refuse,
+                # and leave the reply record this turn opened saying it failed.
+                await self.saver.mark_failed(control, record)
+                raise errors.Conflict(texts.CARD_ALREADY_HANDLED.format(message_id=message_id))
+            card = opened.card
+            assert card is not None
+            hints = self._recover_interrupted(state, control)
+            if opened.expired(cards.now()):
+                CONFIRMATIONS.add(1, {"decision": CardStatus.EXPIRED.value})
+                # The reply record this turn opened says what happened.
+                record.add(TextBlock(texts.EXPIRED_CARD))
+                settled = cards.settle_expired(state, opened)
+                await self.saver.save(control, state, begun.version, record, settled)
+                raise errors.Conflict(
+                    texts.CARD_EXPIRED.format(
+                        message_id=message_id, expires_at=card.expires_at.isoformat()
+                    )
+                )
+            decision = cards.decision_message(opened, approved)
+            await emit(Meta(begun.conversation_id, control.task_id, False))
+            for hint in hints:
+                await emit(Hint(hint))
+            answered = card.settled(CardStatus.APPROVED if approved else CardStatus.DENIED)
+            CONFIRMATIONS.add(1, {"decision": answered.status.value})
+            state.reply_id = control.task_id
+            outcome = await self._run_and_save(
+                control,
+                state,
+                begun.version,
+                record,
+                [cards.answered(answered)],
+                emit,
+                decision=decision,
+            )
+        await self._finish(outcome, emit)
+
+    async def stop(self, user_id: str, task_id: str) -> str:
+        """Ask a running turn to stop; returns its conversation id."""
+        lease = await self.state.request_stop(user_id, task_id)
+        local = self.registry.get(task_id)
+        if local is not None:
+            local.request_stop(texts.STOPPED_BY_USER)
+        return lease.conversation_id
+
+    # ------------------------------------------------------------- the turn
+
+    def _recover_interrupted(self, state: AgentState, control: TurnControl) -> list[str]:
+        hints = []
+        if state.shutdown_interrupted:
+            state.shutdown_interrupted = False
+            hints.append(texts.HINT_RESUMED_AFTER_SHUTDOWN)
+        if control.repaired_records:
+            hints.append(texts.HINT_DEAD_TURN_REPAIRED)
+        return hints
+
+    async def _run_and_save(
+        self,
+        control: TurnControl,
+        state: AgentState,
+        version: int,
+        record: TurnRecord,
+        writes: list[RecordWrite],
+        emit: Emit,
+        *,
+        decision: Msg | None = None,
+    ) -> Outcome:
+        """Run the loop; save whatever it completed, whatever way it ends; return the outcome."""
+        outcome: Outcome
+        status = RecordStatus.NORMAL
+        metadata: dict[str, Any] = {}
+        failure: errors.AgentError | None = None
+        try:
+            if decision is not None:
+                await self.loop.answer_card(control, state, decision, record, emit)
+            outcome = await self.loop.run(control, state, record, emit)
+            if isinstance(outcome, CardShown):
+                status = RecordStatus.AWAITING_CONFIRM
+                metadata = {"card": outcome.card}
+        except (TurnStopped, asyncio.CancelledError) as exc:
+            reason = control.stop_reason or texts.INTERRUPTED
+            if isinstance(exc, asyncio.CancelledError):
+                control.request_stop(texts.SHUTTING_DOWN, shutdown=True)
+                reason = control.stop_reason or reason
+            state.shutdown_interrupted = control.shutdown
+            status = RecordStatus.INTERRUPTED
+            outcome = Cancelled(record.record_id, reason)
+        except ModelError as exc:
+            failure = errors.Unavailable(texts.MODEL_FAILED.format(error=exc))
+            status = RecordStatus.ERROR
+            outcome = Cancelled(record.record_id, str(failure))
+        if decision is not None and state.pending_calls():
+            writes = []  # interrupted before every call was answered: the card stays open
+        await self.saver.save(
+            control, state, version, record, writes, status=status, metadata=metadata, emit=emit
+        )
+        if failure is not None:
+            await emit(Delta(DeltaKind.ERROR, str(failure)))
+            raise failure
+        outcome_name = {Finished: "finished", CardShown: "confirm", Cancelled: "cancelled"}[
+            type(outcome)
+        ]
+        trace.get_current_span().set_attribute("agentstate.turn.outcome", outcome_name)
+        log.info(
+            "turn %s of conversation %s ended: %s (%d messages in context)",
+            control.task_id,
+            control.conversation_id,
+            outcome_name,
+            len(state.context),
+        )
+        return outcome
+
+    @staticmethod
+    async def _finish(outcome: Outcome, emit: Emit) -> None:
+        """The last events, sent once the lease is released: a client may start the next
+        turn (Confirm on a card, say) the moment it sees them."""
+        await emit(outcome)
+        await emit(Done())

@@ -1,0 +1,99 @@
+"""`agentstate-state`: run the state service or apply its migrations.
+
+    agentstate-state serve     # the gRPC service (default)
+    agentstate-state migrate   # apply schema migrations to the configured database and exit
+    agentstate-state purge --older-than-days N   # one retention sweep, then exit
+
+Settings come from environment variables: see state_service/config.py and README.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
+
+from agentstate.common import telemetry
+from agentstate.common.config import ConfigError
+from agentstate.common.embedded_postgres import EmbeddedPostgres, EmbeddedPostgresError
+from agentstate.state_service.config import StateServiceSettings
+from agentstate.state_service.domain import StoreUnavailable
+from agentstate.state_service.server import purge, serve
+from agentstate.state_service.storage.postgres import PostgresStore
+
+
+async def _with_store(
+    settings: StateServiceSettings, work: Callable[[PostgresStore], Awaitable[None]]
+) -> None:
+    """Open the configured PostgreSQL (STATE_STORE postgres or embedded), run `work`."""
+    if settings.store == "memory":
+        raise ConfigError("STATE_STORE=memory has no database to migrate or purge")
+    embedded = None
+    dsn = settings.database_url
+    if settings.store == "embedded":
+        embedded = EmbeddedPostgres(settings.embedded_pg_dir, settings.embedded_pg_engine)
+        dsn = embedded.start()
+    store = PostgresStore(
+        dsn, min_size=1, max_size=1, connect_timeout=settings.connect_timeout_seconds
+    )
+    try:
+        await store.open()
+        await work(store)
+    finally:
+        await store.close()
+        if embedded is not None:
+            embedded.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="agentstate-state",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "command", nargs="?", default="serve", choices=["serve", "migrate", "purge"]
+    )
+    parser.add_argument(
+        "--older-than-days",
+        type=float,
+        help="purge: delete conversations untouched for this many days",
+    )
+    args = parser.parse_args(argv)
+    if args.command == "purge" and (args.older_than_days is None or args.older_than_days <= 0):
+        parser.error("purge needs --older-than-days with a positive number")
+    try:
+        telemetry.configure_logging("agentstate-state")
+        settings = StateServiceSettings.from_env()
+        telemetry.configure_from_env("agentstate-state")
+        if args.command == "migrate":
+
+            async def migrated(store: PostgresStore) -> None:
+                print("schema is up to date")
+
+            asyncio.run(_with_store(settings, migrated))
+        elif args.command == "purge":
+            before = datetime.now(UTC) - timedelta(days=args.older_than_days)
+
+            async def purged(store: PostgresStore) -> None:
+                counts = await purge(store, before)
+                print(
+                    f"deleted {counts.conversations} conversations untouched since "
+                    f"{before.isoformat()} ({counts.messages} messages, {counts.states} states)"
+                )
+
+            asyncio.run(_with_store(settings, purged))
+        else:
+            asyncio.run(serve(settings))
+    except (ConfigError, EmbeddedPostgresError, StoreUnavailable) as exc:
+        print(f"agentstate-state: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        telemetry.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

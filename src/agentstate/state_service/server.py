@@ -1,0 +1,160 @@
+"""Assemble and run the state service: store, gRPC server, health, shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import grpc
+
+from agentstate.common import telemetry
+from agentstate.common.embedded_postgres import EmbeddedPostgres
+from agentstate.common.grpc_server import (
+    add_health_and_reflection,
+    bind,
+    create_server,
+    install_stop_signals,
+    set_serving,
+)
+from agentstate.common.pg_pool import WatchSettings
+from agentstate.common.state_metrics import PURGED
+from agentstate.state.v1 import state_service_pb2 as pb
+from agentstate.state.v1 import state_service_pb2_grpc as pb_grpc
+from agentstate.state_service.config import StateServiceSettings
+from agentstate.state_service.domain import DeleteCounts, StateServiceError
+from agentstate.state_service.servicer import StateServicer
+from agentstate.state_service.storage.base import StateStore
+from agentstate.state_service.storage.memory import MemoryStore
+from agentstate.state_service.storage.postgres import PostgresStore
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["StateService"].full_name
+
+
+class StateServiceApp:
+    """The running service. `start()` returns the address it listens on."""
+
+    def __init__(self, settings: StateServiceSettings) -> None:
+        self.settings = settings
+        self.store: StateStore | None = None
+        self._embedded: EmbeddedPostgres | None = None
+        self._server: grpc.aio.Server | None = None
+        self._health: Any = None
+        self._sweeper: asyncio.Task[None] | None = None
+
+    async def start(self) -> str:
+        self.store = await self._open_store()
+        server = create_server(
+            max_message_bytes=self.settings.grpc_max_message_bytes,
+            interceptors=telemetry.grpc_server_interceptors(),
+        )
+        pb_grpc.add_StateServiceServicer_to_server(
+            StateServicer(self.store, max_payload_bytes=self.settings.max_payload_bytes), server
+        )
+        self._health = add_health_and_reflection(server, [SERVICE_NAME])
+        address = bind(server, self.settings.listen_address)
+        await server.start()
+        self._server = server
+        await set_serving(self._health, [SERVICE_NAME])
+        if isinstance(self.store, PostgresStore):
+            # Readiness: NOT_SERVING while the database is unreachable, SERVING once back.
+            self.store.guard.add_listener(self._database_changed)
+            if not self.store.guard.available:  # it went away while we were starting
+                await self._database_changed(False, "unreachable")
+        if self.settings.retention_days > 0:
+            self._sweeper = asyncio.create_task(self._sweep_forever(self.store))
+        log.info("state service listening on %s (store: %s)", address, self.settings.store)
+        return address
+
+    async def _database_changed(self, available: bool, reason: str) -> None:
+        await set_serving(self._health, [SERVICE_NAME], serving=available)
+
+    async def _sweep_forever(self, store: StateStore) -> None:
+        """Retention: every interval, delete conversations untouched for retention_days."""
+        keep = timedelta(days=self.settings.retention_days)
+        while True:
+            await asyncio.sleep(self.settings.retention_interval_seconds)
+            try:
+                await purge(store, datetime.now(UTC) - keep)
+            except StateServiceError as exc:  # the database may be briefly away: next round
+                log.warning("retention sweep failed: %s", exc)
+
+    async def stop(self) -> None:
+        """Stop taking RPCs, give in-flight ones the grace period, then release everything."""
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeper
+        if self._health is not None:
+            await self._health.enter_graceful_shutdown()
+        if self._server is not None:
+            await self._server.stop(self.settings.shutdown_grace_seconds)
+        if self.store is not None:
+            await self.store.close()
+        if self._embedded is not None:
+            await asyncio.to_thread(self._embedded.stop)
+        log.info("state service stopped")
+
+    async def _open_store(self) -> StateStore:
+        settings = self.settings
+        if settings.store == "memory":
+            return MemoryStore()
+        dsn = settings.database_url
+        if settings.store == "embedded":
+            self._embedded = EmbeddedPostgres(settings.embedded_pg_dir, settings.embedded_pg_engine)
+            dsn = await asyncio.to_thread(self._embedded.start)
+        store = PostgresStore(
+            dsn,
+            min_size=settings.pool_min_size,
+            max_size=settings.pool_max_size,
+            timeout=settings.pool_timeout_seconds,
+            connect_timeout=settings.connect_timeout_seconds,
+            migrate=settings.migrate_on_start,
+        )
+        store.guard.watch_settings = WatchSettings(
+            interval=settings.db_check_interval_seconds,
+            retry_interval=settings.db_retry_interval_seconds,
+            timeout=settings.db_check_timeout_seconds,
+        )
+        try:
+            await store.open()
+        except BaseException:
+            await store.close()
+            if self._embedded is not None:
+                await asyncio.to_thread(self._embedded.stop)
+            raise
+        return store
+
+
+async def serve(settings: StateServiceSettings) -> None:
+    """Run until SIGTERM or SIGINT, then shut down gracefully."""
+    stop = asyncio.Event()
+    install_stop_signals(stop)
+    app = StateServiceApp(settings)
+    await app.start()
+    await stop.wait()
+    await app.stop()
+
+
+async def purge(store: StateStore, before: datetime) -> DeleteCounts:
+    """Run one retention sweep and account for it."""
+    counts = await store.purge_inactive(before=before)
+    for kind, value in (
+        ("conversations", counts.conversations),
+        ("messages", counts.messages),
+        ("states", counts.states),
+    ):
+        PURGED.add(value, {"kind": kind})
+    if counts.conversations:
+        log.info(
+            "retention: deleted %d conversations untouched since %s (%d messages, %d states)",
+            counts.conversations,
+            before.isoformat(),
+            counts.messages,
+            counts.states,
+        )
+    return counts

@@ -1,0 +1,182 @@
+"""The store interface: the only way the state service reaches its data.
+
+Implementations: `PostgresStore` (production) and `MemoryStore` (demos and
+fast tests). Both pass the same behavioural test suite. Every method is
+scoped by user_id; another user's rows behave as if they did not exist.
+Arguments arrive already validated (see state_service.domain) and are passed
+by keyword, so a call site says what each id is.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+from datetime import datetime
+
+from agentstate.state_service.domain import (
+    AcquiredLease,
+    BegunTurn,
+    Compaction,
+    Conversation,
+    DeleteCounts,
+    Lease,
+    MessageRecord,
+    MessageUpdate,
+    MessageWrite,
+    NewMessage,
+    Page,
+    StoredState,
+    TurnStart,
+    UpsertResult,
+)
+
+
+class StateStore(abc.ABC):
+    # ------------------------------------------------------------------ state
+
+    @abc.abstractmethod
+    async def get_state(self, *, user_id: str, conversation_id: int, state_key: str) -> StoredState:
+        """Raise NotFound when the conversation or the state is absent."""
+
+    @abc.abstractmethod
+    async def save_state(
+        self,
+        *,
+        user_id: str,
+        conversation_id: int,
+        state_key: str,
+        payload: bytes,
+        expected_version: int | None,
+        message_writes: Sequence[MessageWrite] = (),
+        compactions: Sequence[Compaction] = (),
+        task_id: int | None = None,
+    ) -> UpsertResult:
+        """Replace the whole state, apply message writes and record compactions atomically
+        (UpsertState); with `task_id`, also release that turn's lease (EndTurn).
+
+        expected_version: None = unconditional, 0 = create only, N = only if the
+        stored version is N (else VersionConflict). NotFound when the conversation
+        does not exist; LeaseLost when `task_id` is given and another task holds the
+        conversation's lease (that turn's lapsed and was taken over). Nothing changes
+        on any error.
+        """
+
+    @abc.abstractmethod
+    async def begin_turn(
+        self, *, user_id: str, conversation_id: int | None, start: TurnStart
+    ) -> BegunTurn:
+        """Start a turn atomically: create (conversation_id None) or lock the
+        conversation, take its lease (as acquire_lease), check the card guard, mark
+        STREAMING records INTERRUPTED, append `start.new_messages`, read the state.
+
+        Errors as acquire_lease, plus CardPending / FailedPrecondition / NotFound
+        from the guard. Nothing changes on any error.
+        """
+
+    # ---------------------------------------------------------- conversations
+
+    @abc.abstractmethod
+    async def create_conversation(self, *, user_id: str, title: str) -> Conversation: ...
+
+    @abc.abstractmethod
+    async def get_conversation(self, *, user_id: str, conversation_id: int) -> Conversation: ...
+
+    @abc.abstractmethod
+    async def list_conversations(
+        self, *, user_id: str, page_size: int, before_id: int | None
+    ) -> Page[Conversation]:
+        """Newest first; `before_id` is the last id of the previous page."""
+
+    @abc.abstractmethod
+    async def rename_conversation(
+        self, *, user_id: str, conversation_id: int, title: str
+    ) -> Conversation: ...
+
+    @abc.abstractmethod
+    async def delete_conversations(
+        self, *, user_id: str, conversation_ids: Sequence[int]
+    ) -> DeleteCounts:
+        """Delete conversations, their messages and states in one transaction.
+
+        All or nothing: NotFound naming the first absent id, and nothing deleted.
+        """
+
+    # --------------------------------------------------------------- messages
+
+    @abc.abstractmethod
+    async def append_message(
+        self, *, user_id: str, conversation_id: int, message: NewMessage
+    ) -> MessageRecord: ...
+
+    @abc.abstractmethod
+    async def update_message(
+        self, *, user_id: str, conversation_id: int, update: MessageUpdate
+    ) -> MessageRecord:
+        """FailedPrecondition when `expected_status` is set and differs."""
+
+    @abc.abstractmethod
+    async def list_messages(
+        self,
+        *,
+        user_id: str,
+        conversation_id: int,
+        page_size: int,
+        after_id: int | None,
+        newest_first: bool = False,
+    ) -> Page[MessageRecord]:
+        """Oldest first (or newest first); `after_id` is the previous page's last id.
+
+        NotFound when the conversation is absent."""
+
+    @abc.abstractmethod
+    async def list_compactions(self, *, user_id: str, conversation_id: int) -> list[Compaction]:
+        """Oldest first; NotFound when the conversation is absent."""
+
+    @abc.abstractmethod
+    async def get_message(
+        self, *, user_id: str, conversation_id: int, message_id: int
+    ) -> MessageRecord: ...
+
+    # ------------------------------------------------------------ run leases
+
+    @abc.abstractmethod
+    async def acquire_lease(
+        self,
+        *,
+        user_id: str,
+        conversation_id: int,
+        holder: str,
+        ttl_ms: int,
+        max_user_leases: int,
+    ) -> AcquiredLease:
+        """Take the conversation's run lease with a new task id.
+
+        NotFound (conversation absent), LeaseHeld (another unexpired lease),
+        ResourceExhausted (the user holds `max_user_leases` others; 0 = no limit).
+        Reports the task id of a lapsed, never-released lease it replaced.
+        """
+
+    @abc.abstractmethod
+    async def renew_lease(self, *, user_id: str, task_id: int, ttl_ms: int) -> Lease:
+        """LeaseLost when the lease is gone (released or taken over)."""
+
+    @abc.abstractmethod
+    async def release_lease(self, *, user_id: str, task_id: int) -> bool: ...
+
+    @abc.abstractmethod
+    async def request_stop(self, *, user_id: str, task_id: int) -> Lease:
+        """NotFound when no unexpired lease has this task id."""
+
+    # -------------------------------------------------------------- retention
+
+    @abc.abstractmethod
+    async def purge_inactive(self, *, before: datetime, batch_size: int = 500) -> DeleteCounts:
+        """Retention: delete every conversation (with its messages, states, leases and
+        compaction records) untouched since `before`, except those running a turn.
+        Each batch is one transaction."""
+
+    async def open(self) -> None:  # noqa: B027 - optional hook
+        """Prepare resources (connections, schema). Default: nothing."""
+
+    async def close(self) -> None:  # noqa: B027 - optional hook
+        """Release resources. Default: nothing."""

@@ -1,0 +1,726 @@
+"""The PostgreSQL store: psycopg 3 with an async connection pool.
+
+One RPC, one statement, one round trip: connections are in autocommit and the
+writes that take several steps run as PL/pgSQL functions (migrations.py), each
+its own transaction. A function refuses with SQLSTATE AS000 and a JSON detail;
+`_refusal` turns that into the domain's error. Every write that touches a
+conversation first takes its row lock, which is what makes compare-and-set,
+no-resurrection and atomic delete hold across replicas.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator, Sequence
+from datetime import datetime
+from typing import Any
+
+import psycopg
+import psycopg.errors
+from psycopg.adapt import Buffer, Dumper, Loader
+from psycopg.rows import DictRow, dict_row
+from psycopg_pool import AsyncConnectionPool
+
+from agentstate.common import telemetry
+from agentstate.common.pg_pool import PROGRAM_LIMIT_EXCEEDED, GuardedPool, pg_reason
+from agentstate.state_service import domain as d
+from agentstate.state_service.domain import (
+    AcquiredLease,
+    BegunTurn,
+    Compaction,
+    Conversation,
+    DeleteCounts,
+    InvalidArgument,
+    Lease,
+    MessageRecord,
+    MessageRole,
+    MessageStatus,
+    MessageUpdate,
+    MessageWrite,
+    NewMessage,
+    NotFound,
+    Page,
+    RequireAwaiting,
+    RequireNoneAwaiting,
+    StoredState,
+    StoreError,
+    StoreUnavailable,
+    TurnStart,
+    UpsertResult,
+    VersionConflict,
+)
+from agentstate.state_service.storage import sql
+from agentstate.state_service.storage.base import StateStore
+from agentstate.state_service.storage.migrations import apply_migrations
+
+log = logging.getLogger(__name__)
+
+Conn = psycopg.AsyncConnection[DictRow]
+Row = dict[str, Any]
+
+REFUSAL_SQLSTATE = "AS000"  # raised by agentstate_refuse() in migrations.py
+
+
+class RawJson:
+    """JSON text passed to PostgreSQL as-is, as a jsonb parameter."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+
+class _RawJsonbDumper(Dumper):
+    oid = psycopg.postgres.types["jsonb"].oid
+
+    def dump(self, obj: RawJson) -> Buffer:
+        return obj.data
+
+
+class TextArray:
+    """A text[] parameter of UTF-8 byte strings (None: NULL), dumped in one pass.
+
+    psycopg's generic list dumper works element by element in Python; a turn sends a
+    dozen small arrays, so this matters on the hot path."""
+
+    __slots__ = ("items",)
+
+    def __init__(self, items: Sequence[bytes | str | None]) -> None:
+        self.items = items
+
+
+class BigintArray:
+    """A bigint[] parameter (None: NULL)."""
+
+    __slots__ = ("items",)
+
+    def __init__(self, items: Sequence[int | None]) -> None:
+        self.items = items
+
+
+def _quoted(item: bytes | str | None) -> bytes:
+    if item is None:
+        return b"NULL"
+    data = item.encode() if isinstance(item, str) else item
+    return b'"' + data.replace(b"\\", b"\\\\").replace(b'"', b'\\"') + b'"'
+
+
+class _TextArrayDumper(Dumper):
+    oid = psycopg.postgres.types["text"].array_oid
+
+    def dump(self, obj: TextArray) -> Buffer:
+        return b"{" + b",".join(_quoted(item) for item in obj.items) + b"}"
+
+
+class _BigintArrayDumper(Dumper):
+    oid = psycopg.postgres.types["int8"].array_oid
+
+    def dump(self, obj: BigintArray) -> Buffer:
+        return (
+            "{" + ",".join("NULL" if i is None else str(int(i)) for i in obj.items) + "}"
+        ).encode()
+
+
+class _RawJsonbLoader(Loader):
+    """Return jsonb columns as the UTF-8 bytes PostgreSQL sends, undecoded."""
+
+    def load(self, data: Buffer) -> bytes:
+        return bytes(data)
+
+
+async def _configure_connection(conn: Conn) -> None:
+    conn.adapters.register_dumper(RawJson, _RawJsonbDumper)
+    conn.adapters.register_dumper(TextArray, _TextArrayDumper)
+    conn.adapters.register_dumper(BigintArray, _BigintArrayDumper)
+    conn.adapters.register_loader("jsonb", _RawJsonbLoader)
+    # One statement per call: it is its own transaction, with no BEGIN/COMMIT round trips.
+    await conn.set_autocommit(True)
+    telemetry.instrument_psycopg_connection(conn)  # database spans, when tracing is on
+
+
+def _conversation(row: Row) -> Conversation:
+    return Conversation(
+        conversation_id=int(row["id"]),
+        user_id=row["user_id"],
+        title=row["title"],
+        create_time=row["create_time"],
+        update_time=row["update_time"],
+    )
+
+
+def _message(row: Row) -> MessageRecord:
+    return MessageRecord(
+        message_id=int(row["id"]),
+        conversation_id=int(row["conversation_id"]),
+        user_id=row["user_id"],
+        role=MessageRole(row["role"]),
+        blocks_json=row["blocks"],
+        status=MessageStatus(row["status"]),
+        metadata_json=row["metadata"],
+        create_time=row["create_time"],
+        update_time=row["update_time"],
+    )
+
+
+def _lease(row: Row) -> Lease:
+    return Lease(
+        task_id=int(row["task_id"]),
+        conversation_id=int(row["conversation_id"]),
+        user_id=row["user_id"],
+        holder=row["holder"],
+        expire_time=row["expire_time"],
+        stop_requested=bool(row["stop_requested"]),
+    )
+
+
+def _compaction(row: Row) -> Compaction:
+    return Compaction(
+        compaction_id=int(row["id"]),
+        messages_before=int(row["messages_before"]),
+        messages_after=int(row["messages_after"]),
+        tokens_before=int(row["tokens_before"]),
+        tokens_after=int(row["tokens_after"]),
+        summary_chars=int(row["summary_chars"]),
+        reason=row["reason"],
+        create_time=row["create_time"],
+    )
+
+
+def _write_arrays(writes: Sequence[MessageWrite]) -> dict[str, TextArray | BigintArray]:
+    """Message writes as the parallel arrays agentstate_write_messages() takes."""
+    kinds: list[str] = []
+    message_ids: list[int | None] = []
+    roles: list[str | None] = []
+    statuses: list[str | None] = []
+    blocks: list[bytes | None] = []
+    metadata: list[bytes | None] = []
+    expected: list[str | None] = []
+    for write in writes:
+        if isinstance(write, NewMessage):
+            kinds.append("insert")
+            message_ids.append(None)
+            roles.append(write.role.value)
+            statuses.append(write.status.value)
+            expected.append(None)
+        else:
+            kinds.append("update")
+            message_ids.append(write.message_id)
+            roles.append(None)
+            statuses.append(write.status.value if write.status else None)
+            expected.append(write.expected_status.value if write.expected_status else None)
+        blocks.append(write.blocks_json)
+        metadata.append(write.metadata_json)
+    return {
+        "kinds": TextArray(kinds),
+        "message_ids": BigintArray(message_ids),
+        "roles": TextArray(roles),
+        "statuses": TextArray(statuses),
+        "blocks": TextArray(blocks),
+        "metadata": TextArray(metadata),
+        "expected_statuses": TextArray(expected),
+    }
+
+
+def _compaction_arrays(compactions: Sequence[Compaction]) -> dict[str, TextArray | BigintArray]:
+    numbers: list[int | None] = []
+    for c in compactions:
+        numbers += [
+            c.messages_before,
+            c.messages_after,
+            c.tokens_before,
+            c.tokens_after,
+            c.summary_chars,
+        ]
+    return {
+        "compactions": BigintArray(numbers),
+        "reasons": TextArray([c.reason for c in compactions]),
+    }
+
+
+# Up to this size the depth of a payload is checked here, in microseconds; a larger
+# one with many brackets is checked by the database on the JSONB it parsed anyway.
+DEPTH_SCAN_MAX_BYTES = 64 * 1024
+
+
+def _depth_to_check_in_database(payload: bytes) -> int | None:
+    """The nesting limit the database must enforce for this payload, or None when it is
+    already known to hold (InvalidArgument when it is known not to)."""
+    if not d.may_exceed_depth(payload):
+        return None
+    if len(payload) <= DEPTH_SCAN_MAX_BYTES:
+        d.check_json_depth(payload, "payload")
+        return None
+    return d.MAX_JSON_DEPTH
+
+
+def _check_write_json(write: MessageWrite, where: str) -> None:
+    """InvalidArgument if this write holds JSON that PostgreSQL refuses."""
+    for field, data, kind in (
+        ("blocks_json", write.blocks_json, list),
+        ("metadata_json", write.metadata_json, dict),
+    ):
+        if data is not None:
+            d.check_jsonb(data, kind, f"{where}.{field}")
+
+
+def _where(index: Any, batch: str | None) -> str:
+    """How an error names the write it is about: "message" or "message_writes[2]"."""
+    return "message" if batch is None else f"{batch}[{index}]"
+
+
+def _refusal(detail: dict[str, Any], batch: str | None) -> d.StateServiceError:
+    """The domain error for one of the functions' refusals (see migrations.py)."""
+    kind = detail.get("kind")
+    if kind == "not_found":
+        if detail.get("missing") == "message":
+            where = _where(detail["index"], batch) if "index" in detail else ""
+            return d.message_not_found(
+                int(detail["message_id"]), int(detail["conversation_id"]), where
+            )
+        return d.conversation_not_found(
+            int(detail["conversation_id"]), nothing_deleted=bool(detail.get("nothing_deleted"))
+        )
+    if kind == "too_deep":
+        return d.too_deep("payload", int(detail["limit"]))
+    if kind == "version_conflict":
+        return VersionConflict(int(detail["expected"]), int(detail["current"]))
+    if kind == "status_mismatch":
+        return d.status_mismatch(
+            _where(detail["index"], batch),
+            int(detail["message_id"]),
+            str(detail["status"]),
+            str(detail["expected"]),
+        )
+    if kind == "user_lease_limit":
+        return d.user_lease_limit(int(detail["running"]), int(detail["limit"]))
+    if kind == "lease_held":
+        held = Lease(
+            task_id=int(detail["task_id"]),
+            conversation_id=int(detail["conversation_id"]),
+            user_id="",
+            holder=str(detail["holder"]),
+            expire_time=datetime.fromisoformat(detail["expire_time"]),
+            stop_requested=False,
+        )
+        return d.LeaseHeld(d.lease_conflict_message(held))
+    if kind == "lease_lost":
+        return d.lease_taken_over(int(detail["task_id"]), int(detail["holder_task_id"]))
+    if kind == "card_pending":
+        return d.CardPending(int(detail["message_id"]))
+    if kind == "not_awaiting":
+        return d.not_awaiting(int(detail["message_id"]), str(detail["status"]))
+    return StoreError(f"unexpected refusal from the database: {detail}")
+
+
+class PostgresStore(StateStore):
+    def __init__(
+        self,
+        conninfo: str,
+        *,
+        min_size: int = 1,
+        max_size: int = 10,
+        timeout: float = 5.0,
+        connect_timeout: float = 30.0,
+        migrate: bool = True,
+    ) -> None:
+        self._migrate = migrate
+        self._pool = GuardedPool(
+            AsyncConnectionPool(
+                conninfo,
+                min_size=min_size,
+                max_size=max_size,
+                timeout=timeout,
+                open=False,
+                configure=_configure_connection,
+                kwargs={"row_factory": dict_row},
+                name="agentstate-state",
+            ),
+            what="database",
+            unavailable=StoreUnavailable,
+            connect_timeout=connect_timeout,
+        )
+
+    @property
+    def pool(self) -> AsyncConnectionPool[Conn]:
+        return self._pool.pool
+
+    @property
+    def guard(self) -> GuardedPool[Conn]:
+        """The pool's outage guard: availability, its listeners and probe settings."""
+        return self._pool
+
+    async def open(self) -> None:
+        await self._pool.open()
+        if self._migrate:
+            async with self._pool.connection() as conn:
+                applied = await apply_migrations(conn)
+            if applied:
+                log.info("applied schema migrations %s", applied)
+
+    async def close(self) -> None:
+        await self._pool.close()
+
+    @contextlib.asynccontextmanager
+    async def _connection(
+        self,
+        batch: str | None = None,
+        writes: Sequence[MessageWrite] = (),
+        json_param: str = "",
+    ) -> AsyncIterator[Conn]:
+        """A pooled connection. Refusals become domain errors, outages StoreUnavailable,
+        data the database cannot take InvalidArgument naming the message write it was in
+        (else `json_param`, the JSON parameter parsed as the statement starts), anything
+        else StoreError. In every case nothing changed.
+
+        `batch`: the request field `writes` came from, for error messages."""
+        try:
+            async with self._pool.connection() as conn:
+                yield conn
+        except psycopg.Error as exc:
+            if exc.sqlstate == REFUSAL_SQLSTATE:
+                detail = json.loads(exc.diag.message_detail or "{}")
+                raise _refusal(detail, batch) from None
+            if (exc.sqlstate or "").startswith(PROGRAM_LIMIT_EXCEEDED):
+                # Beyond the parser's own limits: far deeper than MAX_JSON_DEPTH.
+                raise d.too_deep(json_param or "the request") from exc
+            if isinstance(exc, psycopg.DataError | psycopg.errors.CheckViolation):
+                for index, write in enumerate(writes):  # the error path: find the culprit
+                    _check_write_json(write, _where(index, batch))
+                if json_param:
+                    raise InvalidArgument(
+                        f"{json_param} is not JSON that PostgreSQL can store: {pg_reason(exc)}"
+                    ) from exc
+                raise InvalidArgument(f"rejected by the database: {pg_reason(exc)}") from exc
+            log.exception("database error")
+            raise StoreError(f"database error, nothing was changed: {pg_reason(exc)}") from exc
+
+    async def _rows(
+        self,
+        statement: str,
+        params: dict[str, Any],
+        *,
+        batch: str | None = None,
+        writes: Sequence[MessageWrite] = (),
+        json_param: str = "",
+    ) -> list[Row]:
+        """Run one statement: one round trip, its own transaction."""
+        async with self._connection(batch, writes, json_param) as conn:
+            cur = await conn.execute(statement, params)
+            return await cur.fetchall()
+
+    # ------------------------------------------------------------------ state
+
+    async def get_state(self, *, user_id: str, conversation_id: int, state_key: str) -> StoredState:
+        rows = await self._rows(
+            sql.SELECT_STATE,
+            {"user_id": user_id, "conversation_id": conversation_id, "state_key": state_key},
+        )
+        if not rows:
+            raise d.conversation_not_found(conversation_id)
+        row = rows[0]
+        if row["version"] is None:
+            raise NotFound(
+                f"conversation {conversation_id} has no state {state_key!r} yet", "state"
+            )
+        return StoredState(row["payload"], int(row["version"]), row["update_time"])
+
+    async def save_state(
+        self,
+        *,
+        user_id: str,
+        conversation_id: int,
+        state_key: str,
+        payload: bytes,
+        expected_version: int | None,
+        message_writes: Sequence[MessageWrite] = (),
+        compactions: Sequence[Compaction] = (),
+        task_id: int | None = None,
+    ) -> UpsertResult:
+        params = {
+            "user_id": user_id,
+            "conversation_id": conversation_id,
+            "state_key": state_key,
+            "payload": RawJson(payload),
+            "expected_version": expected_version,
+            "task_id": task_id,
+            "max_depth": _depth_to_check_in_database(payload),
+            **_write_arrays(message_writes),
+            **_compaction_arrays(compactions),
+        }
+        # The payload is the one JSON parsed at bind time: a data error is about it
+        # (message JSON is parsed inside the function and refused by index).
+        rows = await self._rows(
+            sql.SAVE_STATE,
+            params,
+            batch="message_writes",
+            writes=message_writes,
+            json_param="payload",
+        )
+        first = rows[0]
+        return UpsertResult(
+            version=int(first["version"]),
+            update_time=first["state_update_time"],
+            messages=[_message(row) for row in rows if row["id"] is not None],
+            lease_released=bool(first["lease_released"]),
+        )
+
+    async def begin_turn(
+        self, *, user_id: str, conversation_id: int | None, start: TurnStart
+    ) -> BegunTurn:
+        guard = start.guard
+        params = {
+            "user_id": user_id,
+            "conversation_id": conversation_id,
+            "title": start.title,
+            "state_key": start.state_key,
+            "holder": start.holder,
+            "ttl_ms": start.ttl_ms,
+            "max_user_leases": start.max_user_leases,
+            "require_none_awaiting": isinstance(guard, RequireNoneAwaiting),
+            "require_awaiting_message_id": (
+                guard.message_id if isinstance(guard, RequireAwaiting) else None
+            ),
+            "roles": TextArray([m.role.value for m in start.new_messages]),
+            "statuses": TextArray([m.status.value for m in start.new_messages]),
+            "blocks": TextArray([m.blocks_json for m in start.new_messages]),
+            "metadata": TextArray([m.metadata_json for m in start.new_messages]),
+        }
+        (row,) = await self._rows(
+            sql.BEGIN_TURN, params, batch="new_messages", writes=start.new_messages
+        )
+        conversation = Conversation(
+            conversation_id=int(row["conversation_id"]),
+            user_id=user_id,
+            title=row["title"],
+            create_time=row["create_time"],
+            update_time=row["update_time"],
+        )
+        lease = Lease(
+            task_id=int(row["task_id"]),
+            conversation_id=conversation.conversation_id,
+            user_id=user_id,
+            holder=start.holder,
+            expire_time=row["expire_time"],
+            stop_requested=bool(row["stop_requested"]),
+        )
+        state = None
+        if row["version"] is not None:
+            state = StoredState(row["payload"], int(row["version"]), row["state_update_time"])
+        # The appended records are what was sent, with the ids and time they were given.
+        messages = [
+            MessageRecord(
+                message_id=int(message_id),
+                conversation_id=conversation.conversation_id,
+                user_id=user_id,
+                role=new.role,
+                blocks_json=new.blocks_json,
+                status=new.status,
+                metadata_json=new.metadata_json,
+                create_time=row["message_time"],
+                update_time=row["message_time"],
+            )
+            for message_id, new in zip(row["message_ids"], start.new_messages, strict=True)
+        ]
+        lapsed = row["lapsed_task_id"]
+        return BegunTurn(
+            conversation=conversation,
+            conversation_created=bool(row["conversation_created"]),
+            lease=lease,
+            lapsed_task_id=int(lapsed) if lapsed is not None else None,
+            interrupted_records=int(row["interrupted_records"]),
+            state=state,
+            messages=messages,
+        )
+
+    # ---------------------------------------------------------- conversations
+
+    async def create_conversation(self, *, user_id: str, title: str) -> Conversation:
+        (row,) = await self._rows(sql.INSERT_CONVERSATION, {"user_id": user_id, "title": title})
+        return _conversation(row)
+
+    async def get_conversation(self, *, user_id: str, conversation_id: int) -> Conversation:
+        rows = await self._rows(
+            sql.SELECT_CONVERSATION, {"user_id": user_id, "conversation_id": conversation_id}
+        )
+        if not rows:
+            raise d.conversation_not_found(conversation_id)
+        return _conversation(rows[0])
+
+    async def list_conversations(
+        self, *, user_id: str, page_size: int, before_id: int | None
+    ) -> Page[Conversation]:
+        rows = await self._rows(
+            sql.LIST_CONVERSATIONS,
+            {"user_id": user_id, "before_id": before_id, "limit": page_size + 1},
+        )
+        items = [_conversation(r) for r in rows[:page_size]]
+        token = str(items[-1].conversation_id) if len(rows) > page_size else ""
+        return Page(items, token)
+
+    async def rename_conversation(
+        self, *, user_id: str, conversation_id: int, title: str
+    ) -> Conversation:
+        rows = await self._rows(
+            sql.RENAME_CONVERSATION,
+            {"user_id": user_id, "conversation_id": conversation_id, "title": title},
+        )
+        if not rows:
+            raise d.conversation_not_found(conversation_id)
+        return _conversation(rows[0])
+
+    async def delete_conversations(
+        self, *, user_id: str, conversation_ids: Sequence[int]
+    ) -> DeleteCounts:
+        params = {
+            "user_id": user_id,
+            "conversation_ids": BigintArray(sorted(set(conversation_ids))),
+        }
+        (row,) = await self._rows(sql.DELETE_CONVERSATIONS, params)
+        return _counts(row)
+
+    async def purge_inactive(self, *, before: datetime, batch_size: int = 500) -> DeleteCounts:
+        total = DeleteCounts(0, 0, 0)
+        while True:
+            async with self._connection() as conn, conn.transaction():
+                cur = await conn.execute(
+                    sql.SELECT_INACTIVE_CONVERSATIONS, {"before": before, "limit": batch_size}
+                )
+                rows = await cur.fetchall()
+                by_user: dict[str, list[int]] = {}
+                for row in rows:
+                    by_user.setdefault(row["user_id"], []).append(int(row["id"]))
+                for user_id, ids in by_user.items():
+                    cur = await conn.execute(
+                        sql.DELETE_CONVERSATIONS,
+                        {"user_id": user_id, "conversation_ids": BigintArray(ids)},
+                    )
+                    counts = await cur.fetchone()
+                    assert counts is not None
+                    total = total + _counts(counts)
+            if len(rows) < batch_size:
+                return total
+
+    # --------------------------------------------------------------- messages
+
+    async def append_message(
+        self, *, user_id: str, conversation_id: int, message: NewMessage
+    ) -> MessageRecord:
+        return await self._write_one(user_id, conversation_id, message)
+
+    async def update_message(
+        self, *, user_id: str, conversation_id: int, update: MessageUpdate
+    ) -> MessageRecord:
+        return await self._write_one(user_id, conversation_id, update)
+
+    async def _write_one(
+        self, user_id: str, conversation_id: int, write: MessageWrite
+    ) -> MessageRecord:
+        params = {"user_id": user_id, "conversation_id": conversation_id, **_write_arrays([write])}
+        (row,) = await self._rows(sql.WRITE_MESSAGE, params, writes=[write])
+        return _message(row)
+
+    async def list_messages(
+        self,
+        *,
+        user_id: str,
+        conversation_id: int,
+        page_size: int,
+        after_id: int | None,
+        newest_first: bool = False,
+    ) -> Page[MessageRecord]:
+        statement = sql.LIST_MESSAGES_NEWEST_FIRST if newest_first else sql.LIST_MESSAGES
+        rows = await self._rows(
+            statement,
+            {
+                "user_id": user_id,
+                "conversation_id": conversation_id,
+                "after_id": after_id,
+                "limit": page_size + 1,
+            },
+        )
+        if not rows:
+            raise d.conversation_not_found(conversation_id)
+        records = [_message(r) for r in rows if r["id"] is not None]
+        items = records[:page_size]
+        token = str(items[-1].message_id) if len(records) > page_size else ""
+        return Page(items, token)
+
+    async def list_compactions(self, *, user_id: str, conversation_id: int) -> list[Compaction]:
+        rows = await self._rows(
+            sql.LIST_COMPACTIONS, {"user_id": user_id, "conversation_id": conversation_id}
+        )
+        if not rows:
+            raise d.conversation_not_found(conversation_id)
+        return [_compaction(row) for row in rows if row["id"] is not None]
+
+    async def get_message(
+        self, *, user_id: str, conversation_id: int, message_id: int
+    ) -> MessageRecord:
+        rows = await self._rows(
+            sql.SELECT_MESSAGE,
+            {"user_id": user_id, "conversation_id": conversation_id, "message_id": message_id},
+        )
+        if not rows:
+            raise d.message_not_found(message_id, conversation_id)
+        return _message(rows[0])
+
+    # ------------------------------------------------------------ run leases
+
+    async def acquire_lease(
+        self,
+        *,
+        user_id: str,
+        conversation_id: int,
+        holder: str,
+        ttl_ms: int,
+        max_user_leases: int,
+    ) -> AcquiredLease:
+        (row,) = await self._rows(
+            sql.ACQUIRE_LEASE,
+            {
+                "user_id": user_id,
+                "conversation_id": conversation_id,
+                "holder": holder,
+                "ttl_ms": ttl_ms,
+                "max_user_leases": max_user_leases,
+            },
+        )
+        lease = Lease(
+            task_id=int(row["task_id"]),
+            conversation_id=conversation_id,
+            user_id=user_id,
+            holder=holder,
+            expire_time=row["expire_time"],
+            stop_requested=bool(row["stop_requested"]),
+        )
+        lapsed = row["lapsed_task_id"]
+        return AcquiredLease(lease, int(lapsed) if lapsed is not None else None)
+
+    async def renew_lease(self, *, user_id: str, task_id: int, ttl_ms: int) -> Lease:
+        rows = await self._rows(
+            sql.RENEW_LEASE, {"user_id": user_id, "task_id": task_id, "ttl_ms": ttl_ms}
+        )
+        if not rows:
+            raise d.LeaseLost(f"lease of task {task_id} was lost (released or taken over)")
+        return _lease(rows[0])
+
+    async def release_lease(self, *, user_id: str, task_id: int) -> bool:
+        async with self._connection() as conn:
+            cur = await conn.execute(sql.RELEASE_LEASE, {"user_id": user_id, "task_id": task_id})
+            return cur.rowcount > 0
+
+    async def request_stop(self, *, user_id: str, task_id: int) -> Lease:
+        rows = await self._rows(sql.REQUEST_STOP, {"user_id": user_id, "task_id": task_id})
+        if not rows:
+            raise NotFound(f"no running task {task_id}", "task")
+        return _lease(rows[0])
+
+
+def _counts(row: Row) -> DeleteCounts:
+    return DeleteCounts(
+        conversations=int(row["conversations"]),
+        messages=int(row["messages"]),
+        states=int(row["states"]),
+    )
