@@ -25,6 +25,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from agentstate.common.embedded_postgres import EmbeddedPostgres
 from agentstate.common.grpc_server import bind, create_server
+from agentstate.dev.processes import ServiceProcess
 from agentstate.state.v1 import state_service_pb2_grpc as pb_grpc
 from agentstate.state_service.servicer import StateServicer
 from agentstate.state_service.storage.base import StateStore
@@ -166,3 +167,38 @@ async def traced_stack(
     await running.start_agent()
     yield running
     await running.close()
+
+
+@pytest.fixture(scope="module")
+def state_process_address(database_url: str) -> Iterator[str]:
+    """A state service as its own process (`python -m agentstate.state_service`), for
+    clients in other languages; one per test module."""
+    service = ServiceProcess(
+        "agentstate.state_service",
+        {
+            "STATE_LISTEN_ADDRESS": "127.0.0.1:0",
+            "STATE_STORE": "postgres",
+            "DATABASE_URL": database_url,
+        },
+    )
+    address = service.wait_ready()
+    yield address
+    assert service.terminate() == 0, service.output
+
+
+@pytest.fixture(scope="module")
+def agent_process_address(state_process_address: str, orders_database_url: str) -> Iterator[str]:
+    """An agent service process with the order demo profile, on `state_process_address`."""
+    service = ServiceProcess(
+        "agentstate.agent_service",
+        {
+            "AGENT_LISTEN_ADDRESS": "127.0.0.1:0",
+            "AGENT_STATE_ADDRESS": state_process_address,
+            "AGENT_PROFILE": "order_demo",
+            "ORDERS_DATABASE_URL": orders_database_url,
+            "AGENT_LEASE_RENEW_SECONDS": "0.2",
+        },
+    )
+    address = service.wait_ready()
+    yield address
+    assert service.terminate() == 0, service.output

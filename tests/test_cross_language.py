@@ -12,14 +12,12 @@ import json
 import shutil
 import subprocess
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
 
-from agentstate.dev.processes import ServiceProcess
 from agentstate.state.v1 import state_service_pb2 as spb
 from agentstate.state.v1 import state_service_pb2_grpc as spb_grpc
 from tests.source_example import QUESTION
@@ -63,40 +61,8 @@ def run_node(script: str, *args: str) -> dict[str, Any]:
     return result
 
 
-@pytest.fixture
-def state_address(database_url: str) -> Iterator[str]:
-    service = ServiceProcess(
-        "agentstate.state_service",
-        {
-            "STATE_LISTEN_ADDRESS": "127.0.0.1:0",
-            "STATE_STORE": "postgres",
-            "DATABASE_URL": database_url,
-        },
-    )
-    address = service.wait_ready()
-    yield address
-    assert service.terminate() == 0, service.output
-
-
-@pytest.fixture
-def agent_address(state_address: str, orders_database_url: str) -> Iterator[str]:
-    service = ServiceProcess(
-        "agentstate.agent_service",
-        {
-            "AGENT_LISTEN_ADDRESS": "127.0.0.1:0",
-            "AGENT_STATE_ADDRESS": state_address,
-            "AGENT_PROFILE": "order_demo",
-            "ORDERS_DATABASE_URL": orders_database_url,
-            "AGENT_LEASE_RENEW_SECONDS": "0.2",
-        },
-    )
-    address = service.wait_ready()
-    yield address
-    assert service.terminate() == 0, service.output
-
-
-def test_node_client_uses_the_state_service(state_address: str, user_id: str) -> None:
-    out = run_node("state_client.mjs", state_address, user_id)
+def test_node_client_uses_the_state_service(state_process_address: str, user_id: str) -> None:
+    out = run_node("state_client.mjs", state_process_address, user_id)
 
     conversation_id = out["conversation"]["conversation_id"]
     assert conversation_id.isdigit() and 0 < int(conversation_id) < 2**63
@@ -140,16 +106,18 @@ def test_node_client_uses_the_state_service(state_address: str, user_id: str) ->
     assert out["get_after_delete"] == {"code": "NOT_FOUND", "missing": "conversation"}
 
     # The Python client sees what the Node client did: nothing left.
-    with grpc.insecure_channel(state_address) as channel:
+    with grpc.insecure_channel(state_process_address) as channel:
         listed = spb_grpc.StateServiceStub(channel).ListConversations(
             spb.ListConversationsRequest(user_id=user_id), timeout=10
         )
     assert list(listed.conversations) == []
 
 
-def test_node_client_chats_and_declines_the_card(state_address: str, agent_address: str) -> None:
+def test_node_client_chats_and_declines_the_card(
+    state_process_address: str, agent_process_address: str
+) -> None:
     user_id = f"node-{uuid.uuid4()}"
-    out = run_node("agent_client.mjs", agent_address, user_id, QUESTION)
+    out = run_node("agent_client.mjs", agent_process_address, user_id, QUESTION)
 
     chat = out["chat"]
     assert chat["code"] == "OK", chat
@@ -173,7 +141,7 @@ def test_node_client_chats_and_declines_the_card(state_address: str, agent_addre
         assert expected in reply, reply
 
     # What the Node client caused is what the state service stored.
-    with grpc.insecure_channel(state_address) as channel:
+    with grpc.insecure_channel(state_process_address) as channel:
         records = (
             spb_grpc.StateServiceStub(channel)
             .ListMessages(

@@ -23,7 +23,6 @@ from typing import Any
 import grpc
 import pytest
 
-from agentstate.dev.processes import ServiceProcess
 from agentstate.state.v1 import state_service_pb2 as spb
 from agentstate.state.v1 import state_service_pb2_grpc as spb_grpc
 from agentstate.state_service.storage.postgres import PostgresStore
@@ -72,46 +71,20 @@ def run_client(client: Built, program: str, *args: str) -> dict[str, Any]:
     return result
 
 
-@pytest.fixture(scope="module")
-def state_address(database_url: str) -> Iterator[str]:
-    service = ServiceProcess(
-        "agentstate.state_service",
-        {
-            "STATE_LISTEN_ADDRESS": "127.0.0.1:0",
-            "STATE_STORE": "postgres",
-            "DATABASE_URL": database_url,
-        },
-    )
-    address = service.wait_ready()
-    yield address
-    assert service.terminate() == 0, service.output
-
-
-@pytest.fixture(scope="module")
-def agent_address(state_address: str, orders_database_url: str) -> Iterator[str]:
-    service = ServiceProcess(
-        "agentstate.agent_service",
-        {
-            "AGENT_LISTEN_ADDRESS": "127.0.0.1:0",
-            "AGENT_STATE_ADDRESS": state_address,
-            "AGENT_PROFILE": "order_demo",
-            "ORDERS_DATABASE_URL": orders_database_url,
-            "AGENT_LEASE_RENEW_SECONDS": "0.2",
-        },
-    )
-    address = service.wait_ready()
-    yield address
-    assert service.terminate() == 0, service.output
-
-
 def test_java_client_runs_the_worked_example(
-    builds: dict[str, Future[Built]], agent_address: str, state_address: str
+    builds: dict[str, Future[Built]], agent_process_address: str, state_process_address: str
 ) -> None:
     client = built(builds, "java")
     print(f"java client built in {client.seconds:.1f}s")
     user_id = f"java-{uuid.uuid4()}"
     out = run_client(
-        client, "AgentClient", agent_address, state_address, user_id, QUESTION, str(SERVICE_CONFIG)
+        client,
+        "AgentClient",
+        agent_process_address,
+        state_process_address,
+        user_id,
+        QUESTION,
+        str(SERVICE_CONFIG),
     )
 
     anonymous = out["anonymous_chat"]
@@ -149,7 +122,7 @@ def test_java_client_runs_the_worked_example(
     ]
 
     # What the Java client caused is what Python reads from the state service.
-    with grpc.insecure_channel(state_address) as channel:
+    with grpc.insecure_channel(state_process_address) as channel:
         got = spb_grpc.StateServiceStub(channel).GetState(
             spb.GetStateRequest(user_id=user_id, conversation_id=out["conversation_id"]),
             timeout=10,
@@ -166,12 +139,12 @@ def test_java_client_runs_the_worked_example(
 
 
 def test_go_client_drives_the_state_rpcs(
-    builds: dict[str, Future[Built]], state_address: str
+    builds: dict[str, Future[Built]], state_process_address: str
 ) -> None:
     client = built(builds, "go")
     print(f"go client built in {client.seconds:.1f}s")
     user_id = f"go-{uuid.uuid4()}"
-    out = run_client(client, "state_client", state_address, user_id, str(SERVICE_CONFIG))
+    out = run_client(client, "state_client", state_process_address, user_id, str(SERVICE_CONFIG))
 
     assert out["service_config_ok"] is True
     assert (out["create_version"], out["cas_version"]) == (1, 2)
@@ -197,7 +170,7 @@ def test_go_client_drives_the_state_rpcs(
         assert seen["trailers"]["agentstate-missing"] == "conversation", what
 
     # Nothing came back: the conversation stays deleted for every client.
-    with grpc.insecure_channel(state_address) as channel:
+    with grpc.insecure_channel(state_process_address) as channel:
         listed = spb_grpc.StateServiceStub(channel).ListConversations(
             spb.ListConversationsRequest(user_id=user_id), timeout=10
         )

@@ -104,15 +104,25 @@ class StateStore(abc.ABC):
     # --------------------------------------------------------------- messages
 
     @abc.abstractmethod
+    async def write_message(
+        self, *, user_id: str, conversation_id: int, write: MessageWrite
+    ) -> MessageRecord:
+        """Append a record (NewMessage) or change one (MessageUpdate; FailedPrecondition
+        when its `expected_status` is set and differs), under the conversation's lock."""
+
     async def append_message(
         self, *, user_id: str, conversation_id: int, message: NewMessage
-    ) -> MessageRecord: ...
+    ) -> MessageRecord:
+        return await self.write_message(
+            user_id=user_id, conversation_id=conversation_id, write=message
+        )
 
-    @abc.abstractmethod
     async def update_message(
         self, *, user_id: str, conversation_id: int, update: MessageUpdate
     ) -> MessageRecord:
-        """FailedPrecondition when `expected_status` is set and differs."""
+        return await self.write_message(
+            user_id=user_id, conversation_id=conversation_id, write=update
+        )
 
     @abc.abstractmethod
     async def list_messages(

@@ -25,7 +25,6 @@ from agentstate.state_service.domain import (
     Lease,
     MessageRecord,
     MessageStatus,
-    MessageUpdate,
     MessageWrite,
     NewMessage,
     NotFound,
@@ -353,18 +352,8 @@ class MemoryStore(StateStore):
 
     # --------------------------------------------------------------- messages
 
-    async def append_message(
-        self, *, user_id: str, conversation_id: int, message: NewMessage
-    ) -> MessageRecord:
-        return await self._write_one(user_id, conversation_id, message)
-
-    async def update_message(
-        self, *, user_id: str, conversation_id: int, update: MessageUpdate
-    ) -> MessageRecord:
-        return await self._write_one(user_id, conversation_id, update)
-
-    async def _write_one(
-        self, user_id: str, conversation_id: int, write: MessageWrite
+    async def write_message(
+        self, *, user_id: str, conversation_id: int, write: MessageWrite
     ) -> MessageRecord:
         async with self._lock:
             conversation = self._conversation(user_id, conversation_id)

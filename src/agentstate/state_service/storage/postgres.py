@@ -37,7 +37,6 @@ from agentstate.state_service.domain import (
     MessageRecord,
     MessageRole,
     MessageStatus,
-    MessageUpdate,
     MessageWrite,
     NewMessage,
     NotFound,
@@ -604,18 +603,8 @@ class PostgresStore(StateStore):
 
     # --------------------------------------------------------------- messages
 
-    async def append_message(
-        self, *, user_id: str, conversation_id: int, message: NewMessage
-    ) -> MessageRecord:
-        return await self._write_one(user_id, conversation_id, message)
-
-    async def update_message(
-        self, *, user_id: str, conversation_id: int, update: MessageUpdate
-    ) -> MessageRecord:
-        return await self._write_one(user_id, conversation_id, update)
-
-    async def _write_one(
-        self, user_id: str, conversation_id: int, write: MessageWrite
+    async def write_message(
+        self, *, user_id: str, conversation_id: int, write: MessageWrite
     ) -> MessageRecord:
         params = {"user_id": user_id, "conversation_id": conversation_id, **_write_arrays([write])}
         (row,) = await self._rows(sql.WRITE_MESSAGE, params, writes=[write])
