@@ -112,56 +112,34 @@ class MemoryStore(StateStore):
         compactions: Sequence[Compaction] = (),
         task_id: int | None = None,
     ) -> UpsertResult:
+        # Validate everything, then apply: a failure leaves no trace.
         async with self._lock:
-            return self._save(
-                user_id,
-                conversation_id,
-                state_key,
-                payload,
-                expected_version,
-                task_id,
-                message_writes,
-                compactions,
+            conversation = self._conversation(user_id, conversation_id)
+            held = self._leases.get(conversation_id)
+            if task_id is not None and held is not None and held.task_id != task_id:
+                raise d.lease_taken_over(task_id, held.task_id)
+            d.check_json_depth(payload, "payload")
+            d.check_jsonb(payload, dict, "payload")
+            current = self._states.get((conversation_id, state_key))
+            current_version = current.version if current else 0
+            if expected_version is not None and expected_version != current_version:
+                raise VersionConflict(expected_version, current_version)
+            staged = self._stage_messages(user_id, conversation_id, message_writes)
+            # Everything is valid: apply.
+            now = _now()
+            row = _StateRow(payload, current_version + 1, now)
+            self._states[(conversation_id, state_key)] = row
+            records = self._messages.setdefault(conversation_id, {})
+            for record in staged:
+                records[record.message_id] = record
+            self._compactions.setdefault(conversation_id, []).extend(
+                replace(c, compaction_id=self._ids.next_id(), create_time=now) for c in compactions
             )
-
-    def _save(
-        self,
-        user_id: str,
-        conversation_id: int,
-        state_key: str,
-        payload: bytes,
-        expected_version: int | None,
-        task_id: int | None,
-        message_writes: Sequence[MessageWrite],
-        compactions: Sequence[Compaction],
-    ) -> UpsertResult:
-        """Under the lock: validate everything, then apply (a failure leaves no trace)."""
-        conversation = self._conversation(user_id, conversation_id)
-        held = self._leases.get(conversation_id)
-        if task_id is not None and held is not None and held.task_id != task_id:
-            raise d.lease_taken_over(task_id, held.task_id)
-        d.check_json_depth(payload, "payload")
-        d.check_jsonb(payload, dict, "payload")
-        current = self._states.get((conversation_id, state_key))
-        current_version = current.version if current else 0
-        if expected_version is not None and expected_version != current_version:
-            raise VersionConflict(expected_version, current_version)
-        staged = self._stage_messages(user_id, conversation_id, message_writes)
-        # Everything is valid: apply.
-        now = _now()
-        row = _StateRow(payload, current_version + 1, now)
-        self._states[(conversation_id, state_key)] = row
-        records = self._messages.setdefault(conversation_id, {})
-        for record in staged:
-            records[record.message_id] = record
-        self._compactions.setdefault(conversation_id, []).extend(
-            replace(c, compaction_id=self._ids.next_id(), create_time=now) for c in compactions
-        )
-        self._touch(conversation)
-        released = task_id is not None and held is not None
-        if released:
-            del self._leases[conversation_id]
-        return UpsertResult(row.version, row.update_time, staged, lease_released=released)
+            self._touch(conversation)
+            released = task_id is not None and held is not None
+            if released:
+                del self._leases[conversation_id]
+            return UpsertResult(row.version, row.update_time, staged, lease_released=released)
 
     async def begin_turn(
         self, *, user_id: str, conversation_id: int | None, start: TurnStart
