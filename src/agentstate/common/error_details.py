@@ -34,6 +34,8 @@ CURRENT_VERSION = "current_version"  # ABORTED: the stored version ("0": no stat
 EXPECTED_VERSION = "expected_version"  # ABORTED: the version the caller expected
 MISSING = "missing"  # NOT_FOUND: "conversation", "state", "message" or "task"
 AWAITING_MESSAGE_ID = "awaiting_message_id"  # CARD_PENDING: the open card's record id
+CURRENT_CHECKPOINT_ID = "current_checkpoint_id"  # CHECKPOINT_CONFLICT: the head ("": none)
+EXPECTED_CHECKPOINT_ID = "expected_checkpoint_id"  # CHECKPOINT_CONFLICT: the caller's
 
 # State service: reason by error class, the nearest class in the table winning (as the
 # servicer picks the status code). A plain FailedPrecondition depends on the RPC (below).
@@ -41,6 +43,7 @@ _STATE_REASONS: dict[type[d.StateServiceError], str] = {
     d.InvalidArgument: "INVALID_ARGUMENT",
     d.NotFound: "NOT_FOUND",
     d.VersionConflict: "VERSION_CONFLICT",
+    d.CheckpointConflict: "CHECKPOINT_CONFLICT",  # another writer extended the history
     d.PayloadTooLarge: "PAYLOAD_TOO_LARGE",
     d.ResourceExhausted: "LIMIT_REACHED",  # a user's concurrent leases
     d.LeaseHeld: "LEASE_HELD",  # another turn holds the conversation's lease
@@ -55,6 +58,7 @@ _STATE_PRECONDITION_REASONS: dict[str, str] = {
     "UpsertState": "MESSAGE_STATUS_MISMATCH",  # a message write's expected_status
     "UpdateMessage": "MESSAGE_STATUS_MISMATCH",
     "EndTurn": "MESSAGE_STATUS_MISMATCH",
+    "CopyCheckpoints": "TARGET_HAS_CHECKPOINTS",
 }
 
 # Agent service: reason by error class. When the error is a state-service status passed
@@ -96,6 +100,8 @@ def state_error_detail(error: d.StateServiceError, rpc: str) -> ErrorDetail:
             CURRENT_VERSION: str(error.current_version),
             EXPECTED_VERSION: str(error.expected),
         }
+    elif isinstance(error, d.CheckpointConflict):
+        metadata = {CURRENT_CHECKPOINT_ID: error.current, EXPECTED_CHECKPOINT_ID: error.expected}
     elif isinstance(error, d.NotFound):
         metadata = {MISSING: error.missing}
     elif isinstance(error, d.CardPending):
