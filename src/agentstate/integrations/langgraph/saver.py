@@ -20,6 +20,7 @@ What it adds to LangGraph's own savers:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 from collections.abc import AsyncIterator, Iterator, Sequence
@@ -409,10 +410,8 @@ class AgentStateSaver(BaseCheckpointSaver[str]):
         conversation = await self._aconversation(user, thread, create=False)
         self._forget(user, thread)
         if conversation is not None:
-            try:
+            with contextlib.suppress(client.NotFound):  # already gone
                 await self.aclient.delete_conversation(user, conversation)
-            except client.NotFound:
-                pass  # already gone
 
     async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
         runs = [str(r) for r in run_ids]
@@ -528,10 +527,8 @@ class AgentStateSaver(BaseCheckpointSaver[str]):
         conversation = self._conversation(user, thread, create=False)
         self._forget(user, thread)
         if conversation is not None:
-            try:
+            with contextlib.suppress(client.NotFound):  # already gone
                 self.client.delete_conversation(user, conversation)
-            except client.NotFound:
-                pass
 
     def delete_for_runs(self, run_ids: Sequence[str]) -> None:
         runs = [str(r) for r in run_ids]
