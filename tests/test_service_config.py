@@ -35,6 +35,8 @@ READS = {
         "ListMessages",
         "GetMessage",
         "ListCompactions",
+        "GetCheckpoint",
+        "ListCheckpoints",
     },
     "agentstate.agent.v1.AgentService": {"ListConversations", "ListMessages", "GetRagHistory"},
 }

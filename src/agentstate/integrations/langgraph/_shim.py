@@ -63,6 +63,13 @@ class AsyncStateClient:
             raise _err(exc) from exc
 
     async def resolve_conversation(self, user_id: str, key: str, create: bool = True) -> str:
+        import asyncio
+
+        self.__dict__.setdefault("_lock", asyncio.Lock())
+        async with self.__dict__["_lock"]:
+            return await self._resolve(user_id, key, create)
+
+    async def _resolve(self, user_id: str, key: str, create: bool = True) -> str:
         found = self._keys.get((user_id, key))
         if found is None:
             if not create:
@@ -164,7 +171,27 @@ class StateClient:
             raise _err(exc) from exc
 
     def resolve_conversation(self, user_id: str, key: str, create: bool = True) -> str:
-        raise NotImplementedError
+        found = self._keys.get((user_id, key))
+        if found is None:
+            if not create:
+                raise NotFound(grpc.StatusCode.NOT_FOUND, "no such key")
+            r = self._call(
+                "CreateConversation", pb.CreateConversationRequest(user_id=user_id, title=key)
+            )
+            found = self._keys[(user_id, key)] = r.conversation.conversation_id
+        return found
+
+    def delete_conversation(self, user_id: str, conversation_id: str) -> None:
+        self._call(
+            "DeleteConversation",
+            pb.DeleteConversationRequest(user_id=user_id, conversation_id=conversation_id),
+        )
+        for k, v in list(self._keys.items()):
+            if v == conversation_id:
+                del self._keys[k]
+
+    def put_checkpoint(self, request: pb.PutCheckpointRequest) -> None:
+        self._call("PutCheckpoint", request)
 
     def get_checkpoint(
         self, user_id: str, conversation_id: str, *, namespace: str, checkpoint_id: str = ""
@@ -183,4 +210,46 @@ class StateClient:
     def list_checkpoints(
         self, request: pb.ListCheckpointsRequest, limit: int | None = None
     ) -> Iterator[pb.Checkpoint]:
-        raise NotImplementedError
+        seen = 0
+        while True:
+            r = self._call("ListCheckpoints", request)
+            for cp in r.checkpoints:
+                yield cp
+                seen += 1
+                if limit is not None and seen >= limit:
+                    return
+            if not r.next_page_token:
+                return
+            request.page_token = r.next_page_token
+
+    def put_checkpoint_writes(self, request: pb.PutCheckpointWritesRequest) -> int:
+        r = self._call("PutCheckpointWrites", request)
+        return int(r.writes_stored)
+
+    def delete_checkpoints_for_runs(self, user_id: str, run_ids: Sequence[str]) -> int:
+        r = self._call(
+            "DeleteCheckpointsForRuns",
+            pb.DeleteCheckpointsForRunsRequest(user_id=user_id, run_ids=run_ids),
+        )
+        return int(r.checkpoints_deleted)
+
+    def copy_checkpoints(self, user_id: str, source: str, target: str) -> int:
+        r = self._call(
+            "CopyCheckpoints",
+            pb.CopyCheckpointsRequest(
+                user_id=user_id, source_conversation_id=source, target_conversation_id=target
+            ),
+        )
+        return int(r.checkpoints_copied)
+
+    def prune_checkpoints(
+        self, user_id: str, conversation_ids: Sequence[str], keep_latest: bool
+    ) -> int:
+        strategy = pb.PRUNE_STRATEGY_KEEP_LATEST if keep_latest else pb.PRUNE_STRATEGY_DELETE_ALL
+        r = self._call(
+            "PruneCheckpoints",
+            pb.PruneCheckpointsRequest(
+                user_id=user_id, conversation_ids=conversation_ids, strategy=strategy
+            ),
+        )
+        return int(r.checkpoints_deleted)

@@ -413,10 +413,11 @@ class PostgresStore(StateStore):
         batch: str | None = None,
         writes: Sequence[MessageWrite] = (),
         json_param: str = "",
+        binary: bool = False,
     ) -> list[Row]:
         """Run one statement: one round trip, its own transaction."""
         async with self._connection(batch, writes, json_param) as conn:
-            cur = await conn.execute(statement, params)
+            cur = await conn.execute(statement, params, binary=binary)
             return await cur.fetchall()
 
     # ------------------------------------------------------------------ state
@@ -778,6 +779,7 @@ class PostgresStore(StateStore):
                 "limit": limit,
             },
             json_param="metadata_filter_json",
+            binary=True,
         )
         if not rows:
             raise d.conversation_not_found(conversation_id)
@@ -891,7 +893,7 @@ def _checkpoint(row: Row) -> d.StoredCheckpoint:
         parent_checkpoint_id=row["parent_checkpoint_id"],
         checkpoint_type=row["checkpoint_type"],
         checkpoint=bytes(row["checkpoint"]),
-        metadata_json=row["metadata"],
+        metadata_json=row["metadata"].encode(),
         channel_versions=json.loads(row["channel_versions"]),
         channel_values=[
             d.ChannelValue(channel, version, value_type, bytes(value))
