@@ -127,7 +127,8 @@ async def measure(
 
 def print_table(rows: list[StepTime]) -> None:
     print(
-        "\n| messages | state bytes | AgentStateSaver p50 / p90 ms | AsyncPostgresSaver p50 / p90 ms | ratio p50 |"
+        "\n| messages | state bytes | AgentStateSaver p50 / p90 ms "
+        "| AsyncPostgresSaver p50 / p90 ms | ratio p50 |"
     )
     print("|---:|---:|---:|---:|---:|")
     for n in dict.fromkeys(r.messages for r in rows):
