@@ -3,7 +3,7 @@ on one PostgreSQL, in one run.
 
     .venv/bin/pip install -e '.[bench]'      # LangGraph's PostgreSQL saver and matplotlib
     .venv/bin/python -m bench.langgraph_saver [--sizes 8,64] [--steps 10] [--runs 30]
-        [--plots docs/img] [--json results.json]
+        [--durability sync,async] [--plots docs/img] [--json results.json]
 
 - ours: `AgentStateSaver` (agentstate.integrations.langgraph) calling the state service,
   which runs as its own process (`python -m agentstate.state_service`, pool of 10) on
@@ -15,10 +15,11 @@ The graph is the same for both: a thread holding N messages (the source's 8-mess
 example repeated, each message as an AIMessage whose content is its JSON), and one node
 that runs `--steps` super-steps, each replacing one message (so the messages channel, the
 bulk of the state, changes and is stored at every step, as in an agent loop) and bumping a
-counter. `durability="sync"`: every step's checkpoint is written before the next step
-starts. Time per step = the wall time of one `ainvoke` / its steps; runs alternate between
-the savers, so machine load hits both alike. Ratio = ours / LangGraph's, p50 of per-step
-times.
+counter. Measured with `durability="sync"` (every step's checkpoint is written before the
+next step starts: the saver's whole cost is on the step) and `"async"` (LangGraph's default:
+the write overlaps the next step). Time per step = the wall time of one `ainvoke` / its
+steps; runs alternate between the savers, so machine load hits both alike. Ratio = ours /
+LangGraph's, p50 of per-step times.
 """
 
 from __future__ import annotations
@@ -51,12 +52,16 @@ from bench.state_latency import grown_state
 
 @dataclass
 class StepTime:
+    durability: str
     messages: int
     saver: str
     state_bytes: int
     p50_ms: float
     p90_ms: float
     mean_ms: float
+
+
+SAVERS = ("AgentStateSaver", "AsyncPostgresSaver")
 
 
 class State(TypedDict):
@@ -90,7 +95,11 @@ def seed_messages(n: int) -> list[AnyMessage]:
 
 
 async def measure(
-    savers: dict[str, BaseCheckpointSaver[Any]], sizes: list[int], steps: int, runs: int
+    savers: dict[str, BaseCheckpointSaver[Any]],
+    sizes: list[int],
+    steps: int,
+    runs: int,
+    durability: str,
 ) -> list[StepTime]:
     rows = []
     for n in sizes:
@@ -100,20 +109,21 @@ async def measure(
         state_bytes = len(json.dumps([m.content for m in seed["messages"]]).encode())
         for name, graph in graphs.items():  # seed the thread, warm connections
             cfg = {"configurable": {"thread_id": threads[name]}}
-            await graph.ainvoke(seed, cfg, durability="sync")
+            await graph.ainvoke(seed, cfg, durability=durability)
             for _ in range(3):
-                await graph.ainvoke(None, cfg, durability="sync")
+                await graph.ainvoke({"step": 0}, cfg, durability=durability)
         samples: dict[str, list[float]] = {name: [] for name in savers}
         for _ in range(runs):
             for name, graph in graphs.items():  # alternate: load hits both alike
                 cfg = {"configurable": {"thread_id": threads[name]}}
                 started = time.perf_counter()
-                await graph.ainvoke({"step": 0}, cfg, durability="sync")
+                await graph.ainvoke({"step": 0}, cfg, durability=durability)
                 samples[name].append((time.perf_counter() - started) * 1000 / steps)
         for name, values in samples.items():
             ordered = sorted(values)
             rows.append(
                 StepTime(
+                    durability=durability,
                     messages=n,
                     saver=name,
                     state_bytes=state_bytes,
@@ -127,15 +137,17 @@ async def measure(
 
 def print_table(rows: list[StepTime]) -> None:
     print(
-        "\n| messages | state bytes | AgentStateSaver p50 / p90 ms "
+        "\n| durability | messages | state bytes | AgentStateSaver p50 / p90 ms "
         "| AsyncPostgresSaver p50 / p90 ms | ratio p50 |"
     )
-    print("|---:|---:|---:|---:|---:|")
-    for n in dict.fromkeys(r.messages for r in rows):
-        ours = next(r for r in rows if r.messages == n and r.saver == "AgentStateSaver")
-        theirs = next(r for r in rows if r.messages == n and r.saver == "AsyncPostgresSaver")
+    print("|---|---:|---:|---:|---:|---:|")
+    for mode, n in dict.fromkeys((r.durability, r.messages) for r in rows):
+        ours, theirs = (
+            next(r for r in rows if (r.durability, r.messages, r.saver) == (mode, n, name))
+            for name in SAVERS
+        )
         print(
-            f"| {n} | {ours.state_bytes} | {ours.p50_ms:.2f} / {ours.p90_ms:.2f} | "
+            f"| {mode} | {n} | {ours.state_bytes} | {ours.p50_ms:.2f} / {ours.p90_ms:.2f} | "
             f"{theirs.p50_ms:.2f} / {theirs.p90_ms:.2f} | {ours.p50_ms / theirs.p50_ms:.2f}x |"
         )
 
@@ -147,27 +159,28 @@ def plot(rows: list[StepTime], out_dir: Path) -> Path:
     import matplotlib.pyplot as plt
 
     out_dir.mkdir(parents=True, exist_ok=True)
+    modes = list(dict.fromkeys(r.durability for r in rows))
     sizes = list(dict.fromkeys(r.messages for r in rows))
-    names = ["AgentStateSaver", "AsyncPostgresSaver"]
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, axes = plt.subplots(1, len(modes), figsize=(5 * len(modes), 4), squeeze=False)
     width = 0.38
-    for i, name in enumerate(names):
-        values = [
-            next(r.p50_ms for r in rows if r.messages == n and r.saver == name) for n in sizes
-        ]
-        bars = ax.bar([x + i * width for x in range(len(sizes))], values, width, label=name)
-        ax.bar_label(bars, fmt="%.2f", fontsize=8)
-    for x, n in enumerate(sizes):
-        ours, theirs = (
-            next(r.p50_ms for r in rows if r.messages == n and r.saver == name) for name in names
-        )
-        ax.annotate(f"{ours / theirs:.2f}x", (x + width / 2, max(ours, theirs) * 1.12), ha="center")
-    ax.set_xticks([x + width / 2 for x in range(len(sizes))], [f"{n} messages" for n in sizes])
-    ax.set_ylabel("p50 ms per checkpointed step")
-    ax.set_title("A LangGraph step, checkpointed (durability=sync)")
-    ax.set_ylim(top=ax.get_ylim()[1] * 1.15)
-    ax.grid(axis="y", alpha=0.3)
-    ax.legend()
+    for ax, mode in zip(axes[0], modes, strict=True):
+        p50 = {(r.messages, r.saver): r.p50_ms for r in rows if r.durability == mode}
+        for i, name in enumerate(SAVERS):
+            values = [p50[(n, name)] for n in sizes]
+            bars = ax.bar([x + i * width for x in range(len(sizes))], values, width, label=name)
+            ax.bar_label(bars, fmt="%.2f", fontsize=8)
+        for x, n in enumerate(sizes):
+            ours, theirs = (p50[(n, name)] for name in SAVERS)
+            ax.annotate(
+                f"{ours / theirs:.2f}x", (x + width / 2, max(ours, theirs) * 1.12), ha="center"
+            )
+        ax.set_xticks([x + width / 2 for x in range(len(sizes))], [f"{n} messages" for n in sizes])
+        ax.set_ylabel("p50 ms per checkpointed step")
+        ax.set_title(f'durability="{mode}"')
+        ax.set_ylim(top=ax.get_ylim()[1] * 1.15)
+        ax.grid(axis="y", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle("A LangGraph graph checkpointing every step, one PostgreSQL")
     fig.tight_layout()
     path = out_dir / "langgraph_saver.png"
     fig.savefig(path, dpi=110)
@@ -210,9 +223,11 @@ async def run(args: argparse.Namespace) -> list[StepTime]:
         theirs = AsyncPostgresSaver(pool)
         await theirs.setup()
         sizes = [int(s) for s in args.sizes.split(",")]
-        return await measure(
-            {"AgentStateSaver": ours, "AsyncPostgresSaver": theirs}, sizes, args.steps, args.runs
-        )
+        savers: dict[str, BaseCheckpointSaver[Any]] = dict(zip(SAVERS, (ours, theirs), strict=True))
+        rows = []
+        for mode in args.durability.split(","):
+            rows += await measure(savers, sizes, args.steps, args.runs, mode)
+        return rows
     finally:
         for close in reversed(closers):
             await close()
@@ -227,6 +242,9 @@ def main() -> None:
     parser.add_argument("--sizes", default="8,64", help="messages in the thread's state")
     parser.add_argument("--steps", type=int, default=10, help="checkpointed steps per run")
     parser.add_argument("--runs", type=int, default=30, help="runs per saver and size")
+    parser.add_argument(
+        "--durability", default="sync,async", help="LangGraph durability modes to measure"
+    )
     parser.add_argument("--plots", type=Path, help="write the PNG plot into this directory")
     parser.add_argument("--json", type=Path, help="write the results as JSON")
     parser.add_argument("--replot", type=Path, help="print and plot an earlier --json")
