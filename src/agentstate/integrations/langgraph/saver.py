@@ -9,8 +9,8 @@ state, deleted with it in one transaction.
 What it adds to LangGraph's own savers:
 - A history never forks by accident: a put names the head it extends (its parent, or
   "none yet" for a thread's first checkpoint) and the service refuses it, in the same
-  transaction, when another writer got there first (`CheckpointConflict`). Intentional
-  forks (LangGraph's time travel writes them with metadata source "fork") are not checked.
+  transaction, when another writer got there first (`CheckpointConflict`). Branches a
+  caller makes on purpose (time travel: metadata source "fork" or "update") are not checked.
 - `put_writes` is idempotent per (checkpoint, task, idx) and atomic per call.
 - `delete_thread` deletes the conversation and everything of it in one transaction; a
   write that arrives later from a run that was using the thread is refused, never
@@ -48,6 +48,7 @@ DEFAULT_USER_ID = "langgraph"
 _EMPTY = "empty"
 _PRUNE_STRATEGIES = {"keep_latest": True, "delete": False}
 _BATCH = 1000  # the service's limit of run ids / conversations per call
+_BRANCHING_SOURCES = frozenset({"fork", "update"})
 
 
 class CheckpointConflict(client.VersionConflict):
@@ -218,8 +219,10 @@ class AgentStateSaver(BaseCheckpointSaver[str]):
             new_channel_values=new_values,
         )
         # The head this checkpoint extends: its parent, or none yet for a thread's first
-        # checkpoint (LangGraph's input checkpoint, step -1). Forks are intentional.
-        if metadata.get("source") != "fork":
+        # checkpoint (LangGraph's input checkpoint, step -1). What the run loop writes
+        # ("input", "loop") is checked; forks and update_state ("fork", "update") branch
+        # from the checkpoint a caller chose on purpose (time travel), so they are not.
+        if metadata.get("source") not in _BRANCHING_SOURCES:
             if parent:
                 request.expected_head_checkpoint_id = parent
             elif metadata.get("step") == -1:
