@@ -273,3 +273,22 @@ async def test_delete_removes_everything_and_a_late_write_is_refused(
         )
     await saver.aclose()
     await late.aclose()
+
+
+async def test_time_travel_branches_on_purpose(state_process_address: str) -> None:
+    """LangGraph's time travel (replay and update_state from an old checkpoint) writes
+    branches on purpose; the head check lets them through, and the run continues."""
+    saver = AgentStateSaver(state_process_address)
+    graph = build(saver)
+    cfg = config(f"travel-{uuid.uuid4()}")
+    await graph.ainvoke({"messages": [HumanMessage(QUESTION)], "executed": []}, cfg)
+    history = [s async for s in graph.aget_state_history(cfg)]
+    before_agent = next(s for s in history if s.next == ("agent",))
+    replayed = await graph.ainvoke(None, before_agent.config)  # replay: a "fork" checkpoint
+    assert replayed["__interrupt__"][0].value["tool"] == "cancel_order"
+    edited = await graph.aupdate_state(before_agent.config, {"executed": ["edited"]})
+    again = await graph.ainvoke(None, edited)
+    assert again["executed"] == ["edited"] and "__interrupt__" in again
+    done = await graph.ainvoke(Command(resume={"approved": False}), cfg)
+    assert done["messages"][-1].content.startswith("好的，没有取消")
+    await saver.aclose()
