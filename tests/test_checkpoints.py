@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import uuid
+from datetime import UTC, datetime, timedelta
 from typing import TypeAlias
 
 import grpc
 
 from agentstate.state.v1 import state_service_pb2 as pb
 from agentstate.state.v1 import state_service_pb2_grpc as pb_grpc
+from agentstate.state_service import domain as d
+from agentstate.state_service.storage.postgres import PostgresStore
 from tests.conftest import TEST_MAX_PAYLOAD_BYTES
 from tests.helpers import expect_rpc_error, new_conversation
 
@@ -356,3 +360,50 @@ async def test_bad_checkpoint_input(state_stub: Stub, user_id: str) -> None:
     )
     # Nothing of the refused puts was stored.
     assert await ids(state_stub, user_id, cid) == []
+
+
+async def test_postgres_rows_go_with_the_conversation(pg_store: PostgresStore) -> None:
+    """Delete and retention remove checkpoint rows in their one transaction (ON DELETE
+    CASCADE), so no table of checkpoint data keeps rows of a deleted conversation."""
+    user = f"user-{uuid.uuid4()}"
+    kept, deleted, purged = [
+        (await pg_store.create_conversation(user_id=user, title="t")).conversation_id
+        for _ in range(3)
+    ]
+    for cid in (kept, deleted, purged):
+        await pg_store.put_checkpoint(
+            user_id=user,
+            conversation_id=cid,
+            checkpoint=d.NewCheckpoint(
+                "",
+                "c1",
+                None,
+                "json",
+                b"{}",
+                b"{}",
+                {"a": "1"},
+                (d.ChannelValue("a", "1", "json", b"1"),),
+            ),
+            expected_head="",
+        )
+        await pg_store.put_checkpoint_writes(
+            user_id=user,
+            conversation_id=cid,
+            namespace="",
+            checkpoint_id="c1",
+            writes=[d.CheckpointWrite("t", 0, "a", "json", b"2")],
+        )
+    await pg_store.delete_conversations(user_id=user, conversation_ids=[deleted])
+    async with pg_store.pool.connection() as conn:
+        await conn.execute(
+            "UPDATE t_conversation SET update_time = now() - interval '2 days' WHERE id = %s",
+            (purged,),
+        )
+    await pg_store.purge_inactive(before=datetime.now(UTC) - timedelta(days=1))
+
+    async with pg_store.pool.connection() as conn:
+        for table in ("t_checkpoint", "t_checkpoint_blob", "t_checkpoint_write"):
+            cur = await conn.execute(
+                f"SELECT conversation_id FROM {table} WHERE user_id = %s", (user,)
+            )
+            assert [row["conversation_id"] for row in await cur.fetchall()] == [kept], table
