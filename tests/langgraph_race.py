@@ -39,7 +39,7 @@ def main(address: str, thread_id: str, ready: str, go: str) -> int:
     graph = builder.compile(checkpointer=saver)
     try:
         graph.invoke({"steps": []}, {"configurable": {"thread_id": thread_id}})
-        outcome = {"outcome": "ok"}
+        outcome: dict[str, Any] = {"outcome": "ok"}
     except Exception as exc:  # the test reads which error the refused writer saw
         outcome = {
             "outcome": type(exc).__name__,

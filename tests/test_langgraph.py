@@ -20,6 +20,8 @@ from typing import Any
 import grpc
 import pytest
 from langchain_core.messages import HumanMessage, ToolMessage
+from langgraph.checkpoint.base import copy_checkpoint
+from langgraph.checkpoint.base.id import uuid6
 from langgraph.checkpoint.conformance import checkpointer_test, validate
 from langgraph.checkpoint.conformance.capabilities import (
     BASE_CAPABILITIES,
@@ -223,7 +225,7 @@ async def test_bad_input_gets_langgraphs_own_errors(state_process_address: str) 
     with pytest.raises(TypeError, match="not msgpack serializable"):
         await graph.ainvoke(
             {"messages": [HumanMessage(QUESTION)], "executed": [threading.Lock()]}, cfg
-        )  # type: ignore[list-item]
+        )
     # An id the service refuses (NUL) is a ValueError naming the field, not a gRPC error.
     good = config(f"good-{uuid.uuid4()}")
     await graph.ainvoke({"messages": [HumanMessage(QUESTION)], "executed": []}, good)
@@ -253,7 +255,8 @@ async def test_delete_removes_everything_and_a_late_write_is_refused(
     assert await saver.aget_tuple(config(thread)) is None
 
     # The replica that was running the thread writes late: refused, nothing comes back.
-    next_checkpoint = {**head.checkpoint, "id": str(uuid.uuid4())}
+    next_checkpoint = copy_checkpoint(head.checkpoint)
+    next_checkpoint["id"] = str(uuid6(clock_seq=-1))
     with pytest.raises(ThreadDeleted):
         await late.aput(head.config, next_checkpoint, {"source": "loop", "step": 9}, {})
     with pytest.raises(ThreadDeleted):
@@ -264,10 +267,12 @@ async def test_delete_removes_everything_and_a_late_write_is_refused(
     await graph.ainvoke({"messages": [HumanMessage(QUESTION)], "executed": []}, cfg)
     tup = await saver.aget_tuple(cfg)
     assert tup is not None and tup.parent_config is not None
+    stale = copy_checkpoint(tup.checkpoint)
+    stale["id"] = str(uuid6(clock_seq=-1))
     with pytest.raises(CheckpointConflict):
         await late.aput(
             tup.parent_config,
-            {**tup.checkpoint, "id": str(uuid.uuid4())},
+            stale,
             {"source": "loop", "step": 1},
             {},
         )

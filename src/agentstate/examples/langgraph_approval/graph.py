@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal, TypedDict
 from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, ToolMessage
 from langchain_core.tools import tool
 from langgraph.checkpoint.base import BaseCheckpointSaver
-from langgraph.graph import END, START, StateGraph
+from langgraph.graph import START, StateGraph
 from langgraph.graph.message import add_messages
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.prebuilt import ToolNode
@@ -69,7 +69,7 @@ def run_tools(state: State) -> dict[str, Any]:
 
 def after_agent(state: State) -> Literal["approval", "__end__"]:
     last = state["messages"][-1]
-    return "approval" if isinstance(last, AIMessage) and last.tool_calls else END
+    return "approval" if isinstance(last, AIMessage) and last.tool_calls else "__end__"
 
 
 def after_approval(state: State) -> Literal["tools", "agent"]:
