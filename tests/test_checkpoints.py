@@ -21,6 +21,7 @@ from agentstate.state_service import domain as d
 from agentstate.state_service.storage.postgres import PostgresStore
 from tests.conftest import TEST_MAX_PAYLOAD_BYTES
 from tests.helpers import expect_rpc_error, new_conversation
+from tests.test_error_details import error_info
 
 Stub: TypeAlias = "pb_grpc.StateServiceAsyncStub"
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
@@ -91,7 +92,10 @@ async def test_put_get_values_and_head_compare_and_set(state_stub: Stub, user_id
         ABORTED,
         "another writer",
     )
-    assert refused.trailing_metadata() is not None
+    assert error_info(refused) == (
+        "CHECKPOINT_CONFLICT",
+        {"current_checkpoint_id": "c1", "expected_checkpoint_id": ""},
+    )
     # Only channel "a" changes; "b" is new; the value of a at version 1 stays stored.
     await state_stub.PutCheckpoint(
         put_request(
