@@ -164,6 +164,22 @@ class StateServiceStub:
     the late turn must not write. On any error nothing is saved and the lease
     is kept (release it with ReleaseLease, or let it lapse).
     """
+    ResolveConversation: _grpc.UnaryUnaryMultiCallable[_state_service_pb2.ResolveConversationRequest, _state_service_pb2.ResolveConversationResponse]
+    """---- Conversation keys (added with the Python client, for framework
+    adapters whose thread/session ids are chosen by the caller) ----
+
+    ResolveConversation finds the user's conversation with `external_key`
+    and, when there is none and `create_if_missing` is set, creates it in ONE
+    statement: two callers resolving the same new key at once get the same
+    conversation (`created` is true for exactly one of them).
+
+    Errors: NOT_FOUND (`agentstate-missing` = "conversation") when absent and
+    `create_if_missing` is false; INVALID_ARGUMENT for an empty key, a key
+    over 256 characters or one containing NUL. DeleteConversation deletes the
+    key with the conversation: resolving it again with `create_if_missing`
+    makes a new conversation with a new id, and writes to the old id stay
+    NOT_FOUND.
+    """
 
 @_typing.type_check_only
 class StateServiceAsyncStub(StateServiceStub):
@@ -283,6 +299,22 @@ class StateServiceAsyncStub(StateServiceStub):
     taken the conversation's lease over since (this turn's lease lapsed):
     the late turn must not write. On any error nothing is saved and the lease
     is kept (release it with ReleaseLease, or let it lapse).
+    """
+    ResolveConversation: _aio.UnaryUnaryMultiCallable[_state_service_pb2.ResolveConversationRequest, _state_service_pb2.ResolveConversationResponse]  # type: ignore[assignment]
+    """---- Conversation keys (added with the Python client, for framework
+    adapters whose thread/session ids are chosen by the caller) ----
+
+    ResolveConversation finds the user's conversation with `external_key`
+    and, when there is none and `create_if_missing` is set, creates it in ONE
+    statement: two callers resolving the same new key at once get the same
+    conversation (`created` is true for exactly one of them).
+
+    Errors: NOT_FOUND (`agentstate-missing` = "conversation") when absent and
+    `create_if_missing` is false; INVALID_ARGUMENT for an empty key, a key
+    over 256 characters or one containing NUL. DeleteConversation deletes the
+    key with the conversation: resolving it again with `create_if_missing`
+    makes a new conversation with a new id, and writes to the old id stay
+    NOT_FOUND.
     """
 
 class StateServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -514,6 +546,28 @@ class StateServiceServicer(metaclass=_abc_1.ABCMeta):
         taken the conversation's lease over since (this turn's lease lapsed):
         the late turn must not write. On any error nothing is saved and the lease
         is kept (release it with ReleaseLease, or let it lapse).
+        """
+
+    @_abc_1.abstractmethod
+    def ResolveConversation(
+        self,
+        request: _state_service_pb2.ResolveConversationRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_state_service_pb2.ResolveConversationResponse, _abc.Awaitable[_state_service_pb2.ResolveConversationResponse]]:
+        """---- Conversation keys (added with the Python client, for framework
+        adapters whose thread/session ids are chosen by the caller) ----
+
+        ResolveConversation finds the user's conversation with `external_key`
+        and, when there is none and `create_if_missing` is set, creates it in ONE
+        statement: two callers resolving the same new key at once get the same
+        conversation (`created` is true for exactly one of them).
+
+        Errors: NOT_FOUND (`agentstate-missing` = "conversation") when absent and
+        `create_if_missing` is false; INVALID_ARGUMENT for an empty key, a key
+        over 256 characters or one containing NUL. DeleteConversation deletes the
+        key with the conversation: resolving it again with `create_if_missing`
+        makes a new conversation with a new id, and writes to the old id stay
+        NOT_FOUND.
         """
 
 def add_StateServiceServicer_to_server(servicer: StateServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
