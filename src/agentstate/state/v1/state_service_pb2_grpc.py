@@ -166,6 +166,11 @@ class StateServiceStub:
                 request_serializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.PruneCheckpointsRequest.SerializeToString,
                 response_deserializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.PruneCheckpointsResponse.FromString,
                 _registered_method=True)
+        self.ResolveConversation = channel.unary_unary(
+                '/agentstate.state.v1.StateService/ResolveConversation',
+                request_serializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.ResolveConversationRequest.SerializeToString,
+                response_deserializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.ResolveConversationResponse.FromString,
+                _registered_method=True)
 
 
 class StateServiceServicer:
@@ -463,6 +468,26 @@ class StateServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ResolveConversation(self, request, context):
+        """---- Conversation keys (added with the Python client, for framework
+        adapters whose thread/session ids are chosen by the caller) ----
+
+        ResolveConversation finds the user's conversation with `external_key`
+        and, when there is none and `create_if_missing` is set, creates it in ONE
+        statement: two callers resolving the same new key at once get the same
+        conversation (`created` is true for exactly one of them).
+
+        Errors: NOT_FOUND (`agentstate-missing` = "conversation") when absent and
+        `create_if_missing` is false; INVALID_ARGUMENT for an empty key, a key
+        over 256 characters or one containing NUL. DeleteConversation deletes the
+        key with the conversation: resolving it again with `create_if_missing`
+        makes a new conversation with a new id, and writes to the old id stay
+        NOT_FOUND.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_StateServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -595,6 +620,11 @@ def add_StateServiceServicer_to_server(servicer, server):
                     servicer.PruneCheckpoints,
                     request_deserializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.PruneCheckpointsRequest.FromString,
                     response_serializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.PruneCheckpointsResponse.SerializeToString,
+            ),
+            'ResolveConversation': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResolveConversation,
+                    request_deserializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.ResolveConversationRequest.FromString,
+                    response_serializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.ResolveConversationResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1301,6 +1331,33 @@ class StateService:
             '/agentstate.state.v1.StateService/PruneCheckpoints',
             agentstate_dot_state_dot_v1_dot_state__service__pb2.PruneCheckpointsRequest.SerializeToString,
             agentstate_dot_state_dot_v1_dot_state__service__pb2.PruneCheckpointsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResolveConversation(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agentstate.state.v1.StateService/ResolveConversation',
+            agentstate_dot_state_dot_v1_dot_state__service__pb2.ResolveConversationRequest.SerializeToString,
+            agentstate_dot_state_dot_v1_dot_state__service__pb2.ResolveConversationResponse.FromString,
             options,
             channel_credentials,
             insecure,

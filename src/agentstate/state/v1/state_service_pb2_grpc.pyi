@@ -235,6 +235,22 @@ class StateServiceStub:
     messages and states) stay. All or nothing: NOT_FOUND naming an absent
     conversation, and nothing changes.
     """
+    ResolveConversation: _grpc.UnaryUnaryMultiCallable[_state_service_pb2.ResolveConversationRequest, _state_service_pb2.ResolveConversationResponse]
+    """---- Conversation keys (added with the Python client, for framework
+    adapters whose thread/session ids are chosen by the caller) ----
+
+    ResolveConversation finds the user's conversation with `external_key`
+    and, when there is none and `create_if_missing` is set, creates it in ONE
+    statement: two callers resolving the same new key at once get the same
+    conversation (`created` is true for exactly one of them).
+
+    Errors: NOT_FOUND (`agentstate-missing` = "conversation") when absent and
+    `create_if_missing` is false; INVALID_ARGUMENT for an empty key, a key
+    over 256 characters or one containing NUL. DeleteConversation deletes the
+    key with the conversation: resolving it again with `create_if_missing`
+    makes a new conversation with a new id, and writes to the old id stay
+    NOT_FOUND.
+    """
 
 @_typing.type_check_only
 class StateServiceAsyncStub(StateServiceStub):
@@ -425,6 +441,22 @@ class StateServiceAsyncStub(StateServiceStub):
     remaining checkpoint uses go too. The conversations themselves (and their
     messages and states) stay. All or nothing: NOT_FOUND naming an absent
     conversation, and nothing changes.
+    """
+    ResolveConversation: _aio.UnaryUnaryMultiCallable[_state_service_pb2.ResolveConversationRequest, _state_service_pb2.ResolveConversationResponse]  # type: ignore[assignment]
+    """---- Conversation keys (added with the Python client, for framework
+    adapters whose thread/session ids are chosen by the caller) ----
+
+    ResolveConversation finds the user's conversation with `external_key`
+    and, when there is none and `create_if_missing` is set, creates it in ONE
+    statement: two callers resolving the same new key at once get the same
+    conversation (`created` is true for exactly one of them).
+
+    Errors: NOT_FOUND (`agentstate-missing` = "conversation") when absent and
+    `create_if_missing` is false; INVALID_ARGUMENT for an empty key, a key
+    over 256 characters or one containing NUL. DeleteConversation deletes the
+    key with the conversation: resolving it again with `create_if_missing`
+    makes a new conversation with a new id, and writes to the old id stay
+    NOT_FOUND.
     """
 
 class StateServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -769,6 +801,28 @@ class StateServiceServicer(metaclass=_abc_1.ABCMeta):
         remaining checkpoint uses go too. The conversations themselves (and their
         messages and states) stay. All or nothing: NOT_FOUND naming an absent
         conversation, and nothing changes.
+        """
+
+    @_abc_1.abstractmethod
+    def ResolveConversation(
+        self,
+        request: _state_service_pb2.ResolveConversationRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_state_service_pb2.ResolveConversationResponse, _abc.Awaitable[_state_service_pb2.ResolveConversationResponse]]:
+        """---- Conversation keys (added with the Python client, for framework
+        adapters whose thread/session ids are chosen by the caller) ----
+
+        ResolveConversation finds the user's conversation with `external_key`
+        and, when there is none and `create_if_missing` is set, creates it in ONE
+        statement: two callers resolving the same new key at once get the same
+        conversation (`created` is true for exactly one of them).
+
+        Errors: NOT_FOUND (`agentstate-missing` = "conversation") when absent and
+        `create_if_missing` is false; INVALID_ARGUMENT for an empty key, a key
+        over 256 characters or one containing NUL. DeleteConversation deletes the
+        key with the conversation: resolving it again with `create_if_missing`
+        makes a new conversation with a new id, and writes to the old id stay
+        NOT_FOUND.
         """
 
 def add_StateServiceServicer_to_server(servicer: StateServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
