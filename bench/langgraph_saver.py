@@ -105,8 +105,9 @@ async def measure(
     for n in sizes:
         graphs = {name: build(saver, steps) for name, saver in savers.items()}
         threads = {name: f"bench-{n}-{uuid.uuid4()}" for name in savers}
-        seed = {"messages": seed_messages(n), "step": 0}
-        state_bytes = len(json.dumps([m.content for m in seed["messages"]]).encode())
+        messages = seed_messages(n)
+        seed = {"messages": messages, "step": 0}
+        state_bytes = len(json.dumps([m.content for m in messages]).encode())
         for name, graph in graphs.items():  # seed the thread, warm connections
             cfg = {"configurable": {"thread_id": threads[name]}}
             await graph.ainvoke(seed, cfg, durability=durability)

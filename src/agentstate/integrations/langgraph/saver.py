@@ -39,19 +39,29 @@ from langgraph.checkpoint.base import (
 )
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
-from agentstate.integrations.langgraph import _shim as client
-from agentstate.state.v1 import state_service_pb2 as pb
+from agentstate import client as state
+from agentstate.client import (
+    AsyncStateClient,
+    ChannelValue,
+    CheckpointWrite,
+    NewCheckpoint,
+    PruneStrategy,
+    StateClient,
+    StoredCheckpoint,
+)
 
 DEFAULT_USER_ID = "langgraph"
 # A channel whose version changed but that holds no value (LangGraph's savers store the
 # same marker).
 _EMPTY = "empty"
-_PRUNE_STRATEGIES = {"keep_latest": True, "delete": False}
+_PRUNE_STRATEGIES = {"keep_latest": PruneStrategy.KEEP_LATEST, "delete": PruneStrategy.DELETE_ALL}
+_THREAD_TITLE = "LangGraph thread"
 _BATCH = 1000  # the service's limit of run ids / conversations per call
+_PAGE = 100  # the service's largest page of checkpoints
 _BRANCHING_SOURCES = frozenset({"fork", "update"})
 
 
-class CheckpointConflict(client.VersionConflict):
+class CheckpointConflict(state.CheckpointConflict):
     """Another writer extended this thread's history first: this write was refused and
     nothing of it was stored. Re-read the thread (`get_tuple`) before writing again.
 
@@ -60,10 +70,24 @@ class CheckpointConflict(client.VersionConflict):
 
     is_stale_write_owner_error = True
 
+    @classmethod
+    def of(cls, error: state.CheckpointConflict) -> CheckpointConflict:
+        return cls(error.message, code=error.code, reason=error.reason, metadata=error.metadata)
 
-class ThreadDeleted(client.NotFound):
+
+class ThreadDeleted(state.NotFound):
     """The thread was deleted while this saver was writing it: the write was refused,
     so a late write never brings a deleted thread back."""
+
+
+@contextlib.contextmanager
+def _langgraph_errors() -> Iterator[None]:
+    """What the service refuses as malformed (an id with NUL, one too long) is a
+    ValueError to LangGraph's callers, as a bad config is."""
+    try:
+        yield
+    except state.InvalidArgument as exc:
+        raise ValueError(exc.message) from exc
 
 
 def _configurable(config: RunnableConfig) -> dict[str, Any]:
@@ -94,56 +118,70 @@ class AgentStateSaver(BaseCheckpointSaver[str]):
     >>> graph = builder.compile(checkpointer=saver)         # doctest: +SKIP
 
     `user_id` owns the threads (a conversation belongs to one user); a run may name
-    another one with config["configurable"]["user_id"].
+    another one with config["configurable"]["user_id"]. Give an address (the saver opens
+    its connections, `close()` / `aclose()` close them) or clients of your own.
     """
 
     def __init__(
         self,
-        target: str | None = None,
+        address: str | None = None,
         *,
         user_id: str = DEFAULT_USER_ID,
-        client_async: client.AsyncStateClient | None = None,
-        client_sync: client.StateClient | None = None,
+        client: AsyncStateClient | None = None,
+        sync_client: StateClient | None = None,
         serde: SerializerProtocol | None = None,
     ) -> None:
         super().__init__(serde=serde)
-        if target is None and client_async is None and client_sync is None:
+        if address is None and client is None and sync_client is None:
             raise ValueError("give the state service's address or a client")
-        self._target = target
-        self._aclient = client_async
-        self._client = client_sync
-        self._owns_clients = target is not None
+        self._address = address
+        self._aclient = client
+        self._sclient = sync_client
+        self._opened: list[AsyncStateClient | StateClient] = []
         self.user_id = user_id
         # (user, thread) -> conversation id: threads this saver has seen.
         self._conversations: dict[tuple[str, str], str] = {}
+        # Threads deleted under a run of this saver: its later writes are refused too
+        # (never a new conversation), until the thread is read again (a new run).
+        self._deleted_threads: dict[tuple[str, str], state.NotFound] = {}
 
     # ------------------------------------------------------------ connections
 
     @property
-    def aclient(self) -> client.AsyncStateClient:
+    def aclient(self) -> AsyncStateClient:
         if self._aclient is None:
-            assert self._target is not None
-            self._aclient = client.AsyncStateClient(self._target)
+            if self._address is None:
+                raise ValueError("this saver was given a sync client only: use the sync methods")
+            self._aclient = AsyncStateClient.connect(self._address)
+            self._opened.append(self._aclient)
         return self._aclient
 
     @property
-    def client(self) -> client.StateClient:
-        if self._client is None:
-            assert self._target is not None
-            self._client = client.StateClient(self._target)
-        return self._client
+    def sync_client(self) -> StateClient:
+        if self._sclient is None:
+            if self._address is None:
+                raise ValueError("this saver was given an async client only: use the a* methods")
+            self._sclient = StateClient.connect(self._address)
+            self._opened.append(self._sclient)
+        return self._sclient
 
     async def aclose(self) -> None:
         """Close the connections this saver opened (not clients it was given)."""
-        if self._owns_clients:
-            if self._aclient is not None:
-                await self._aclient.close()
-            if self._client is not None:
-                self._client.close()
+        for opened in self._opened:
+            if isinstance(opened, AsyncStateClient):
+                await opened.close()
+            else:
+                opened.close()
+        self._opened.clear()
+        self._aclient = None if self._address else self._aclient
+        self._sclient = None if self._address else self._sclient
 
     def close(self) -> None:
-        if self._owns_clients and self._client is not None:
-            self._client.close()
+        """Close the sync connection this saver opened (`aclose` closes both)."""
+        for opened in [c for c in self._opened if isinstance(c, StateClient)]:
+            opened.close()
+            self._opened.remove(opened)
+            self._sclient = None
 
     def _user(self, config: RunnableConfig | None) -> str:
         if config is not None:
@@ -159,10 +197,13 @@ class AgentStateSaver(BaseCheckpointSaver[str]):
         found = self._conversations.get(key)
         if found is None:
             try:
-                found = await self.aclient.resolve_conversation(user, thread, create=create)
-            except client.NotFound:
+                with _langgraph_errors():
+                    resolved = await self.aclient.resolve_conversation(
+                        user, thread, create=create, title=_THREAD_TITLE
+                    )
+            except state.NotFound:
                 return None
-            self._conversations[key] = found
+            found = self._conversations[key] = resolved.conversation.conversation_id
         return found
 
     def _conversation(self, user: str, thread: str, *, create: bool) -> str | None:
@@ -170,109 +211,109 @@ class AgentStateSaver(BaseCheckpointSaver[str]):
         found = self._conversations.get(key)
         if found is None:
             try:
-                found = self.client.resolve_conversation(user, thread, create=create)
-            except client.NotFound:
+                with _langgraph_errors():
+                    resolved = self.sync_client.resolve_conversation(
+                        user, thread, create=create, title=_THREAD_TITLE
+                    )
+            except state.NotFound:
                 return None
-            self._conversations[key] = found
+            found = self._conversations[key] = resolved.conversation.conversation_id
         return found
 
     def _forget(self, user: str, thread: str) -> None:
         self._conversations.pop((user, thread), None)
 
-    def _deleted(self, thread: str, exc: client.NotFound) -> ThreadDeleted:
-        return ThreadDeleted(exc.code, f"thread {thread!r} was deleted; nothing was written")
+    def _deleted(self, user: str, thread: str, error: state.NotFound) -> ThreadDeleted:
+        self._forget(user, thread)
+        self._deleted_threads[(user, thread)] = error
+        return ThreadDeleted(
+            f"thread {thread!r} was deleted while this run was writing it; nothing was written",
+            code=error.code,
+            reason=error.reason,
+            metadata=error.metadata,
+        )
+
+    def _writer_conversation_known(self, user: str, thread: str) -> None:
+        error = self._deleted_threads.get((user, thread))
+        if error is not None:
+            raise self._deleted(user, thread, error)
 
     # ------------------------------------------------------- encode / decode
 
-    def _put_request(
+    def _new_checkpoint(
         self,
         config: RunnableConfig,
         checkpoint: Checkpoint,
         metadata: CheckpointMetadata,
         new_versions: ChannelVersions,
-    ) -> pb.PutCheckpointRequest:
-        """Serialize before any call: a value LangGraph's serializer refuses raises its
-        own TypeError and nothing is sent."""
-        stored = dict(checkpoint)
+    ) -> tuple[NewCheckpoint, str | None]:
+        """The checkpoint to store and the head it must extend. Serialized before any
+        call: a value LangGraph's serializer refuses raises its own TypeError and nothing
+        is sent."""
+        stored: dict[str, Any] = dict(checkpoint)
         values: dict[str, Any] = stored.pop("channel_values")
         new_values = []
         for channel, version in new_versions.items():
             value_type, value = (
                 self.serde.dumps_typed(values[channel]) if channel in values else (_EMPTY, b"")
             )
-            new_values.append(
-                pb.ChannelValue(
-                    channel=channel, version=str(version), value_type=value_type, value=value
-                )
-            )
+            new_values.append(ChannelValue(channel, str(version), value_type, value))
         checkpoint_type, checkpoint_bytes = self.serde.dumps_typed(stored)
         full_metadata = get_serializable_checkpoint_metadata(config, metadata)
-        parent = get_checkpoint_id(config)
-        request = pb.PutCheckpointRequest(
-            namespace=_namespace(config),
+        parent = get_checkpoint_id(config) or ""
+        new = NewCheckpoint(
             checkpoint_id=checkpoint["id"],
-            parent_checkpoint_id=parent or "",
-            checkpoint_type=checkpoint_type,
             checkpoint=checkpoint_bytes,
+            namespace=_namespace(config),
+            parent_checkpoint_id=parent,
+            checkpoint_type=checkpoint_type,
             metadata_json=json.dumps(full_metadata, ensure_ascii=False).encode(),
             channel_versions={k: str(v) for k, v in checkpoint["channel_versions"].items()},
-            new_channel_values=new_values,
+            new_values=tuple(new_values),
         )
         # The head this checkpoint extends: its parent, or none yet for a thread's first
         # checkpoint (LangGraph's input checkpoint, step -1). What the run loop writes
         # ("input", "loop") is checked; forks and update_state ("fork", "update") branch
         # from the checkpoint a caller chose on purpose (time travel), so they are not.
+        expected_head: str | None = None
         if metadata.get("source") not in _BRANCHING_SOURCES:
             if parent:
-                request.expected_head_checkpoint_id = parent
+                expected_head = parent
             elif metadata.get("step") == -1:
-                request.expected_head_checkpoint_id = ""
-        return request
+                expected_head = ""
+        return new, expected_head
 
-    def _writes_request(
-        self,
-        config: RunnableConfig,
-        writes: Sequence[tuple[str, Any]],
-        task_id: str,
-        task_path: str,
-    ) -> pb.PutCheckpointWritesRequest:
-        checkpoint_id = get_checkpoint_id(config)
-        if not checkpoint_id:
-            raise ValueError('put_writes requires config["configurable"]["checkpoint_id"]')
+    def _writes(
+        self, writes: Sequence[tuple[str, Any]], task_id: str, task_path: str
+    ) -> list[CheckpointWrite]:
         encoded = []
         for idx, (channel, value) in enumerate(writes):
             value_type, data = self.serde.dumps_typed(value)
             encoded.append(
-                pb.CheckpointWrite(
-                    task_id=task_id,
-                    idx=WRITES_IDX_MAP.get(channel, idx),
-                    channel=channel,
-                    value_type=value_type,
-                    value=data,
-                    task_path=task_path,
+                CheckpointWrite(
+                    task_id, WRITES_IDX_MAP.get(channel, idx), channel, value_type, data, task_path
                 )
             )
-        return pb.PutCheckpointWritesRequest(
-            namespace=_namespace(config), checkpoint_id=checkpoint_id, writes=encoded
-        )
+        return encoded
 
-    def _list_request(
-        self,
-        config: RunnableConfig,
-        filter: dict[str, Any] | None,
-        before: RunnableConfig | None,
-        limit: int | None,
-    ) -> pb.ListCheckpointsRequest:
-        request = pb.ListCheckpointsRequest(page_size=min(limit or 100, 100))
-        if "checkpoint_ns" in _configurable(config):
-            request.namespace = _namespace(config)
-        if filter:
-            request.metadata_filter_json = json.dumps(filter).encode()
-        if before is not None and (before_id := get_checkpoint_id(before)):
-            request.before_checkpoint_id = before_id
-        return request
+    @staticmethod
+    def _writes_target(config: RunnableConfig) -> tuple[str, str]:
+        checkpoint_id = get_checkpoint_id(config)
+        if not checkpoint_id:
+            raise ValueError('put_writes requires config["configurable"]["checkpoint_id"]')
+        return _namespace(config), checkpoint_id
 
-    def _tuple(self, thread: str, stored: pb.Checkpoint) -> CheckpointTuple:
+    @staticmethod
+    def _list_arguments(
+        config: RunnableConfig, filter: dict[str, Any] | None, before: RunnableConfig | None
+    ) -> dict[str, Any]:
+        return {
+            "namespace": _namespace(config) if "checkpoint_ns" in _configurable(config) else None,
+            "metadata_filter": filter or None,
+            "before_checkpoint_id": (get_checkpoint_id(before) or "") if before else "",
+        }
+
+    def _tuple(self, thread: str, stored: StoredCheckpoint) -> CheckpointTuple:
         checkpoint = self.serde.loads_typed((stored.checkpoint_type, stored.checkpoint))
         checkpoint["channel_values"] = {
             v.channel: self.serde.loads_typed((v.value_type, v.value))
@@ -330,19 +371,21 @@ class AgentStateSaver(BaseCheckpointSaver[str]):
 
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         user, thread = self._user(config), _thread_id(config)
-        for _ in range(2):
+        self._deleted_threads.pop((user, thread), None)  # a run starts by reading
+        for _ in range(2):  # once more when the thread was deleted and made again
             conversation = await self._aconversation(user, thread, create=False)
             if conversation is None:
                 return None
             try:
-                stored = await self.aclient.get_checkpoint(
-                    user,
-                    conversation,
-                    namespace=_namespace(config),
-                    checkpoint_id=get_checkpoint_id(config) or "",
-                )
-            except client.NotFound:
-                self._forget(user, thread)  # deleted: look the thread up again
+                with _langgraph_errors():
+                    stored = await self.aclient.get_checkpoint(
+                        user,
+                        conversation,
+                        namespace=_namespace(config),
+                        checkpoint_id=get_checkpoint_id(config) or "",
+                    )
+            except state.NotFound:
+                self._forget(user, thread)
                 continue
             return None if stored is None else self._tuple(thread, stored)
         return None
@@ -361,13 +404,23 @@ class AgentStateSaver(BaseCheckpointSaver[str]):
         conversation = await self._aconversation(user, thread, create=False)
         if conversation is None:
             return
-        request = self._list_request(config, filter, before, limit)
-        request.user_id, request.conversation_id = user, conversation
-        try:
-            async for stored in self.aclient.list_checkpoints(request, limit):
+        arguments = self._list_arguments(config, filter, before)
+        page_size, token, left = min(limit or _PAGE, _PAGE), "", limit
+        while left is None or left > 0:
+            try:
+                with _langgraph_errors():
+                    page = await self.aclient.list_checkpoints(
+                        user, conversation, page_size=page_size, page_token=token, **arguments
+                    )
+            except state.NotFound:
+                self._forget(user, thread)
+                return
+            for stored in page.items[:left]:
                 yield self._tuple(thread, stored)
-        except client.NotFound:
-            self._forget(user, thread)
+            left = None if left is None else left - len(page.items)
+            token = page.next_page_token
+            if not token:
+                return
 
     async def aput(
         self,
@@ -376,18 +429,20 @@ class AgentStateSaver(BaseCheckpointSaver[str]):
         metadata: CheckpointMetadata,
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
-        request = self._put_request(config, checkpoint, metadata, new_versions)
+        new, expected_head = self._new_checkpoint(config, checkpoint, metadata, new_versions)
         user, thread = self._user(config), _thread_id(config)
+        self._writer_conversation_known(user, thread)
         conversation = await self._aconversation(user, thread, create=True)
         assert conversation is not None
-        request.user_id, request.conversation_id = user, conversation
         try:
-            await self.aclient.put_checkpoint(request)
-        except client.NotFound as exc:
-            self._forget(user, thread)
-            raise self._deleted(thread, exc) from exc
-        except client.VersionConflict as exc:
-            raise CheckpointConflict(exc.code, str(exc)) from exc
+            with _langgraph_errors():
+                await self.aclient.put_checkpoint(
+                    user, conversation, new, expected_head=expected_head
+                )
+        except state.NotFound as exc:
+            raise self._deleted(user, thread, exc) from exc
+        except state.CheckpointConflict as exc:
+            raise CheckpointConflict.of(exc) from exc
         return self._stored_config(config, checkpoint)
 
     async def aput_writes(
@@ -397,31 +452,39 @@ class AgentStateSaver(BaseCheckpointSaver[str]):
         task_id: str,
         task_path: str = "",
     ) -> None:
-        request = self._writes_request(config, writes, task_id, task_path)
+        namespace, checkpoint_id = self._writes_target(config)
+        encoded = self._writes(writes, task_id, task_path)
         user, thread = self._user(config), _thread_id(config)
+        self._writer_conversation_known(user, thread)
         conversation = await self._aconversation(user, thread, create=True)
         assert conversation is not None
-        request.user_id, request.conversation_id = user, conversation
         try:
-            await self.aclient.put_checkpoint_writes(request)
-        except client.NotFound as exc:
-            self._forget(user, thread)
-            raise self._deleted(thread, exc) from exc
+            with _langgraph_errors():
+                await self.aclient.put_checkpoint_writes(
+                    user,
+                    conversation,
+                    namespace=namespace,
+                    checkpoint_id=checkpoint_id,
+                    writes=encoded,
+                )
+        except state.NotFound as exc:
+            raise self._deleted(user, thread, exc) from exc
 
     async def adelete_thread(self, thread_id: str) -> None:
         user, thread = self.user_id, str(thread_id)
         conversation = await self._aconversation(user, thread, create=False)
         self._forget(user, thread)
         if conversation is not None:
-            with contextlib.suppress(client.NotFound):  # already gone
+            with contextlib.suppress(state.NotFound):  # already gone
                 await self.aclient.delete_conversation(user, conversation)
 
     async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
         runs = [str(r) for r in run_ids]
         for start in range(0, len(runs), _BATCH):
-            await self.aclient.delete_checkpoints_for_runs(
-                self.user_id, runs[start : start + _BATCH]
-            )
+            with _langgraph_errors():
+                await self.aclient.delete_checkpoints_for_runs(
+                    self.user_id, runs[start : start + _BATCH]
+                )
 
     async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         user = self.user_id
@@ -432,33 +495,35 @@ class AgentStateSaver(BaseCheckpointSaver[str]):
         assert target is not None
         try:
             await self.aclient.copy_checkpoints(user, source, target)
-        except client.FailedPrecondition as exc:
-            raise ValueError(f"thread {target_thread_id!r}: {exc}") from exc
+        except state.TargetHasCheckpoints as exc:
+            raise ValueError(f"thread {target_thread_id!r}: {exc.message}") from exc
 
     async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
-        keep_latest = _prune_strategy(strategy)
+        chosen = _prune_strategy(strategy)
         user = self.user_id
         found = [await self._aconversation(user, str(t), create=False) for t in thread_ids]
         ids = [c for c in found if c is not None]
         for start in range(0, len(ids), _BATCH):
-            await self.aclient.prune_checkpoints(user, ids[start : start + _BATCH], keep_latest)
+            await self.aclient.prune_checkpoints(user, ids[start : start + _BATCH], chosen)
 
     # ------------------------------------------------------------------- sync
 
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         user, thread = self._user(config), _thread_id(config)
-        for _ in range(2):
+        self._deleted_threads.pop((user, thread), None)  # a run starts by reading
+        for _ in range(2):  # once more when the thread was deleted and made again
             conversation = self._conversation(user, thread, create=False)
             if conversation is None:
                 return None
             try:
-                stored = self.client.get_checkpoint(
-                    user,
-                    conversation,
-                    namespace=_namespace(config),
-                    checkpoint_id=get_checkpoint_id(config) or "",
-                )
-            except client.NotFound:
+                with _langgraph_errors():
+                    stored = self.sync_client.get_checkpoint(
+                        user,
+                        conversation,
+                        namespace=_namespace(config),
+                        checkpoint_id=get_checkpoint_id(config) or "",
+                    )
+            except state.NotFound:
                 self._forget(user, thread)
                 continue
             return None if stored is None else self._tuple(thread, stored)
@@ -478,13 +543,23 @@ class AgentStateSaver(BaseCheckpointSaver[str]):
         conversation = self._conversation(user, thread, create=False)
         if conversation is None:
             return
-        request = self._list_request(config, filter, before, limit)
-        request.user_id, request.conversation_id = user, conversation
-        try:
-            for stored in self.client.list_checkpoints(request, limit):
+        arguments = self._list_arguments(config, filter, before)
+        page_size, token, left = min(limit or _PAGE, _PAGE), "", limit
+        while left is None or left > 0:
+            try:
+                with _langgraph_errors():
+                    page = self.sync_client.list_checkpoints(
+                        user, conversation, page_size=page_size, page_token=token, **arguments
+                    )
+            except state.NotFound:
+                self._forget(user, thread)
+                return
+            for stored in page.items[:left]:
                 yield self._tuple(thread, stored)
-        except client.NotFound:
-            self._forget(user, thread)
+            left = None if left is None else left - len(page.items)
+            token = page.next_page_token
+            if not token:
+                return
 
     def put(
         self,
@@ -493,18 +568,20 @@ class AgentStateSaver(BaseCheckpointSaver[str]):
         metadata: CheckpointMetadata,
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
-        request = self._put_request(config, checkpoint, metadata, new_versions)
+        new, expected_head = self._new_checkpoint(config, checkpoint, metadata, new_versions)
         user, thread = self._user(config), _thread_id(config)
+        self._writer_conversation_known(user, thread)
         conversation = self._conversation(user, thread, create=True)
         assert conversation is not None
-        request.user_id, request.conversation_id = user, conversation
         try:
-            self.client.put_checkpoint(request)
-        except client.NotFound as exc:
-            self._forget(user, thread)
-            raise self._deleted(thread, exc) from exc
-        except client.VersionConflict as exc:
-            raise CheckpointConflict(exc.code, str(exc)) from exc
+            with _langgraph_errors():
+                self.sync_client.put_checkpoint(
+                    user, conversation, new, expected_head=expected_head
+                )
+        except state.NotFound as exc:
+            raise self._deleted(user, thread, exc) from exc
+        except state.CheckpointConflict as exc:
+            raise CheckpointConflict.of(exc) from exc
         return self._stored_config(config, checkpoint)
 
     def put_writes(
@@ -514,52 +591,62 @@ class AgentStateSaver(BaseCheckpointSaver[str]):
         task_id: str,
         task_path: str = "",
     ) -> None:
-        request = self._writes_request(config, writes, task_id, task_path)
+        namespace, checkpoint_id = self._writes_target(config)
+        encoded = self._writes(writes, task_id, task_path)
         user, thread = self._user(config), _thread_id(config)
+        self._writer_conversation_known(user, thread)
         conversation = self._conversation(user, thread, create=True)
         assert conversation is not None
-        request.user_id, request.conversation_id = user, conversation
         try:
-            self.client.put_checkpoint_writes(request)
-        except client.NotFound as exc:
-            self._forget(user, thread)
-            raise self._deleted(thread, exc) from exc
+            with _langgraph_errors():
+                self.sync_client.put_checkpoint_writes(
+                    user,
+                    conversation,
+                    namespace=namespace,
+                    checkpoint_id=checkpoint_id,
+                    writes=encoded,
+                )
+        except state.NotFound as exc:
+            raise self._deleted(user, thread, exc) from exc
 
     def delete_thread(self, thread_id: str) -> None:
         user, thread = self.user_id, str(thread_id)
         conversation = self._conversation(user, thread, create=False)
         self._forget(user, thread)
         if conversation is not None:
-            with contextlib.suppress(client.NotFound):  # already gone
-                self.client.delete_conversation(user, conversation)
+            with contextlib.suppress(state.NotFound):  # already gone
+                self.sync_client.delete_conversation(user, conversation)
 
     def delete_for_runs(self, run_ids: Sequence[str]) -> None:
         runs = [str(r) for r in run_ids]
         for start in range(0, len(runs), _BATCH):
-            self.client.delete_checkpoints_for_runs(self.user_id, runs[start : start + _BATCH])
+            with _langgraph_errors():
+                self.sync_client.delete_checkpoints_for_runs(
+                    self.user_id, runs[start : start + _BATCH]
+                )
 
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         user = self.user_id
         source = self._conversation(user, str(source_thread_id), create=False)
         if source is None:
-            return
+            return  # nothing to copy
         target = self._conversation(user, str(target_thread_id), create=True)
         assert target is not None
         try:
-            self.client.copy_checkpoints(user, source, target)
-        except client.FailedPrecondition as exc:
-            raise ValueError(f"thread {target_thread_id!r}: {exc}") from exc
+            self.sync_client.copy_checkpoints(user, source, target)
+        except state.TargetHasCheckpoints as exc:
+            raise ValueError(f"thread {target_thread_id!r}: {exc.message}") from exc
 
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
-        keep_latest = _prune_strategy(strategy)
+        chosen = _prune_strategy(strategy)
         user = self.user_id
         found = [self._conversation(user, str(t), create=False) for t in thread_ids]
         ids = [c for c in found if c is not None]
         for start in range(0, len(ids), _BATCH):
-            self.client.prune_checkpoints(user, ids[start : start + _BATCH], keep_latest)
+            self.sync_client.prune_checkpoints(user, ids[start : start + _BATCH], chosen)
 
 
-def _prune_strategy(strategy: str) -> bool:
+def _prune_strategy(strategy: str) -> PruneStrategy:
     if strategy not in _PRUNE_STRATEGIES:
         raise ValueError(f'strategy must be "keep_latest" or "delete", not {strategy!r}')
     return _PRUNE_STRATEGIES[strategy]
