@@ -634,6 +634,18 @@ BEGIN
 END $$;
 """,
     ),
+    Migration(
+        7,
+        "conversation keys chosen by callers (ResolveConversation)",
+        """
+-- NULL: no key. Unique per user; NULLs never conflict, so keyless conversations
+-- are unaffected. The key goes with the row on delete: resolving it afterwards
+-- creates a new conversation with a new id.
+ALTER TABLE t_conversation ADD COLUMN external_key text;
+ALTER TABLE t_conversation ADD CONSTRAINT t_conversation_external_key_key
+    UNIQUE (user_id, external_key);
+""",
+    ),
     # Issue 15 (h15-langgraph): a graph runtime's checkpoints as part of a
     # conversation's agent state. Children of t_conversation with ON DELETE
     # CASCADE, so DeleteConversation, batch delete and retention remove them in
@@ -887,18 +899,6 @@ BEGIN
     PERFORM agentstate_checkpoint_gc(p_user_id, v_found);
     RETURN v_count;
 END $$;
-""",
-    ),
-    Migration(
-        7,
-        "conversation keys chosen by callers (ResolveConversation)",
-        """
--- NULL: no key. Unique per user; NULLs never conflict, so keyless conversations
--- are unaffected. The key goes with the row on delete: resolving it afterwards
--- creates a new conversation with a new id.
-ALTER TABLE t_conversation ADD COLUMN external_key text;
-ALTER TABLE t_conversation ADD CONSTRAINT t_conversation_external_key_key
-    UNIQUE (user_id, external_key);
 """,
     ),
 ]
