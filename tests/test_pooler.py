@@ -199,6 +199,7 @@ SESSION_STATE = re.compile(
 # ... and, as a statement of its own, SET / RESET (not SET LOCAL). Inside function
 # bodies a line starting with SET is an UPDATE's, so this is for the logged statements.
 SESSION_STATEMENT = re.compile(r"\A\s*(SET|RESET)\b(?!\s+LOCAL\b)", re.IGNORECASE)
+NAMED_STATEMENT = re.compile(rb"LOG:  execute (?!<unnamed>)[^:]+: ")
 _LOGGED = re.compile(rb"LOG:  (?:statement|execute [^:]+): (.*?)(?=\n\S|\Z)", re.DOTALL)
 
 
@@ -253,7 +254,7 @@ async def test_what_the_store_runs_holds_no_session_state(postgres: EmbeddedPost
                     task_id=begun.lease.task_id,
                 )
                 await store.delete_conversations(user_id="u", conversation_ids=[cid])
-            await asyncio.sleep(0.3)  # a few watcher probes
+            await asyncio.sleep(0.6)  # watcher probes, more than psycopg's prepare threshold
         finally:
             await store.close()
     statements = [s.decode(errors="replace") for s in _LOGGED.findall(read_from(log, start))]
@@ -261,3 +262,6 @@ async def test_what_the_store_runs_holds_no_session_state(postgres: EmbeddedPost
     assert any(s.strip() == "SELECT 1" for s in statements)  # the watcher's probe
     offenders = [s for s in statements if SESSION_STATE.search(s) or SESSION_STATEMENT.match(s)]
     assert offenders == []
+    # Prepared statements off means off everywhere, the watcher's probe included: every
+    # extended-protocol statement is unnamed.
+    assert NAMED_STATEMENT.findall(read_from(log, start)) == []
