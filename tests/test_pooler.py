@@ -85,7 +85,7 @@ def test_through_pgbouncer_prepared_statements_must_be_off(postgres: EmbeddedPos
                 one_turn(address)
         finally:
             assert service.terminate() == 0, service.output
-        assert 'database route: not direct' in service.output
+        assert "database route: not direct" in service.output
 
         # Without the migration URL the migrations go through the pooler and are refused
         # (that role may not create anything), which shows the URL above was used.

@@ -16,8 +16,9 @@ What a client can learn, and how (docs/scaling.md says the same):
   (PgBouncer < 1.21, or `max_prepared_statements = 0`) fails that with "prepared statement
   does not exist" (or "already exists": another client's statement of the same name on
   the session it got; the check's own statement stays behind on one server session
-  the same way, harmless while statements are not prepared). When no switch of server connection is seen, the check cannot tell
-  and says so; it never reports a break it did not see.
+  the same way, harmless while statements are not prepared). When no switch of server
+  connection is seen, the check cannot tell and says so; it never reports a break it did
+  not see.
 - The server's connection limit: `max_connections` less the slots reserved for
   superusers (and `reserved_connections`, PostgreSQL 16+). Behind a pooler the limit that
   bounds our pool is the pooler's `max_client_conn`, which a client cannot read.
