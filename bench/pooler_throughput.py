@@ -4,10 +4,10 @@ Both set-ups get the same number of PostgreSQL server connections (`--server-con
 
 - direct: `--processes` state-service processes, each with a pool of
   server-conns / processes connections straight to PostgreSQL (prepared statements on,
-  the default);
+  the default), plus each process's idle watcher connection (one SELECT 1 a second);
 - pooled: the same processes, each with a pool of `--sidecar-pool` connections to one
   PgBouncer whose server pool is server-conns (prepared statements off, as Debian's
-  PgBouncer 1.18 requires);
+  PgBouncer 1.18 requires); the watchers go through PgBouncer too;
 - direct, prepared statements off: to tell the cost of the pooler's hop from the cost of
   not preparing.
 
@@ -114,10 +114,16 @@ def start_processes(env: dict[str, str], count: int) -> list[ServiceProcess]:
     return [first, *rest]
 
 
-def server_connections(dsn: str) -> int:
+POOLED_ROLE = "bench_pooled"  # PgBouncer's server connections log in as this role
+
+
+def server_connections(dsn: str, pooled: bool) -> int:
+    """The set-up's server connections: PgBouncer's, or the processes' own (not this one)."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         row = conn.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = %s", (DB,)
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()"
+            " AND (usename = %s) = %s",
+            (DB, POOLED_ROLE, pooled),
         ).fetchone()
         return int(row[0]) if row else 0
 
@@ -140,8 +146,9 @@ def main() -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(f"DROP DATABASE IF EXISTS {DB} WITH (FORCE)")
         conn.execute(f"CREATE DATABASE {DB}")
+        conn.execute(f"CREATE ROLE {POOLED_ROLE} LOGIN SUPERUSER")
     direct = dsn.replace("dbname=postgres", f"dbname={DB}")
-    bouncer = PgBouncer(dsn, DB, pool_size=args.server_conns)
+    bouncer = PgBouncer(dsn, DB, pool_size=args.server_conns, server_user=POOLED_ROLE)
     bouncer.start()
     common = {"STATE_STORE": "postgres", "STATE_LISTEN_ADDRESS": "127.0.0.1:0"}
     setups = {
@@ -176,7 +183,7 @@ def main() -> None:
                 try:
                     addresses = [p.wait_ready() for p in processes]
                     rate, p50 = asyncio.run(turns(addresses, args.callers, args.seconds))
-                    conns = server_connections(dsn)
+                    conns = server_connections(dsn, pooled="PgBouncer" in name)
                 finally:
                     for p in processes:
                         p.terminate()
