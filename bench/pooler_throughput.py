@@ -101,7 +101,7 @@ async def turns(address_list: list[str], callers: int, seconds: float) -> tuple[
     await asyncio.gather(*(caller(i) for i in range(callers)))
     elapsed = time.monotonic() - started
     for channel in channels:
-        await channel.close()
+        await channel.close(None)
     return len(latencies) / elapsed, statistics.median(latencies)
 
 

@@ -70,7 +70,9 @@ def percentile(values: list[float], q: float) -> float:
 
 
 class Load:
-    def __init__(self, stubs: list[pb_grpc.StateServiceStub], rate: float, callers: int) -> None:
+    def __init__(
+        self, stubs: list[pb_grpc.StateServiceAsyncStub], rate: float, callers: int
+    ) -> None:
         self.stubs = stubs
         self.interval = callers / rate  # each caller's pace
         self.callers = callers
@@ -80,7 +82,7 @@ class Load:
         self.conversations: list[str] = []
 
     async def turn(
-        self, stub: pb_grpc.StateServiceStub, rng: random.Random, *, new: bool = False
+        self, stub: pb_grpc.StateServiceAsyncStub, rng: random.Random, *, new: bool = False
     ) -> None:
         cid = "" if new or not self.conversations else rng.choice(self.conversations)
         start = time.perf_counter()
@@ -127,7 +129,7 @@ class Load:
         if not cid:
             self.conversations.append(begun.conversation.conversation_id)
 
-    async def other(self, stub: pb_grpc.StateServiceStub, rng: random.Random) -> None:
+    async def other(self, stub: pb_grpc.StateServiceAsyncStub, rng: random.Random) -> None:
         if not self.conversations:
             return
         roll = rng.random()
@@ -173,7 +175,8 @@ async def soak(
     args: argparse.Namespace, addresses: list[str], pids: list[int], dsn: str
 ) -> list[Sample]:
     channels = [grpc.aio.insecure_channel(a) for a in addresses]
-    load = Load([pb_grpc.StateServiceStub(c) for c in channels], args.rate, args.callers)
+    stubs: list[pb_grpc.StateServiceAsyncStub] = [pb_grpc.StateServiceStub(c) for c in channels]
+    load = Load(stubs, args.rate, args.callers)
     start = time.monotonic()
     stop_at = start + args.minutes * 60
     tasks = [asyncio.create_task(load.caller(i, stop_at)) for i in range(args.callers)]
@@ -208,7 +211,7 @@ async def soak(
     await asyncio.gather(*tasks)
     print(f"errors by status: {load.error_codes}")
     for channel in channels:
-        await channel.close()
+        await channel.close(None)
     return samples
 
 

@@ -96,7 +96,7 @@ class Cluster:
 
     async def close(self) -> None:
         for channel in self.channels:
-            await channel.close()
+            await channel.close(None)
 
 
 async def call(ledger: Ledger, name: str, awaitable: Any) -> Any:
