@@ -32,7 +32,11 @@ def replicas() -> Iterator[tuple[list[ServiceProcess], list[str], int]]:
     processes = [
         ServiceProcess(
             "agentstate.state_service",
-            {"STATE_STORE": "memory", "STATE_LISTEN_ADDRESS": f"{host}:{port}"},
+            {
+                "STATE_STORE": "memory",
+                "STATE_LISTEN_ADDRESS": f"{host}:{port}",
+                "STATE_GRPC_MAX_CONNECTION_AGE_SECONDS": "1",
+            },
             "serve",
         )
         for host in HOSTS
@@ -79,5 +83,33 @@ async def test_the_agents_state_channel_balances_over_a_name(
                 )
             assert await conversations_on(addresses[0], user_id) == counts[0] + 10
         assert (NAME, 1) in dns.queries  # it was the name that was resolved
+    finally:
+        dns.close()
+
+
+async def test_a_replica_added_later_gets_calls(
+    replicas: tuple[list[ServiceProcess], list[str], int], user_id: str
+) -> None:
+    """The autoscaler adds a replica: the name's answer grows, and as the servers recycle
+    connections (STATE_GRPC_MAX_CONNECTION_AGE_SECONDS) the channel re-resolves it."""
+    _, addresses, port = replicas
+    dns = DnsStub(NAME, HOSTS[:1])
+    try:
+        channel = state_channel(f"dns://127.0.0.1:{dns.port}/{NAME}:{port}", 1 << 20)
+        async with channel:
+            stub = pb_grpc.StateServiceStub(channel)
+            for _ in range(5):
+                await stub.CreateConversation(
+                    pb.CreateConversationRequest(user_id=user_id), timeout=10
+                )
+            assert await conversations_on(addresses[1], user_id) == 0
+            dns.addresses = HOSTS  # the second replica is ready
+            deadline = asyncio.get_running_loop().time() + 20
+            while await conversations_on(addresses[1], user_id) == 0:
+                assert asyncio.get_running_loop().time() < deadline, "never re-resolved"
+                await stub.CreateConversation(
+                    pb.CreateConversationRequest(user_id=user_id), timeout=10
+                )
+                await asyncio.sleep(0.2)
     finally:
         dns.close()

@@ -184,6 +184,8 @@ def test_central_state_pods_listen_for_agents_only(central: list[Obj]) -> None:
     env = container_env(state, central, secret_values(central))
     settings = StateServiceSettings.from_env(env)
     assert settings.listen_address == "0.0.0.0:50051" and settings.store == "postgres"
+    # Agents re-resolve the name (and find replicas the HPA added) as connections recycle.
+    assert 0 < settings.grpc_max_connection_age_seconds <= 600
     [port] = state["ports"]
     assert port["containerPort"] == 50051
     assert state["readinessProbe"]["grpc"] == {

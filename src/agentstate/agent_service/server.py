@@ -78,6 +78,10 @@ def state_channel(address: str, max_message_bytes: int) -> grpc.aio.Channel:
             ("grpc.initial_reconnect_backoff_ms", 100),
             ("grpc.min_reconnect_backoff_ms", 100),
             ("grpc.max_reconnect_backoff_ms", 2000),
+            # A dns:/// name is resolved again when a connection ends (a replica gone, or
+            # recycled by STATE_GRPC_MAX_CONNECTION_AGE_SECONDS): at most every 2 s, not
+            # gRPC's default 30 s, so new replicas are found soon after.
+            ("grpc.dns_min_time_between_resolutions_ms", 2000),
             # Reads are retried on UNAVAILABLE; round_robin (agentstate/service_config.json).
             *service_config.channel_options(),
         ],

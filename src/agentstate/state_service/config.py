@@ -98,6 +98,13 @@ class StateServiceSettings(EnvSettings):
         ge=1024,
         description="gRPC receive/send limit; keep above the payload limit",
     )
+    grpc_max_connection_age_seconds: float = Field(
+        default=0.0,
+        validation_alias="STATE_GRPC_MAX_CONNECTION_AGE_SECONDS",
+        ge=0,
+        description="close each client connection after this long so callers re-resolve "
+        "a name with several replicas and find new ones; 0 never (the sidecar)",
+    )
     shutdown_grace_seconds: float = Field(
         default=10.0,
         validation_alias="STATE_SHUTDOWN_GRACE_SECONDS",

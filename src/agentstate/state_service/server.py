@@ -52,6 +52,7 @@ class StateServiceApp:
         self.store = await self._open_store()
         server = create_server(
             max_message_bytes=self.settings.grpc_max_message_bytes,
+            max_connection_age_seconds=self.settings.grpc_max_connection_age_seconds,
             interceptors=telemetry.grpc_server_interceptors(),
         )
         pb_grpc.add_StateServiceServicer_to_server(
