@@ -63,6 +63,31 @@ def build_tools(profile: Profile, extra: Sequence[Tool] = ()) -> ToolRegistry:
     return ToolRegistry([load_skill_tool(skills), *tools] if skills else tools)
 
 
+def state_channel(address: str, max_message_bytes: int) -> grpc.aio.Channel:
+    """The agent's channel to the state service: the sidecar (127.0.0.1:port, unix:///...)
+    or central replicas behind a name (dns:///state.NAMESPACE.svc:port), over which the
+    service config's round_robin spreads the calls."""
+    return grpc.aio.insecure_channel(
+        address,
+        interceptors=telemetry.grpc_client_interceptors(),
+        options=[
+            ("grpc.max_receive_message_length", max_message_bytes),
+            ("grpc.max_send_message_length", max_message_bytes),
+            # The sidecar restarting is routine: reconnect quickly, not after gRPC's
+            # default backoff of up to two minutes.
+            ("grpc.initial_reconnect_backoff_ms", 100),
+            ("grpc.min_reconnect_backoff_ms", 100),
+            ("grpc.max_reconnect_backoff_ms", 2000),
+            # A dns:/// name is resolved again when a connection ends (a replica gone, or
+            # recycled by STATE_GRPC_MAX_CONNECTION_AGE_SECONDS): at most every 2 s, not
+            # gRPC's default 30 s, so new replicas are found soon after.
+            ("grpc.dns_min_time_between_resolutions_ms", 2000),
+            # Reads are retried on UNAVAILABLE; round_robin (agentstate/service_config.json).
+            *service_config.channel_options(),
+        ],
+    )
+
+
 class AgentServiceApp:
     def __init__(
         self,
@@ -89,21 +114,7 @@ class AgentServiceApp:
         profile = self.profile
         tools = build_tools(profile, self._extra_tools)  # a bad profile fails before any I/O
         limit = settings.grpc_max_message_bytes
-        self._channel = grpc.aio.insecure_channel(
-            settings.state_address,
-            interceptors=telemetry.grpc_client_interceptors(),
-            options=[
-                ("grpc.max_receive_message_length", limit),
-                ("grpc.max_send_message_length", limit),
-                # The sidecar restarting is routine: reconnect quickly, not after gRPC's
-                # default backoff of up to two minutes.
-                ("grpc.initial_reconnect_backoff_ms", 100),
-                ("grpc.min_reconnect_backoff_ms", 100),
-                ("grpc.max_reconnect_backoff_ms", 2000),
-                # Reads are retried on UNAVAILABLE (agentstate/service_config.json).
-                *service_config.channel_options(),
-            ],
-        )
+        self._channel = state_channel(settings.state_address, limit)
         state = StateClient.on_channel(
             self._channel, timeout_seconds=settings.state_timeout_seconds
         )

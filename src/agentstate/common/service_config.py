@@ -9,6 +9,11 @@ exponential backoff from 0.1 s capped at 1 s, all within the call's deadline. Wr
 never retried by the channel: a write that reached the server before the connection broke
 must not be applied twice, and the agent's writes are compare-and-set or leased, so the
 caller decides.
+
+It also picks round_robin: a target that resolves to several addresses (a `dns:///` name
+of a headless Service in front of central state-service replicas, k8s/overlays/central)
+gets a connection to each and spreads the calls over them; a single address (the sidecar)
+behaves as before.
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import psycopg
+import psycopg.errors
 from psycopg.rows import tuple_row
 
 
@@ -904,11 +905,33 @@ END $$;
 ]
 
 
-async def apply_migrations(conn: psycopg.AsyncConnection[Any]) -> list[int]:
-    """Apply missing migrations in order; return the versions applied now."""
+class MigrationLockTimeout(RuntimeError):
+    """The migration lock (or a table a migration alters) was not free in time."""
+
+
+async def apply_migrations(
+    conn: psycopg.AsyncConnection[Any], *, lock_timeout: float | None = None
+) -> list[int]:
+    """Apply missing migrations in order; return the versions applied now.
+
+    `lock_timeout` (seconds) bounds every lock wait: the migration lock another migrator
+    holds, and the table locks the migrations take (an ALTER TABLE queued behind a long
+    transaction would otherwise block every query on that table while it waits). Past it,
+    MigrationLockTimeout and nothing is applied. The lock and the setting are
+    transaction-scoped, so this works through a transaction pooler too."""
     applied_now: list[int] = []
     async with conn.transaction():
-        await conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK_ID,))
+        if lock_timeout is not None:
+            await conn.execute(
+                "SELECT set_config('lock_timeout', %s, true)", (f"{int(lock_timeout * 1000)}ms",)
+            )
+        try:
+            await conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK_ID,))
+        except psycopg.errors.LockNotAvailable:
+            raise MigrationLockTimeout(
+                f"the migration lock was not free within {lock_timeout:g}s: another "
+                "process is migrating this database (or died holding a transaction open)"
+            ) from None
         await conn.execute(CREATE_MIGRATIONS_TABLE)
         cur = conn.cursor(row_factory=tuple_row)
         await cur.execute("SELECT version FROM agentstate_schema_migrations")
@@ -916,7 +939,13 @@ async def apply_migrations(conn: psycopg.AsyncConnection[Any]) -> list[int]:
         for migration in sorted(MIGRATIONS, key=lambda m: m.version):
             if migration.version in done:
                 continue
-            await conn.execute(migration.sql.encode())
+            try:
+                await conn.execute(migration.sql.encode())
+            except psycopg.errors.LockNotAvailable as exc:
+                raise MigrationLockTimeout(
+                    f"migration {migration.version} could not lock a table within "
+                    f"{lock_timeout:g}s ({exc.diag.message_primary}); nothing was applied"
+                ) from None
             await conn.execute(
                 "INSERT INTO agentstate_schema_migrations (version, name) VALUES (%s, %s)",
                 (migration.version, migration.name),

@@ -51,9 +51,10 @@ from agentstate.state_service.domain import (
     UpsertResult,
     VersionConflict,
 )
-from agentstate.state_service.storage import sql
+from agentstate.state_service.storage import pg_checks, sql
 from agentstate.state_service.storage.base import StateStore
 from agentstate.state_service.storage.migrations import apply_migrations
+from agentstate.state_service.storage.pg_checks import Route
 
 log = logging.getLogger(__name__)
 
@@ -325,6 +326,18 @@ def _refusal(detail: dict[str, Any], batch: str | None) -> d.StateServiceError:
     return StoreError(f"unexpected refusal from the database: {detail}")
 
 
+# psycopg's default: a statement is prepared on its 5th use on a connection.
+_PREPARE_THRESHOLD = 5
+
+
+class MisconfiguredStore(StoreError):
+    """A start-up check failed; `parameter` names the store parameter at fault."""
+
+    def __init__(self, parameter: str, message: str) -> None:
+        super().__init__(message)
+        self.parameter = parameter
+
+
 class PostgresStore(StateStore):
     def __init__(
         self,
@@ -335,8 +348,23 @@ class PostgresStore(StateStore):
         timeout: float = 5.0,
         connect_timeout: float = 30.0,
         migrate: bool = True,
+        prepared_statements: bool = True,
+        migration_conninfo: str = "",
+        migration_lock_timeout: float | None = 60.0,
+        check_route: bool = True,
     ) -> None:
+        """`prepared_statements` off: psycopg never prepares (prepare_threshold None), as
+        a transaction pooler without prepared statement support needs. Migrations run on
+        `migration_conninfo` when given (straight to PostgreSQL, past a pooler), else on a
+        pooled connection. `check_route`: the start-up checks of `open()`."""
         self._migrate = migrate
+        self._conninfo = conninfo
+        self._max_size = max_size
+        self._prepared_statements = prepared_statements
+        self._migration_conninfo = migration_conninfo
+        self._migration_lock_timeout = migration_lock_timeout
+        self._check_route = check_route
+        self.route: Route | None = None  # what the start-up check found
         self._pool = GuardedPool(
             AsyncConnectionPool(
                 conninfo,
@@ -345,7 +373,12 @@ class PostgresStore(StateStore):
                 timeout=timeout,
                 open=False,
                 configure=_configure_connection,
-                kwargs={"row_factory": dict_row},
+                # Every session setting the store relies on is client-side (adapters,
+                # autocommit): nothing to reset when a pooler swaps server sessions.
+                kwargs={
+                    "row_factory": dict_row,
+                    "prepare_threshold": _PREPARE_THRESHOLD if prepared_statements else None,
+                },
                 name="agentstate-state",
             ),
             what="database",
@@ -363,12 +396,57 @@ class PostgresStore(StateStore):
         return self._pool
 
     async def open(self) -> None:
+        """Connect, check the route (MisconfiguredStore), migrate (MigrationLockTimeout)."""
         await self._pool.open()
-        if self._migrate:
+        if self._check_route:
+            await self._check_startup()
+        if not self._migrate:
+            return
+        if self._migration_conninfo:
+            async with await psycopg.AsyncConnection.connect(
+                self._migration_conninfo, autocommit=True, prepare_threshold=None
+            ) as conn:
+                applied = await apply_migrations(conn, lock_timeout=self._migration_lock_timeout)
+        else:
             async with self._pool.connection() as conn:
-                applied = await apply_migrations(conn)
-            if applied:
-                log.info("applied schema migrations %s", applied)
+                applied = await apply_migrations(conn, lock_timeout=self._migration_lock_timeout)
+        if applied:
+            log.info("applied schema migrations %s", applied)
+
+    async def _check_startup(self) -> None:
+        """Refuse a configuration the route cannot carry, before the first request."""
+        async with self._pool.connection() as conn:
+            self.route = route = await pg_checks.route_of(conn)
+            capacity = await pg_checks.server_capacity(conn)
+        log.info(
+            "database route: %s (%s)", "direct" if route.direct else "not direct", route.detail
+        )
+        # The pool plus the watcher's probe connection.
+        needed = self._max_size + 1
+        if route.direct and needed > capacity.available:
+            raise MisconfiguredStore(
+                "pool_max_size",
+                f"a pool of {self._max_size} (+1 for the health probe) is more than the server "
+                f"allows: max_connections {capacity.max_connections} - "
+                f"{capacity.reserved} reserved = {capacity.available}; lower it, or put a "
+                "pooler (PgBouncer) in front (docs/scaling.md)",
+            )
+        if not route.direct:
+            log.info(
+                "not a direct connection: the server's %d connections do not bound this "
+                "pool of %d; the pooler's client limit does (docs/scaling.md)",
+                capacity.available,
+                self._max_size,
+            )
+        if self._prepared_statements:
+            check = await pg_checks.prepared_statements_break(self._conninfo)
+            log.info("prepared statement check: %s", check.detail)
+            if check.breaks:
+                raise MisconfiguredStore(
+                    "prepared_statements",
+                    f"prepared statements are on, but the route drops them: {check.detail}; "
+                    "turn them off",
+                )
 
     async def close(self) -> None:
         await self._pool.close()
