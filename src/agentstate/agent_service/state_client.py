@@ -39,6 +39,7 @@ from agentstate.agent_service.records import (
     RecordWrite,
     TurnRequest,
 )
+from agentstate.common import error_details
 from agentstate.common.grpc_metadata import trailer
 from agentstate.common.state_metrics import (
     LOAD_DURATION,
@@ -77,9 +78,16 @@ def _translated(call: Callable[P, Coroutine[Any, Any, R]]) -> Callable[P, Corout
             awaiting = trailer(exc, "agentstate-awaiting-message")
             if kind is errors.Conflict and awaiting:
                 raise errors.CardPending(detail, awaiting) from exc
+            if kind is errors.Conflict and _reason(exc) == "CARD_ALREADY_HANDLED":
+                raise errors.CardAlreadyHandled(detail) from exc
             raise kind(detail) from exc
 
     return wrapper
+
+
+def _reason(exc: grpc.aio.AioRpcError) -> str:
+    info = error_details.error_info(exc)
+    return info.reason if info is not None else ""
 
 
 _ROLES = {
@@ -414,6 +422,18 @@ class StateClient:
             ),
             timeout=self._timeout,
         )
+
+    @_translated
+    async def get_message(
+        self, user_id: str, conversation_id: str, message_id: str
+    ) -> MessageRecord:
+        response = await self._stub.GetMessage(
+            pb.GetMessageRequest(
+                user_id=user_id, conversation_id=conversation_id, message_id=message_id
+            ),
+            timeout=self._timeout,
+        )
+        return record_of(response.message)
 
     @_translated
     async def list_messages(

@@ -109,10 +109,10 @@ def agent_error_detail(error: agent_errors.AgentError, code: grpc.StatusCode) ->
         passed_through = error_info(cause)
         if passed_through is not None:
             return ErrorDetail(passed_through.reason, dict(passed_through.metadata))
-    metadata: dict[str, str] = {}
+    metadata: dict[str, str] = dict(error.metadata)
     if isinstance(error, agent_errors.CardPending):
-        metadata = {AWAITING_MESSAGE_ID: error.message_id}
-    return ErrorDetail(_nearest(_AGENT_REASONS, error), metadata)
+        metadata[AWAITING_MESSAGE_ID] = error.message_id
+    return ErrorDetail(error.reason or _nearest(_AGENT_REASONS, error), metadata)
 
 
 def rich_status(code: grpc.StatusCode, message: str, detail: ErrorDetail) -> status_pb2.Status:

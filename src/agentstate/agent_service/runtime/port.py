@@ -16,6 +16,7 @@ from agentstate.agent_service.records import (
     EndedTurn,
     LeaseInfo,
     LoadedState,
+    MessageRecord,
     RecordUpdate,
     RecordWrite,
     TurnRequest,
@@ -51,6 +52,10 @@ class StatePort(Protocol):
     async def update_message(
         self, user_id: str, conversation_id: str, update: RecordUpdate
     ) -> None: ...
+
+    async def get_message(
+        self, user_id: str, conversation_id: str, message_id: str
+    ) -> MessageRecord: ...
 
     async def renew_lease(self, user_id: str, task_id: str, ttl_ms: int) -> LeaseInfo:
         """errors.Conflict when the lease was lost."""
