@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from decimal import Decimal
 from typing import Any
 
@@ -162,6 +163,17 @@ async def test_expired_card(database_url: str, orders_database_url: str, user_id
         assert isinstance(last, ToolResultBlock) and last.state.value == "interrupted"
         records = await stack.reader.records(user_id, conversation_id)
         assert records[1].status == spb.MESSAGE_STATUS_NORMAL
+        # The card's record says what became of each call (issue 14).
+        outcomes = [
+            (b["name"], b.get("outcome"))
+            for b in json.loads(records[1].blocks_json)
+            if b["type"] == "tool_use"
+        ]
+        assert outcomes == [
+            ("load_skill", "finished"),
+            ("query_order", "finished"),
+            ("cancel_order", "expired"),
+        ]
         # Nothing ran, and the conversation is free again.
         assert await stack.orders.refunds(user_id, "88235") == []
         again = await client.chat(user_id, "我的订单88235现在什么状态？", conversation_id)

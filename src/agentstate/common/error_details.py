@@ -34,6 +34,7 @@ CURRENT_VERSION = "current_version"  # ABORTED: the stored version ("0": no stat
 EXPECTED_VERSION = "expected_version"  # ABORTED: the version the caller expected
 MISSING = "missing"  # NOT_FOUND: "conversation", "state", "message" or "task"
 AWAITING_MESSAGE_ID = "awaiting_message_id"  # CARD_PENDING: the open card's record id
+HOLDER = "holder"  # LEASE_HELD: the replica running the turn (for operators)
 
 # State service: reason by error class, the nearest class in the table winning (as the
 # servicer picks the status code). A plain FailedPrecondition depends on the RPC (below).
@@ -100,6 +101,8 @@ def state_error_detail(error: d.StateServiceError, rpc: str) -> ErrorDetail:
         metadata = {MISSING: error.missing}
     elif isinstance(error, d.CardPending):
         metadata = {AWAITING_MESSAGE_ID: str(error.message_id)}
+    elif isinstance(error, d.LeaseHeld) and error.holder:
+        metadata = {HOLDER: error.holder}
     return ErrorDetail(reason, metadata)
 
 

@@ -35,7 +35,6 @@ from agentstate.state_service.domain import (
     TurnStart,
     UpsertResult,
     VersionConflict,
-    lease_conflict_message,
 )
 from agentstate.state_service.storage.base import StateStore
 
@@ -416,7 +415,7 @@ class MemoryStore(StateStore):
                 raise d.user_lease_limit(running, max_user_leases)
         held = self._leases.get(conversation_id)
         if held is not None and held.expire_time > now:
-            raise d.LeaseHeld(lease_conflict_message(held))
+            raise d.lease_held(held)
         return held
 
     def _new_lease(self, user_id: str, conversation_id: int, holder: str, ttl_ms: int) -> Lease:
