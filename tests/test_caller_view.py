@@ -5,6 +5,7 @@ message records."""
 from __future__ import annotations
 
 import json
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -143,7 +144,7 @@ async def test_one_paging_rule_for_every_list(stack: Stack, user_id: str) -> Non
     turn = await client.chat(user_id, "我的订单88235现在什么状态？")
     conversation_id = turn.meta.conversation_id
     md = metadata(user_id)
-    calls = {
+    calls: dict[str, Callable[[int], Awaitable[Any]]] = {
         "ListConversations": lambda n: client.stub.ListConversations(
             pb.ListConversationsRequest(page_size=n), metadata=md
         ),
