@@ -252,3 +252,23 @@ async def test_shutdown_cancels_a_hung_model_call(
     assert server.hung_up and server.hung_up[0] - started < 0.2 + 1.0
     state, _ = await stack.reader.state(user_id, meta.conversation_id)
     assert state.shutdown_interrupted
+
+
+async def test_the_same_question_after_a_stopped_turn_is_read_once(
+    stack: Stack, server: FakeChatServer, agent: AgentClient, user_id: str
+) -> None:
+    server.script(Reply(hang_after=0))
+    call = agent.stub.Chat(pb.ChatRequest(question=QUESTION), metadata=metadata(user_id))
+    meta = (await call.read()).event.meta
+    await asyncio.wait_for(server.hanging.wait(), 10)
+    await agent.stub.Stop(pb.StopRequest(task_id=meta.task_id), metadata=metadata(user_id))
+    assert (await collect(call)).kinds()[-2:] == ["cancel", "done"]
+    state, _ = await stack.reader.state(user_id, meta.conversation_id)
+    assert state.context[-1].text == QUESTION  # kept: the user may go on from it
+
+    server.script(text_stream("订单88235已支付待发货。"))
+    again = await agent.chat(user_id, QUESTION, meta.conversation_id)
+    assert again.code == grpc.StatusCode.OK, again.details
+    assert _user_texts(server.received[-1].body) == [("user", QUESTION)]
+    state, _ = await stack.reader.state(user_id, meta.conversation_id)
+    assert [m.text for m in state.context] == [QUESTION, "订单88235已支付待发货。"]
