@@ -84,6 +84,10 @@ async def test_state_service_down_then_back(stack: Stack, user_id: str) -> None:
     turn = await client.chat(user_id, "那88240呢？", conversation_id)
     assert turn.code == grpc.StatusCode.UNAVAILABLE, turn.details
     assert "state service unavailable" in turn.details
+    # The state service's address is for operators: ErrorInfo, not the message.
+    port = stack.state_address.rsplit(":", 1)[1]
+    assert port not in turn.details
+    assert port in turn.error_info.metadata["detail"]
     assert turn.events == []
     await stack.start_state()
     after, version_after = await stack.reader.state(user_id, conversation_id)

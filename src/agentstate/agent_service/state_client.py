@@ -74,7 +74,14 @@ def _translated(call: Callable[P, Coroutine[Any, Any, R]]) -> Callable[P, Corout
             kind = _ERRORS.get(exc.code(), errors.InternalError)
             detail = exc.details() or exc.code().name
             if kind is errors.Unavailable:
-                detail = f"state service unavailable: {detail}"
+                # gRPC's words name addresses ("ipv4:10.1.2.3:50051: connect failed"),
+                # the database's name its host: for operators (ErrorInfo, logs), not
+                # for the message.
+                raise errors.Unavailable(
+                    "state service unavailable; retry",
+                    reason="STATE_UNAVAILABLE",
+                    metadata={"detail": detail},
+                ) from exc
             awaiting = trailer(exc, "agentstate-awaiting-message")
             if kind is errors.Conflict and awaiting:
                 raise errors.CardPending(detail, awaiting) from exc

@@ -111,7 +111,7 @@ def agent_error_detail(error: agent_errors.AgentError, code: grpc.StatusCode) ->
     if isinstance(cause, grpc.aio.AioRpcError) and cause.code() == code:
         passed_through = error_info(cause)
         if passed_through is not None:
-            return ErrorDetail(passed_through.reason, dict(passed_through.metadata))
+            return ErrorDetail(passed_through.reason, {**passed_through.metadata, **error.metadata})
     metadata: dict[str, str] = dict(error.metadata)
     if isinstance(error, agent_errors.CardPending):
         metadata[AWAITING_MESSAGE_ID] = error.message_id
