@@ -79,7 +79,6 @@ def _translated(call: Callable[P, Coroutine[Any, Any, R]]) -> Callable[P, Corout
                 # for the message.
                 raise errors.Unavailable(
                     "state service unavailable; retry",
-                    reason="STATE_UNAVAILABLE",
                     metadata={"detail": detail},
                 ) from exc
             awaiting = trailer(exc, "agentstate-awaiting-message")
