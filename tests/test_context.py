@@ -213,6 +213,9 @@ async def test_size_guard_refuses_and_keeps_previous_state(
         assert version_after == version and after.to_json() == before.to_json()
         records = await stack.reader.records(user_id, conversation_id)
         assert records[-1].status == spb.MESSAGE_STATUS_ERROR
+        # The page shows why (the same sentence the ERROR event carried).
+        shown = json.loads(records[-1].metadata_json)["error"]
+        assert shown == turn.of("message")[-1].delta and "新的会话" in shown
     finally:
         await stack.close()
 

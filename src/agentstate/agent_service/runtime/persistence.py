@@ -80,10 +80,10 @@ class TurnSaver:
         try:
             # Never send the state service more than it accepts.
             payload, fitted = await self._context.fit_for_save(state)
-        except errors.LimitReached as exc:
-            await self.mark_failed(control, record, texts.SAVE_FAILED_RECORD)
-            if emit is not None:
-                await emit(Delta(DeltaKind.ERROR, str(exc)))
+        except errors.LimitReached:
+            await self.mark_failed(control, record, texts.STATE_TOO_LARGE_RECORD)
+            if emit is not None:  # the user reads what the record shows; the caller the status
+                await emit(Delta(DeltaKind.ERROR, texts.STATE_TOO_LARGE_RECORD))
             raise
         record.compactions += fitted
         save = asyncio.ensure_future(
@@ -102,10 +102,10 @@ class TurnSaver:
             ended = await asyncio.shield(save)
         except asyncio.CancelledError:
             ended = await save  # interrupted: the save goes on regardless
-        except errors.AgentError as exc:
+        except errors.AgentError:
             await self.mark_failed(control, record, texts.SAVE_FAILED_RECORD)
             if emit is not None:
-                await emit(Delta(DeltaKind.ERROR, texts.SAVE_FAILED.format(error=exc)))
+                await emit(Delta(DeltaKind.ERROR, texts.SAVE_FAILED_RECORD))
             raise
         control.released = ended.lease_released
 

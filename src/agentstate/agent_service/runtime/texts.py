@@ -18,10 +18,10 @@ HINT_DEAD_TURN_REPAIRED = "上一轮没有正常结束（服务异常退出）�
 HINT_EXPIRED_CARD_SETTLED = "上一张确认卡片已过期，其中的操作没有执行。"
 HINT_COMPACTED = "早前的对话已压缩成摘要，完整记录仍可在历史里查看。"
 
-SAVE_FAILED = "保存会话状态失败：{error}"
 # What an ERROR record shows (its metadata "error"), and the turn's ERROR event.
 CARD_HANDLED_RECORD = "这张确认卡片已经处理过了。"
 SAVE_FAILED_RECORD = "这一轮的结果没有保存成功，请重试。"
+STATE_TOO_LARGE_RECORD = "这个会话的内容太多，这一轮的结果没有保存，请开始一个新的会话。"
 MODEL_FAILED_TIMEOUT = "模型响应超时，这一轮没有完成，请稍后重试。"
 MODEL_FAILED_UNREACHABLE = "暂时连不上模型服务，这一轮没有完成，请稍后重试。"
 MODEL_FAILED_BUSY = "模型服务繁忙或额度已用完，这一轮没有完成，请稍后重试。"
