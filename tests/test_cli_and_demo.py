@@ -14,7 +14,7 @@ from agentstate.dev.processes import ServiceProcess
 from tests.source_example import QUESTION
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")  # one pair of service processes for the module's CLI tests
 def agent_address(database_url: str, orders_database_url: str) -> Iterator[str]:
     state = ServiceProcess(
         "agentstate.state_service",
