@@ -265,7 +265,12 @@ def variables_documented() -> dict[str, set[str]]:
     """The variables of README's configuration tables: per service, and per profile."""
     text = (REPO / "README.md").read_text()
     section = text.split("\n## Configuration", 1)[1].split("\n## ", 1)[0]
-    documented: dict[str, set[str]] = {"state": set(), "agent": set(), "order_demo": set()}
+    documented: dict[str, set[str]] = {
+        "state": set(),
+        "agent": set(),
+        "order_demo": set(),
+        "cli": set(),
+    }
     current: list[str] = []
     for line in section.splitlines():
         if line.startswith("State service"):
@@ -278,6 +283,8 @@ def variables_documented() -> dict[str, set[str]]:
             current = ["order_demo"]
         elif line.startswith("Python client"):
             current = []  # read by agentstate.client callers, not by a container
+        elif line.startswith("Command-line client"):
+            current = ["cli"]  # the CLI runs outside the pods
         elif current and line.startswith("| `"):
             for service in current:
                 documented[service].update(re.findall(r"`([A-Z][A-Z0-9_]*)`", line.split("|")[1]))

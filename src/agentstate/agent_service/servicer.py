@@ -370,6 +370,9 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
     async def DeleteConversation(
         self, request: pb.DeleteConversationRequest, context: Context
     ) -> pb.DeleteConversationResponse:
+        if not request.conversation_id:
+            # Said for this RPC, not as the batch's conversation_ids[0] it becomes.
+            raise errors.InvalidInput("conversation_id is required")
         deleted = await self._state.delete_conversations(
             user_id_of(context), [request.conversation_id]
         )
@@ -388,9 +391,11 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
     async def GetRagHistory(
         self, request: pb.GetRagHistoryRequest, context: Context
     ) -> pb.GetRagHistoryResponse:
-        turns = request.turns or DEFAULT_TURNS
-        if not 1 <= turns <= MAX_TURNS:
-            raise errors.InvalidInput(f"turns must be between 1 and {MAX_TURNS}")
+        # The paging rule of every list RPC (README): 0 is the default, a number
+        # above the maximum is the maximum, a negative one is refused.
+        if request.turns < 0:
+            raise errors.InvalidInput("turns must not be negative")
+        turns = min(request.turns or DEFAULT_TURNS, MAX_TURNS)
         user_id = user_id_of(context)
         # Read the tail, newest first, until it holds more user messages than turns.
         records: list[MessageRecord] = []

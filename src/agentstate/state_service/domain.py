@@ -89,7 +89,12 @@ class StoreUnavailable(StateServiceError):
 
 
 class LeaseHeld(FailedPrecondition):
-    """Another turn holds the conversation's unexpired run lease."""
+    """Another turn holds the conversation's unexpired run lease. Which replica holds
+    it is for operators (ErrorInfo metadata `holder`), not for the message."""
+
+    def __init__(self, message: str, holder: str = "") -> None:
+        super().__init__(message)
+        self.holder = holder
 
 
 class LeaseLost(FailedPrecondition):
@@ -503,8 +508,12 @@ def validate_holder(holder: str) -> str:
 def lease_conflict_message(lease: Lease) -> str:
     return (
         f"conversation {lease.conversation_id} has a running turn "
-        f"(task {lease.task_id}, held by {lease.holder} until {lease.expire_time.isoformat()})"
+        f"(task {lease.task_id}, until {lease.expire_time.isoformat()}); retry when it ends"
     )
+
+
+def lease_held(lease: Lease) -> LeaseHeld:
+    return LeaseHeld(lease_conflict_message(lease), lease.holder)
 
 
 # ------------------------------------------------------------- JSONB's rules

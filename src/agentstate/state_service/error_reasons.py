@@ -13,6 +13,7 @@ from agentstate.common.error_details import (
     CURRENT_VERSION,
     EXPECTED_CHECKPOINT_ID,
     EXPECTED_VERSION,
+    HOLDER,
     MISSING,
     ErrorDetail,
     nearest_reason,
@@ -61,4 +62,6 @@ def state_error_detail(error: d.StateServiceError, rpc: str) -> ErrorDetail:
         metadata = {MISSING: error.missing}
     elif isinstance(error, d.CardPending):
         metadata = {AWAITING_MESSAGE_ID: str(error.message_id)}
+    elif isinstance(error, d.LeaseHeld) and error.holder:
+        metadata = {HOLDER: error.holder}
     return ErrorDetail(reason, metadata)

@@ -199,6 +199,8 @@ class MessageRecord(_message.Message):
     blocks_json: _builtins.bytes
     """The blocks as a UTF-8 JSON array, for example
     [{"type":"text","text":"..."},{"type":"tool_use","id":"call_1",...}].
+    The agent service writes each settled `tool_use` block's "outcome" and
+    "outcome_text" (see agentstate.agent.v1.MessageRecord).
     """
     status: Global___MessageStatus.ValueType
     """Its status."""
@@ -674,7 +676,9 @@ class ListConversationsRequest(_message.Message):
     user_id: _builtins.str
     """The owner. Required."""
     page_size: _builtins.int
-    """1..500; 0 means 50."""
+    """0 means 50; above 500 means 500 (capped, never refused); negative is
+    INVALID_ARGUMENT.
+    """
     page_token: _builtins.str
     """Empty for the first page, else a previous response's next_page_token."""
     def __init__(
@@ -1016,7 +1020,9 @@ class ListMessagesRequest(_message.Message):
     conversation_id: _builtins.str
     """The conversation. Required."""
     page_size: _builtins.int
-    """1..1000; 0 means 100."""
+    """0 means 100; above 1000 means 1000 (capped, never refused); negative is
+    INVALID_ARGUMENT.
+    """
     page_token: _builtins.str
     """Empty for the first page, else a previous response's next_page_token
     (from a call with the same `newest_first`).

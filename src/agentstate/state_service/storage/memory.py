@@ -37,7 +37,6 @@ from agentstate.state_service.domain import (
     TurnStart,
     UpsertResult,
     VersionConflict,
-    lease_conflict_message,
 )
 from agentstate.state_service.storage.base import StateStore
 
@@ -460,7 +459,7 @@ class MemoryStore(StateStore):
                 raise d.user_lease_limit(running, max_user_leases)
         held = self._leases.get(conversation_id)
         if held is not None and held.expire_time > now:
-            raise d.LeaseHeld(lease_conflict_message(held))
+            raise d.lease_held(held)
         return held
 
     def _fence_turn(self, conversation_id: int, task_id: int) -> None:

@@ -310,7 +310,7 @@ def _refusal(detail: dict[str, Any], batch: str | None) -> d.StateServiceError:
             expire_time=datetime.fromisoformat(detail["expire_time"]),
             stop_requested=False,
         )
-        return d.LeaseHeld(d.lease_conflict_message(held))
+        return d.lease_held(held)
     if kind == "lease_lost":
         return d.lease_taken_over(int(detail["task_id"]), int(detail["holder_task_id"]))
     if kind == "checkpoint_conflict":
