@@ -7,7 +7,9 @@
     agentstate-cli delete CONVERSATION_ID
 
 AGENTSTATE_ADDRESS (default 127.0.0.1:50061) is the agent service and
-AGENTSTATE_USER (default "demo") the end user sent as `agentstate-user-id`.
+AGENTSTATE_USER (default "demo") the end user sent as `agentstate-user-id`
+(AGENT_AUTH_MODE=dev-header). With AGENTSTATE_TOKEN set, that access token is sent as
+`authorization: Bearer` instead (AGENT_AUTH_MODE=jwt; README "Authentication").
 Without --approve/--deny, a confirmation card is asked about on the terminal.
 """
 
@@ -24,7 +26,7 @@ import grpc
 
 from agentstate.agent.v1 import agent_service_pb2 as pb
 from agentstate.agent.v1 import agent_service_pb2_grpc as pb_grpc
-from agentstate.agent_service.servicer import USER_ID_METADATA_KEY
+from agentstate.agent_service.auth import AUTHORIZATION_METADATA_KEY, USER_ID_METADATA_KEY
 
 _STATUS_WORDS = {
     pb.TOOL_CALL_STATUS_RUNNING: "running",
@@ -34,6 +36,14 @@ _STATUS_WORDS = {
     pb.TOOL_CALL_STATUS_DENIED: "declined by you, not run",
     pb.TOOL_CALL_STATUS_INTERRUPTED: "not run",
 }
+
+
+def call_metadata(user_id: str) -> tuple[tuple[str, str], ...]:
+    """Who the calls are made for: the AGENTSTATE_TOKEN access token, else the bare user."""
+    token = os.environ.get("AGENTSTATE_TOKEN", "").strip()
+    if token:
+        return ((AUTHORIZATION_METADATA_KEY, f"Bearer {token}"),)
+    return ((USER_ID_METADATA_KEY, user_id),)
 
 
 class Renderer:
@@ -109,7 +119,7 @@ def converse(
     renderer: Renderer,
 ) -> str:
     """One question, and every card it leads to, decided by `decide`. Returns the conversation."""
-    md = ((USER_ID_METADATA_KEY, user_id),)
+    md = call_metadata(user_id)
     meta, card = run_turn(
         stub.Chat(pb.ChatRequest(conversation_id=conversation_id, question=question), metadata=md),
         renderer,
@@ -182,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     delete.add_argument("conversation")
     args = parser.parse_args(argv)
 
-    md = ((USER_ID_METADATA_KEY, args.user),)
+    md = call_metadata(args.user)
     with grpc.insecure_channel(args.address) as channel:
         stub: Any = pb_grpc.AgentServiceStub(channel)
         try:

@@ -112,6 +112,8 @@ def agent_error_detail(error: agent_errors.AgentError, code: grpc.StatusCode) ->
     metadata: dict[str, str] = {}
     if isinstance(error, agent_errors.CardPending):
         metadata = {AWAITING_MESSAGE_ID: error.message_id}
+    if isinstance(error, agent_errors.Unauthenticated):
+        return ErrorDetail(error.reason, metadata)  # which credential failed, and how
     return ErrorDetail(_nearest(_AGENT_REASONS, error), metadata)
 
 
