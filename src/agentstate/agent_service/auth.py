@@ -15,8 +15,9 @@ AGENT_AUTH_MODE picks how a caller proves it (README "Authentication"):
   development and tests only; the service logs a warning at start-up.
 
 Refusals are UNAUTHENTICATED with an ErrorInfo reason (UNAUTHENTICATED: no or malformed
-credentials; TOKEN_EXPIRED; TOKEN_INVALID; PROXY_UNTRUSTED) and a message that says what to do; why a token was
-refused (wrong audience, bad signature, ...) goes to the log, not to the caller.
+credentials; TOKEN_EXPIRED; TOKEN_INVALID; PROXY_UNTRUSTED) and a message that says what
+to do; why a token was refused (wrong audience, bad signature, ...) goes to the log, not
+to the caller.
 """
 
 from __future__ import annotations
