@@ -44,6 +44,7 @@ def _agent(state_address: str, orders_url: str, **env: str) -> ServiceProcess:
         "agentstate.agent_service",
         {
             "AGENT_LISTEN_ADDRESS": "127.0.0.1:0",
+            "AGENT_AUTH_MODE": "dev-header",
             "AGENT_STATE_ADDRESS": state_address,
             "AGENT_PROFILE": "order_demo",
             "ORDERS_DATABASE_URL": orders_url,

@@ -28,6 +28,7 @@ def agent_address(database_url: str, orders_database_url: str) -> Iterator[str]:
         "agentstate.agent_service",
         {
             "AGENT_LISTEN_ADDRESS": "127.0.0.1:0",
+            "AGENT_AUTH_MODE": "dev-header",
             "AGENT_STATE_ADDRESS": state.wait_ready(),
             "AGENT_PROFILE": "order_demo",
             "ORDERS_DATABASE_URL": orders_database_url,

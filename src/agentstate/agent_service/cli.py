@@ -9,9 +9,11 @@
 
 AGENTSTATE_ADDRESS (default 127.0.0.1:50061) is the agent service and
 AGENTSTATE_USER (default "demo") the end user sent as `agentstate-user-id`
-(--address and --user override them). Without --approve/--deny, a confirmation
-card is asked about on the terminal. `confirm` answers a card left open earlier
-(by another session, or a chat that was interrupted).
+(--address and --user override them; AGENT_AUTH_MODE=dev-header). With AGENTSTATE_TOKEN
+set, that access token is sent as `authorization: Bearer` instead (AGENT_AUTH_MODE=jwt;
+README "Authentication"). Without --approve/--deny, a confirmation card is asked about on
+the terminal. `confirm` answers a card left open earlier (by another session, or a chat
+that was interrupted).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from pydantic import Field
 
 from agentstate.agent.v1 import agent_service_pb2 as pb
 from agentstate.agent.v1 import agent_service_pb2_grpc as pb_grpc
-from agentstate.agent_service.servicer import USER_ID_METADATA_KEY
+from agentstate.agent_service.auth import AUTHORIZATION_METADATA_KEY, USER_ID_METADATA_KEY
 from agentstate.common import error_details
 from agentstate.common.config import ConfigError, EnvSettings
 
@@ -48,6 +50,11 @@ class CliSettings(EnvSettings):
         min_length=1,
         description="the end user the CLI acts as (sent as agentstate-user-id)",
     )
+    token: str = Field(
+        default="",
+        validation_alias="AGENTSTATE_TOKEN",
+        description="an access token sent as `authorization: Bearer` instead of the user",
+    )
 
 
 _STATUS_WORDS = {
@@ -58,6 +65,14 @@ _STATUS_WORDS = {
     pb.TOOL_CALL_STATUS_DENIED: "declined by you, not run",
     pb.TOOL_CALL_STATUS_INTERRUPTED: "not run",
 }
+
+
+def call_metadata(user_id: str) -> tuple[tuple[str, str], ...]:
+    """Who the calls are made for: the AGENTSTATE_TOKEN access token, else the bare user."""
+    token = CliSettings.from_env(os.environ).token.strip()
+    if token:
+        return ((AUTHORIZATION_METADATA_KEY, f"Bearer {token}"),)
+    return ((USER_ID_METADATA_KEY, user_id),)
 
 
 class Renderer:
@@ -133,7 +148,7 @@ def converse(
     renderer: Renderer,
 ) -> str:
     """One question, and every card it leads to, decided by `decide`. Returns the conversation."""
-    md = ((USER_ID_METADATA_KEY, user_id),)
+    md = call_metadata(user_id)
     meta, card = run_turn(
         stub.Chat(pb.ChatRequest(conversation_id=conversation_id, question=question), metadata=md),
         renderer,
@@ -158,7 +173,7 @@ def answer_cards(
     renderer: Renderer,
 ) -> None:
     """Answer `card`, and every card its answer leads to, as `decide` says."""
-    md = ((USER_ID_METADATA_KEY, user_id),)
+    md = call_metadata(user_id)
     while card is not None:
         approved = decide(card)
         renderer.line(f"> {'approve' if approved else 'cancel'} (card {card.message_id})")
@@ -176,7 +191,7 @@ def answer_cards(
 def stored_card(stub: Any, user_id: str, conversation_id: str, message_id: str) -> pb.ConfirmEvent:
     """A card left open earlier, as its record keeps it (metadata "card"), shaped as the
     confirm event a turn would have sent; only the message id when the record has none."""
-    md = ((USER_ID_METADATA_KEY, user_id),)
+    md = call_metadata(user_id)
     token = ""
     while True:
         page = stub.ListMessages(
@@ -288,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     delete.add_argument("conversation")
     args = parser.parse_args(argv)
 
-    md = ((USER_ID_METADATA_KEY, args.user),)
+    md = call_metadata(args.user)
     with grpc.insecure_channel(args.address) as channel:
         stub: Any = pb_grpc.AgentServiceStub(channel)
 

@@ -24,7 +24,12 @@ class InvalidInput(AgentError):
 
 
 class Unauthenticated(AgentError):
-    """No end-user identity came with the request (UNAUTHENTICATED)."""
+    """No valid end-user identity came with the request (UNAUTHENTICATED); `reason` is
+    the ErrorInfo reason (agent_service/auth.py: TOKEN_EXPIRED, ...)."""
+
+    def __init__(self, message: str, reason: str = "UNAUTHENTICATED") -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 class NotFound(AgentError):

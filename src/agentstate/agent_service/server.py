@@ -12,6 +12,7 @@ import grpc
 
 from agentstate.agent.v1 import agent_service_pb2 as pb
 from agentstate.agent.v1 import agent_service_pb2_grpc as pb_grpc
+from agentstate.agent_service.auth import build_authenticator
 from agentstate.agent_service.config import AgentServiceSettings
 from agentstate.agent_service.context.manager import ContextManager, ContextSettings
 from agentstate.agent_service.context.tokens import make_counter
@@ -113,6 +114,7 @@ class AgentServiceApp:
         settings = self.settings
         profile = self.profile
         tools = build_tools(profile, self._extra_tools)  # a bad profile fails before any I/O
+        auth = build_authenticator(settings)  # so does incomplete authentication
         limit = settings.grpc_max_message_bytes
         self._channel = state_channel(settings.state_address, limit)
         state = StateClient.on_channel(
@@ -153,18 +155,19 @@ class AgentServiceApp:
         server = create_server(
             max_message_bytes=limit, interceptors=telemetry.grpc_server_interceptors()
         )
-        pb_grpc.add_AgentServiceServicer_to_server(AgentServicer(runner, state), server)
+        pb_grpc.add_AgentServiceServicer_to_server(AgentServicer(runner, state, auth), server)
         self._health = add_health_and_reflection(server, [SERVICE_NAME])
         address = bind(server, settings.listen_address)
         await server.start()
         self._server = server
         await set_serving(self._health, [SERVICE_NAME])
         log.info(
-            "agent service listening on %s (state service %s, profile %s, model %s)",
+            "agent service listening on %s (state service %s, profile %s, model %s, auth %s)",
             address,
             settings.state_address,
             profile.name or "none",
             model.name,
+            auth.mode,
         )
         return address
 

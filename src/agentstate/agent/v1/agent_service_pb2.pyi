@@ -5,9 +5,11 @@ The agent service runs a ReAct agent whose session state lives in the state
 service. Clients send only what the user did (a question, or a decision on
 a confirmation card); everything else is loaded from the stored state.
 
-Identity: every call must carry the end user's id in the request metadata
-key `agentstate-user-id` (1..128 printable characters), set by the trusted
-gateway in front of this service. Missing: UNAUTHENTICATED. Every lookup is
+Identity: every call must prove its end user (1..128 printable characters),
+as the service's AGENT_AUTH_MODE says: `authorization: Bearer <JWT>` (jwt),
+or `agentstate-user-id` set by the authenticating proxy in front of this
+service with its shared secret (proxy), or the bare `agentstate-user-id`
+(dev-header, development only). Otherwise: UNAUTHENTICATED. Every lookup is
 scoped to that user; another user's conversation is NOT_FOUND.
 """
 
