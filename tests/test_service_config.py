@@ -35,6 +35,7 @@ READS = {
         "ListMessages",
         "GetMessage",
         "ListCompactions",
+        "GetLease",
     },
     "agentstate.agent.v1.AgentService": {"ListConversations", "ListMessages", "GetRagHistory"},
 }
