@@ -1,0 +1,51 @@
+"""`agentstate-console`: run the web console.
+
+Settings come from environment variables (console/config.py and README). It logs
+"listening on http://HOST:PORT" once the socket is bound (port 0 picks one).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import socket
+import sys
+
+import uvicorn
+
+from agentstate.common import telemetry
+from agentstate.common.config import ConfigError
+from agentstate.console.app import create_app
+from agentstate.console.config import ConsoleSettings
+
+async def serve(settings: ConsoleSettings) -> None:
+    host, port = settings.host_port()
+    # Bound here, so port 0 works and the address is known before the first request.
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    bound_host, bound_port = sock.getsockname()[:2]
+    config = uvicorn.Config(
+        create_app(settings), log_config=None, access_log=False, timeout_graceful_shutdown=5
+    )
+    server = uvicorn.Server(config)
+    print(f"agentstate-console listening on http://{bound_host}:{bound_port}", flush=True)
+    await server.serve(sockets=[sock])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="agentstate-console", description=__doc__)
+    parser.parse_args(argv)
+    try:
+        telemetry.configure_logging("agentstate-console")
+        settings = ConsoleSettings.from_env()
+        settings.host_port()
+    except (ConfigError, ValueError) as exc:
+        print(f"agentstate-console: {exc}", file=sys.stderr)
+        return 2
+    asyncio.run(serve(settings))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
