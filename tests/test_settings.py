@@ -12,6 +12,7 @@ from agentstate.agent_service.config import AgentServiceSettings
 from agentstate.agent_service.model.openai_compat import OpenAISettings
 from agentstate.common.config import ConfigError, EnvSettings
 from agentstate.common.telemetry import LoggingSettings
+from agentstate.console.config import ConsoleSettings
 from agentstate.examples.order_demo.profile import OrderDemoSettings
 from agentstate.state_service.config import StateServiceSettings
 
@@ -23,6 +24,7 @@ TABLES: dict[str, list[type[EnvSettings]]] = {
     "Agent service": [AgentServiceSettings, OpenAISettings],
     "Both services": [LoggingSettings],
     "Order demo profile": [OrderDemoSettings],
+    "Web console": [ConsoleSettings],
 }
 SETTINGS_CLASSES = [cls for classes in TABLES.values() for cls in classes]
 

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import signal
 import socket
 import sys
+from collections.abc import Iterator
 
 import uvicorn
 
@@ -18,6 +21,22 @@ from agentstate.common.config import ConfigError
 from agentstate.console.app import create_app
 from agentstate.console.config import ConsoleSettings
 
+class _Server(uvicorn.Server):
+    """uvicorn re-raises SIGTERM after its graceful shutdown, so the process would die by
+    the signal; a console that shut down cleanly exits 0, like the two services."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, self.handle_exit, sig, None)
+        try:
+            yield
+        finally:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
+
+
 async def serve(settings: ConsoleSettings) -> None:
     host, port = settings.host_port()
     # Bound here, so port 0 works and the address is known before the first request.
@@ -25,12 +44,17 @@ async def serve(settings: ConsoleSettings) -> None:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
     bound_host, bound_port = sock.getsockname()[:2]
+
+    def ready() -> None:
+        print(f"agentstate-console listening on http://{bound_host}:{bound_port}", flush=True)
+
     config = uvicorn.Config(
-        create_app(settings), log_config=None, access_log=False, timeout_graceful_shutdown=5
+        create_app(settings, ready),
+        log_config=None,
+        access_log=False,
+        timeout_graceful_shutdown=2,
     )
-    server = uvicorn.Server(config)
-    print(f"agentstate-console listening on http://{bound_host}:{bound_port}", flush=True)
-    await server.serve(sockets=[sock])
+    await _Server(config).serve(sockets=[sock])
 
 
 def main(argv: list[str] | None = None) -> int:

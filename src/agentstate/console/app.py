@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any, cast
 
@@ -146,7 +146,10 @@ async def _body(request: Request) -> dict[str, Any]:
     return body
 
 
-def create_app(settings: ConsoleSettings) -> Starlette:
+def create_app(
+    settings: ConsoleSettings, on_ready: Callable[[], None] | None = None
+) -> Starlette:
+    """The app; `on_ready` runs once it has started (the server handles signals by then)."""
     console = Console(settings)
 
     async def handle(request: Request, call: Any) -> Response:
@@ -341,6 +344,8 @@ def create_app(settings: ConsoleSettings) -> Starlette:
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await console.open()
+        if on_ready is not None:
+            on_ready()
         try:
             yield
         finally:

@@ -172,6 +172,7 @@ async function loadHistory(more) {
   }
   ui.nextMessages = data.next_page_token;
   $("#more-messages").hidden = !data.next_page_token;
+  if (!more) scrollDown();
   return data;
 }
 
@@ -273,9 +274,15 @@ async function loadInspector() {
 
 // ---------------------------------------------------------------- turns
 
+function scrollDown() {
+  const box = $("#messages");
+  box.scrollTop = box.scrollHeight;
+}
+
 function liveTurn() {
   const div = el("div", "msg assistant live");
   $("#messages").append(div);
+  scrollDown();
   return { div, text: null, thinking: null, tools: {} };
 }
 
@@ -285,7 +292,9 @@ function onEvent(turn, ev) {
     if (ev.conversation_id !== ui.cid) {
       ui.cid = ev.conversation_id;
       history.replaceState(null, "", `#/c/${ui.cid}`);
-      loadConversations(false).catch(() => {});
+      loadConversations(false)
+        .then(() => { if (ui.titles[ui.cid]) $("#chat-title").textContent = ui.titles[ui.cid]; })
+        .catch(() => {});
     }
     loadInspector();
   } else if (ev.type === "message") {
@@ -296,6 +305,7 @@ function onEvent(turn, ev) {
       if (!turn.text) { turn.text = el("div", ev.kind === "error" ? "text error" : "text", ""); turn.div.append(turn.text); turn.thinking = null; }
       turn.text.textContent += ev.delta;
     }
+    scrollDown();
   } else if (ev.type === "block") {
     let row = turn.tools[ev.call_id];
     if (!row) {
@@ -310,6 +320,7 @@ function onEvent(turn, ev) {
     turn.div.append(el("div", "status", ev.text));
   } else if (ev.type === "confirm") {
     turn.div.append(renderCard(ev.card, ui.cid));
+    scrollDown();
   } else if (ev.type === "cancel") {
     turn.div.append(el("div", "status", "Stopped before it finished."));
   } else if (ev.type === "error") {
