@@ -12,6 +12,7 @@ import sys
 import time
 import urllib.request
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 
@@ -26,7 +27,7 @@ INTERNAL = ("asking", "denied", "allowed", "AWAITING", "STREAMING", "INTERRUPTED
 
 
 def test_settings_need_a_way_to_know_the_user() -> None:
-    with pytest.raises(ConfigError, match="set CONSOLE_USER_HEADER .* or CONSOLE_DEV_USER"):
+    with pytest.raises(ConfigError, match=r"set CONSOLE_USER_HEADER .* or CONSOLE_DEV_USER"):
         ConsoleSettings.from_env({})
     assert ConsoleSettings.from_env({"CONSOLE_DEV_USER": "me"}).dev_user == "me"
     with pytest.raises(ConfigError, match="CONSOLE_HISTORY_PAGE_SIZE=0 must be at least 1"):
@@ -46,7 +47,9 @@ def test_the_console_refuses_to_start_without_an_identity_source() -> None:
     assert "agentstate-console: set CONSOLE_USER_HEADER" in run.stderr
 
 
-def _record(blocks: list[dict[str, object]], status: int, card: dict[str, object] | None = None) -> pb.MessageRecord:
+def _record(
+    blocks: list[dict[str, object]], status: Any, card: dict[str, object] | None = None
+) -> pb.MessageRecord:
     return pb.MessageRecord(
         message_id="2",
         conversation_id="1",
@@ -64,36 +67,90 @@ def _card(status: str, expires_in: float = 600) -> dict[str, object]:
         "title": "取消订单 88235",
         "expires_at": expires.isoformat(),
         "status": status,
-        "calls": [{"call_id": "c1", "name": "cancel_order", "title": "取消订单 88235",
-                   "fields": [["订单号", "88235"]]}],
+        "calls": [
+            {
+                "call_id": "c1",
+                "name": "cancel_order",
+                "title": "取消订单 88235",
+                "fields": [["订单号", "88235"]],
+            }
+        ],
     }
 
 
-USE = {"type": "tool_use", "id": "c1", "name": "cancel_order", "input": {"orderNo": "88235"},
-       "state": "asking"}
+USE = {
+    "type": "tool_use",
+    "id": "c1",
+    "name": "cancel_order",
+    "input": {"orderNo": "88235"},
+    "state": "asking",
+}
 
 
 @pytest.mark.parametrize(
     ("blocks", "status", "card", "tool_words", "card_words"),
     [
-        ([USE], pb.MESSAGE_STATUS_AWAITING_CONFIRM, _card("pending"),
-         "Waiting for your confirmation", "Waiting for your decision"),
-        ([USE], pb.MESSAGE_STATUS_NORMAL, _card("denied"),
-         "Declined by you: not run", "Declined by you: nothing was done"),
+        (
+            [USE],
+            pb.MESSAGE_STATUS_AWAITING_CONFIRM,
+            _card("pending"),
+            "Waiting for your confirmation",
+            "Waiting for your decision",
+        ),
+        (
+            [USE],
+            pb.MESSAGE_STATUS_NORMAL,
+            _card("denied"),
+            "Declined by you: not run",
+            "Declined by you: nothing was done",
+        ),
         ([USE], pb.MESSAGE_STATUS_NORMAL, _card("approved"), "Approved by you", "Approved by you"),
-        ([USE], pb.MESSAGE_STATUS_NORMAL, _card("expired"),
-         "The card expired: not run", "Expired: nothing was done"),
+        (
+            [USE],
+            pb.MESSAGE_STATUS_NORMAL,
+            _card("expired"),
+            "The card expired: not run",
+            "Expired: nothing was done",
+        ),
         # A pending card past its expiry is shown as expired, not as still open.
-        ([USE], pb.MESSAGE_STATUS_AWAITING_CONFIRM, _card("pending", -1),
-         "Waiting for your confirmation", "Expired: nothing was done"),
+        (
+            [USE],
+            pb.MESSAGE_STATUS_AWAITING_CONFIRM,
+            _card("pending", -1),
+            "Waiting for your confirmation",
+            "Expired: nothing was done",
+        ),
         # The record's own outcome wins when the agent wrote one.
-        ([{**USE, "outcome": "finished", "outcome_text": "订单88235已取消。"}],
-         pb.MESSAGE_STATUS_NORMAL, _card("approved"), "订单88235已取消。", "Approved by you"),
-        ([{**USE, "outcome": "interrupted"}], pb.MESSAGE_STATUS_INTERRUPTED, None,
-         "Not run: the turn was stopped", None),
-        ([USE, {"type": "tool_result", "id": "c1", "name": "cancel_order", "state": "error",
-                "output": [{"type": "text", "text": "订单已发货\nmore"}]}],
-         pb.MESSAGE_STATUS_NORMAL, None, "Failed: 订单已发货", None),
+        (
+            [{**USE, "outcome": "finished", "outcome_text": "订单88235已取消。"}],
+            pb.MESSAGE_STATUS_NORMAL,
+            _card("approved"),
+            "订单88235已取消。",
+            "Approved by you",
+        ),
+        (
+            [{**USE, "outcome": "interrupted"}],
+            pb.MESSAGE_STATUS_INTERRUPTED,
+            None,
+            "Not run: the turn was stopped",
+            None,
+        ),
+        (
+            [
+                USE,
+                {
+                    "type": "tool_result",
+                    "id": "c1",
+                    "name": "cancel_order",
+                    "state": "error",
+                    "output": [{"type": "text", "text": "订单已发货\nmore"}],
+                },
+            ],
+            pb.MESSAGE_STATUS_NORMAL,
+            None,
+            "Failed: 订单已发货",
+            None,
+        ),
     ],
 )
 def test_records_are_told_in_words_not_status_names(
@@ -115,8 +172,14 @@ def test_records_are_told_in_words_not_status_names(
 
 def test_demo_web_starts_all_three_and_prints_the_url() -> None:
     demo = subprocess.Popen(
-        [sys.executable, "-m", "agentstate.examples.order_demo.demo", "--web",
-         "--web-address", "127.0.0.1:0"],
+        [
+            sys.executable,
+            "-m",
+            "agentstate.examples.order_demo.demo",
+            "--web",
+            "--web-address",
+            "127.0.0.1:0",
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -136,6 +199,8 @@ def test_demo_web_starts_all_three_and_prints_the_url() -> None:
         assert url.startswith("http://127.0.0.1:"), "".join(lines)
         with urllib.request.urlopen(url + "/api/me", timeout=10) as response:
             assert json.load(response) == {"user": "admin"}
+        with urllib.request.urlopen(url + "/healthz", timeout=10) as response:
+            assert json.load(response) == {"ok": True}  # the Kubernetes probes' path
         with urllib.request.urlopen(url, timeout=10) as response:
             assert "<title>agentstate console</title>" in response.read().decode()
     finally:

@@ -9,11 +9,11 @@ README's) is taken by the worked example.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
 import tempfile
-import time
 import urllib.error
 import urllib.request
 import uuid
@@ -44,8 +44,16 @@ QUESTION = "我买的那块Apple Watch还没发货的话，帮我取消吧，不
 STATUS_QUESTION = "我的订单88235现在什么状态？"
 USER_HEADER = "X-Forwarded-User"
 # Words the page must never show: internal status names of records, blocks and cards.
-INTERNAL_NAMES = ["AWAITING_CONFIRM", "STREAMING", "INTERRUPTED", "MESSAGE_STATUS", "asking",
-                  "denied", "allowed", "TOOL_CALL_STATUS"]
+INTERNAL_NAMES = [
+    "AWAITING_CONFIRM",
+    "STREAMING",
+    "INTERRUPTED",
+    "MESSAGE_STATUS",
+    "asking",
+    "denied",
+    "allowed",
+    "TOOL_CALL_STATUS",
+]
 
 if not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)):
     if os.environ.get("CI"):
@@ -64,8 +72,11 @@ def console_url(database_url: str) -> Iterator[str]:
     try:
         state = ServiceProcess(
             "agentstate.state_service",
-            {"STATE_LISTEN_ADDRESS": "127.0.0.1:0", "STATE_STORE": "postgres",
-             "DATABASE_URL": database_url},
+            {
+                "STATE_LISTEN_ADDRESS": "127.0.0.1:0",
+                "STATE_STORE": "postgres",
+                "DATABASE_URL": database_url,
+            },
         )
         services.append(state)
         state_address = state.wait_ready()
@@ -111,9 +122,15 @@ def browser(console_url: str) -> Iterator[WebDriver]:
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
     for arg in (
-        "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync", "--no-first-run",
-        "--window-size=1400,900", f"--user-data-dir={profile}",
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+        "--window-size=1400,900",
+        f"--user-data-dir={profile}",
     ):
         options.add_argument(arg)
     driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
@@ -139,9 +156,7 @@ class Page:
         self.wait(lambda: self.user in self.text("#user"))
 
     def wait(self, condition: Callable[[], Any], timeout: float = 15) -> Any:
-        return WebDriverWait(self.driver, timeout, poll_frequency=0.05).until(
-            lambda _: condition()
-        )
+        return WebDriverWait(self.driver, timeout, poll_frequency=0.05).until(lambda _: condition())
 
     def find(self, css: str) -> WebElement:
         return self.driver.find_element(By.CSS_SELECTOR, css)
@@ -161,21 +176,27 @@ class Page:
         box.send_keys(question)
         self.find("#send").click()
 
-    def open_card(self) -> WebElement:
+    def open_card(self) -> Any:
         """The open confirmation card, found by DOM (not by pixels), once the turn is over
         (the page then redraws it from the records)."""
         self.idle()
         return self.wait(
             lambda: next(
-                (c for c in self.all(".card") if c.find_elements(By.CSS_SELECTOR, "button.approve")),
+                (
+                    c
+                    for c in self.all(".card")
+                    if c.find_elements(By.CSS_SELECTOR, "button.approve")
+                ),
                 None,
             )
         )
 
     def idle(self) -> None:
         self.wait(
-            lambda: not self.find("#send").get_attribute("disabled")
-            and not self.all("#messages .msg.live"),
+            lambda: (
+                not self.find("#send").get_attribute("disabled")
+                and not self.all("#messages .msg.live")
+            ),
             timeout=20,
         )
 
@@ -189,7 +210,8 @@ class Page:
             """window.__confirms = [];
             const real = window.fetch;
             window.fetch = (url, init) => {
-              if (String(url).endsWith('/api/confirm')) window.__confirms.push(JSON.parse(init.body));
+              if (String(url).endsWith('/api/confirm'))
+                window.__confirms.push(JSON.parse(init.body));
               return real(url, init);
             };"""
         )
@@ -201,7 +223,10 @@ class Page:
         while self.find("#more-messages").is_displayed():
             count = len(self.all("#messages .msg"))
             self.find("#more-messages").click()
-            self.wait(lambda: len(self.all("#messages .msg")) > count)
+            self.wait(functools.partial(self._more_than, count))
+
+    def _more_than(self, count: int) -> bool:
+        return len(self.all("#messages .msg")) > count
 
     def screenshot(self, name: str) -> Path:
         path = ARTIFACTS / f"{name}.png"
@@ -228,7 +253,9 @@ def api(base: str, user: str, method: str, path: str, body: Any = None) -> tuple
     except urllib.error.HTTPError as exc:
         return exc.code, json.loads(exc.read().decode())
     if raw.startswith("data: "):
-        return status, [json.loads(line[6:]) for line in raw.split("\n\n") if line.startswith("data: ")]
+        return status, [
+            json.loads(line[6:]) for line in raw.split("\n\n") if line.startswith("data: ")
+        ]
     return status, json.loads(raw)
 
 
@@ -293,7 +320,9 @@ def test_approve_on_a_fresh_conversation_once_despite_a_double_click(
     card = page.open_card()
     message_id = card.get_attribute("data-message-id")
     conversation_id = page.conversation_id()
-    ActionChains(browser).double_click(card.find_element(By.CSS_SELECTOR, "button.approve")).perform()
+    ActionChains(browser).double_click(
+        card.find_element(By.CSS_SELECTOR, "button.approve")
+    ).perform()
     page.wait(lambda: "Approved by you" in page.text(".card .outcome"), timeout=20)
     page.idle()
     assert len(page.confirms()) == 1  # the second click found the buttons disabled
@@ -302,7 +331,10 @@ def test_approve_on_a_fresh_conversation_once_despite_a_double_click(
     _, before = api(console_url, user, "GET", f"/api/conversations/{conversation_id}/messages")
     # A second answer to the same card (another tab, a replayed request): refused, no change.
     status, events = api(
-        console_url, user, "POST", "/api/confirm",
+        console_url,
+        user,
+        "POST",
+        "/api/confirm",
         {"conversation_id": conversation_id, "message_id": message_id, "approved": True},
     )
     assert status == 200 and events[-1] == {
@@ -393,7 +425,10 @@ def test_the_inspector_after_a_compaction(browser: WebDriver, console_url: str) 
     conversation_id = events[0]["conversation_id"]
     card = next(e["card"] for e in events if e["type"] == "confirm")
     _, answered = api(
-        console_url, user, "POST", "/api/confirm",
+        console_url,
+        user,
+        "POST",
+        "/api/confirm",
         {"conversation_id": conversation_id, "message_id": card["message_id"], "approved": False},
     )
     assert answered[-1]["type"] == "done"
@@ -431,7 +466,10 @@ def test_users_are_isolated_and_bad_input_changes_nothing(
     page.wait(lambda: "does not exist" in page.text("#notice"))
     # Answering, renaming or deleting alice's conversation as mallory: refused.
     status, refused = api(
-        console_url, mallory, "POST", "/api/confirm",
+        console_url,
+        mallory,
+        "POST",
+        "/api/confirm",
         {"conversation_id": conversation_id, "message_id": card["message_id"], "approved": True},
     )
     assert refused[-1]["type"] == "error" and "does not exist" in refused[-1]["message"]
@@ -444,7 +482,8 @@ def test_users_are_isolated_and_bad_input_changes_nothing(
         assert status == 404 and "does not exist" in answer["error"], (path, answer)
     # Malformed input is refused with a sentence, before any call.
     assert api(console_url, mallory, "GET", "/api/conversations/abc/messages") == (
-        400, {"error": "The conversation id must be a number, not 'abc'."}
+        400,
+        {"error": "The conversation id must be a number, not 'abc'."},
     )
     assert api(console_url, mallory, "POST", "/api/chat", {"question": "  "})[1] == {
         "error": "Type a question first."
@@ -460,4 +499,6 @@ def test_users_are_isolated_and_bad_input_changes_nothing(
     alice_page = Page(browser, console_url, alice)
     alice_page.open(conversation_id)
     alice_page.open_card()
-    assert [li.get_attribute("data-conversation-id") for li in alice_page.all("#conversations li")] == [conversation_id]
+    assert [
+        li.get_attribute("data-conversation-id") for li in alice_page.all("#conversations li")
+    ] == [conversation_id]

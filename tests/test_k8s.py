@@ -640,9 +640,9 @@ def test_dockerfile_builds_one_image_for_both_services(resources: list[Obj]) -> 
     dockerfile = (REPO / "Dockerfile").read_text()
     stages = re.findall(r"^FROM\s+(\S+)", dockerfile, re.MULTILINE)
     assert stages and all(image == "python:3.11-slim" for image in stages), stages
-    # The package itself, without extras (no dev dependencies in the image).
+    # The package itself with the web console's extra (no dev dependencies in the image).
     installs = re.findall(r"pip install (\S+)", dockerfile)
-    assert installs == ["."], installs
+    assert installs == ["'.[console]'"], installs
     dockerfile_user()
     # The allow-list build context holds every file the package is built from.
     pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())

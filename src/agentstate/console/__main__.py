@@ -21,6 +21,7 @@ from agentstate.common.config import ConfigError
 from agentstate.console.app import create_app
 from agentstate.console.config import ConsoleSettings
 
+
 class _Server(uvicorn.Server):
     """uvicorn re-raises SIGTERM after its graceful shutdown, so the process would die by
     the signal; a console that shut down cleanly exits 0, like the two services."""

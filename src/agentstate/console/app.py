@@ -115,7 +115,7 @@ class Console:
 
     async def close(self) -> None:
         if self._channel is not None:
-            await self._channel.close()
+            await self._channel.close(None)
         if self.state is not None:
             await self.state.close()
 
@@ -146,9 +146,7 @@ async def _body(request: Request) -> dict[str, Any]:
     return body
 
 
-def create_app(
-    settings: ConsoleSettings, on_ready: Callable[[], None] | None = None
-) -> Starlette:
+def create_app(settings: ConsoleSettings, on_ready: Callable[[], None] | None = None) -> Starlette:
     """The app; `on_ready` runs once it has started (the server handles signals by then)."""
     console = Console(settings)
 

@@ -230,5 +230,9 @@ def event_view(event: Any) -> dict[str, Any]:
             },
         }
     if kind == "cancel":
-        return {"type": "cancel", "message_id": event.cancel.message_id, "reason": event.cancel.reason}
+        return {
+            "type": "cancel",
+            "message_id": event.cancel.message_id,
+            "reason": event.cancel.reason,
+        }
     return {"type": "done"}

@@ -64,7 +64,9 @@ def describe_state(payload: bytes, version: int, update_time: str | None) -> dic
         "messages": [
             {
                 "role": m.get("role", "?"),
-                "blocks": [_block_summary(b) for b in m.get("content") or [] if isinstance(b, dict)],
+                "blocks": [
+                    _block_summary(b) for b in m.get("content") or [] if isinstance(b, dict)
+                ],
             }
             for m in context
         ],
@@ -81,7 +83,7 @@ class StateReader:
         self._timeout = timeout
 
     async def close(self) -> None:
-        await self._channel.close()
+        await self._channel.close(None)
 
     async def inspect(self, user_id: str, conversation_id: str) -> Inspection:
         """NOT_FOUND (as grpc.aio.AioRpcError) when the conversation is not the user's."""

@@ -15,8 +15,8 @@ import argparse
 import shutil
 import signal
 import sys
-import threading
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
