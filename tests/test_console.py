@@ -6,6 +6,7 @@ The browser tests are tests/test_console_browser.py.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -183,6 +184,9 @@ def test_demo_web_starts_all_three_and_prints_the_url() -> None:
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        # The wiring is what is tested here; an in-memory store spares a PostgreSQL start
+        # (test_cli_and_demo.py runs the demo on its embedded PostgreSQL).
+        env={**os.environ, "STATE_STORE": "memory"},
     )
     assert demo.stdout is not None
     lines: list[str] = []

@@ -355,7 +355,7 @@ def test_a_reload_mid_stream_resumes_from_the_records(browser: WebDriver, consol
     browser.refresh()
     # The page comes back from the records: the turn is still running there.
     page.wait(lambda: "still being written" in page.text("#notice"), timeout=5)
-    assert "running" in page.text("[data-field=lease]") or page.text("[data-field=lease]")
+    page.wait(lambda: page.text("[data-field=lease]") == "running", timeout=5)  # the inspector
     page.screenshot("03-reloaded-mid-stream")
     card = page.open_card()
     page.wait(lambda: page.find("#notice").is_displayed() is False)

@@ -44,6 +44,9 @@ async def serve(settings: ConsoleSettings) -> None:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
+    # Listening already: a request sent as soon as the address is printed waits in the
+    # backlog until uvicorn accepts, instead of being refused.
+    sock.listen(128)
     bound_host, bound_port = sock.getsockname()[:2]
 
     def ready() -> None:
