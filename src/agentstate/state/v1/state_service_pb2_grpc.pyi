@@ -159,10 +159,14 @@ class StateServiceStub:
     does (whole payload with compare-and-set, message writes, compaction
     records) and the release of the turn's lease.
 
-    Errors: as UpsertState, plus FAILED_PRECONDITION when another turn has
-    taken the conversation's lease over since (this turn's lease lapsed):
-    the late turn must not write. On any error nothing is saved and the lease
-    is kept (release it with ReleaseLease, or let it lapse).
+    Errors: as UpsertState, plus FAILED_PRECONDITION (reason LEASE_LOST) when
+    another task has been granted the conversation's lease since this turn's
+    (its lease lapsed and was taken over): a turn whose lease was taken over
+    never writes again, whether that other turn still runs or has finished and
+    the lease is free, and with or without expected_version. A lease that
+    merely lapsed, with no other turn in between, still saves. On any error
+    nothing is saved and the lease is kept (release it with ReleaseLease, or
+    let it lapse).
     """
     GetLease: _grpc.UnaryUnaryMultiCallable[_state_service_pb2.GetLeaseRequest, _state_service_pb2.GetLeaseResponse]
     """---- Reads for consoles and operators (added after v1's release) ----
@@ -291,10 +295,14 @@ class StateServiceAsyncStub(StateServiceStub):
     does (whole payload with compare-and-set, message writes, compaction
     records) and the release of the turn's lease.
 
-    Errors: as UpsertState, plus FAILED_PRECONDITION when another turn has
-    taken the conversation's lease over since (this turn's lease lapsed):
-    the late turn must not write. On any error nothing is saved and the lease
-    is kept (release it with ReleaseLease, or let it lapse).
+    Errors: as UpsertState, plus FAILED_PRECONDITION (reason LEASE_LOST) when
+    another task has been granted the conversation's lease since this turn's
+    (its lease lapsed and was taken over): a turn whose lease was taken over
+    never writes again, whether that other turn still runs or has finished and
+    the lease is free, and with or without expected_version. A lease that
+    merely lapsed, with no other turn in between, still saves. On any error
+    nothing is saved and the lease is kept (release it with ReleaseLease, or
+    let it lapse).
     """
     GetLease: _aio.UnaryUnaryMultiCallable[_state_service_pb2.GetLeaseRequest, _state_service_pb2.GetLeaseResponse]  # type: ignore[assignment]
     """---- Reads for consoles and operators (added after v1's release) ----
@@ -534,10 +542,14 @@ class StateServiceServicer(metaclass=_abc_1.ABCMeta):
         does (whole payload with compare-and-set, message writes, compaction
         records) and the release of the turn's lease.
 
-        Errors: as UpsertState, plus FAILED_PRECONDITION when another turn has
-        taken the conversation's lease over since (this turn's lease lapsed):
-        the late turn must not write. On any error nothing is saved and the lease
-        is kept (release it with ReleaseLease, or let it lapse).
+        Errors: as UpsertState, plus FAILED_PRECONDITION (reason LEASE_LOST) when
+        another task has been granted the conversation's lease since this turn's
+        (its lease lapsed and was taken over): a turn whose lease was taken over
+        never writes again, whether that other turn still runs or has finished and
+        the lease is free, and with or without expected_version. A lease that
+        merely lapsed, with no other turn in between, still saves. On any error
+        nothing is saved and the lease is kept (release it with ReleaseLease, or
+        let it lapse).
         """
 
     @_abc_1.abstractmethod

@@ -56,9 +56,12 @@ class StateStore(abc.ABC):
 
         expected_version: None = unconditional, 0 = create only, N = only if the
         stored version is N (else VersionConflict). NotFound when the conversation
-        does not exist; LeaseLost when `task_id` is given and another task holds the
-        conversation's lease (that turn's lapsed and was taken over). Nothing changes
-        on any error.
+        does not exist; LeaseLost when `task_id` is given and another task has been
+        granted the conversation's lease since (this turn's lapsed and was taken
+        over), even if that turn has finished and the lease is free: fenced by task,
+        not by the lease row. A lease that merely lapsed, or that this task released
+        itself, with no other grant in between, still saves. Nothing changes on any
+        error.
         """
 
     @abc.abstractmethod
