@@ -363,7 +363,8 @@ def test_a_reload_mid_stream_resumes_from_the_records(browser: WebDriver, consol
     assert len(page.all(".card")) == 1 and "88235" in card.text
     # A closed stream (the connection drops mid-turn) says so and also resumes from the records.
     card.find_element(By.CSS_SELECTOR, "button.cancel").click()
-    page.wait(lambda: page.find("#stop").is_displayed())
+    # Dropped once the agent has started the turn (before that, nothing would have happened).
+    page.wait(lambda: browser.execute_script("return window.agentstateConsole.taskId()"))
     browser.execute_script("window.agentstateConsole.dropStream()")
     page.wait(lambda: "connection to the reply closed" in page.text("#notice"))
     page.screenshot("04-closed-stream")

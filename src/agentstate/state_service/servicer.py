@@ -611,6 +611,7 @@ class StateServicer(pb_grpc.StateServiceServicer):
         )
         return pb.GetLeaseResponse(lease=lease_to_pb(lease) if lease is not None else None)
 
+    @_grpc_errors
     async def ListCompactions(
         self, request: pb.ListCompactionsRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.ListCompactionsResponse:

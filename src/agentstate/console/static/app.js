@@ -459,6 +459,10 @@ async function start() {
 }
 
 // For tests and curious operators: drop the running stream as a network failure would.
-window.agentstateConsole = { dropStream: () => ui.abort && ui.abort.abort() };
+// taskId is set once the agent has started the turn (its first event).
+window.agentstateConsole = {
+  dropStream: () => ui.abort && ui.abort.abort(),
+  taskId: () => ui.taskId,
+};
 
 start();
