@@ -315,14 +315,23 @@ async def test_migration_6_fences_turns_that_began_before_it(
         monkeypatch.setattr(migrations, "MIGRATIONS", [m for m in MIGRATIONS if m.version < 6])
         await apply_migrations(conn)
         monkeypatch.undo()
-    store = PostgresStore(dsn, max_size=2, migrate=False)  # an old replica
-    await store.open()
-    try:
-        start = TurnStart(holder="old", ttl_ms=100)
-        kept = await store.begin_turn(user_id="u", conversation_id=None, start=start)
-        taken = await store.begin_turn(user_id="u", conversation_id=None, start=start)
-    finally:
-        await store.close()
+        # An old replica's two turns, as migration 5's BeginTurn leaves them: a
+        # conversation each, with its lease row (written directly: today's store code
+        # expects today's schema).
+        cur = await conn.execute(
+            "INSERT INTO t_conversation (user_id, title) VALUES ('u', 'kept'), ('u', 'taken') "
+            "RETURNING id"
+        )
+        kept_id, taken_id = [int(row[0]) for row in await cur.fetchall()]
+        cur = await conn.execute(
+            "INSERT INTO t_run_lease (conversation_id, user_id, task_id, holder, expire_time) "
+            "VALUES (%s, 'u', agentstate_next_id(), 'old', now() + interval '100 ms'), "
+            "(%s, 'u', agentstate_next_id(), 'old', now() + interval '100 ms') "
+            "RETURNING task_id",
+            (kept_id, taken_id),
+        )
+        kept_task, taken_task = [int(row[0]) for row in await cur.fetchall()]
+        await conn.commit()
     # The old replica's turns are running (their leases held) when the new schema lands.
     async with await psycopg.AsyncConnection.connect(dsn) as conn:
         await apply_migrations(conn)
@@ -332,12 +341,12 @@ async def test_migration_6_fences_turns_that_began_before_it(
         await asyncio.sleep(0.25)  # both leases lapse
         newer = await store.begin_turn(
             user_id="u",
-            conversation_id=taken.conversation.conversation_id,
+            conversation_id=taken_id,
             start=TurnStart(holder="new", ttl_ms=60_000),
         )
         await store.save_state(
             user_id="u",
-            conversation_id=taken.conversation.conversation_id,
+            conversation_id=taken_id,
             state_key="agent_state",
             payload=b'{"by": "newer"}',
             expected_version=None,
@@ -346,19 +355,19 @@ async def test_migration_6_fences_turns_that_began_before_it(
         with pytest.raises(d.LeaseLost):
             await store.save_state(
                 user_id="u",
-                conversation_id=taken.conversation.conversation_id,
+                conversation_id=taken_id,
                 state_key="agent_state",
                 payload=b'{"by": "late"}',
                 expected_version=None,
-                task_id=taken.lease.task_id,
+                task_id=taken_task,
             )
         saved = await store.save_state(
             user_id="u",
-            conversation_id=kept.conversation.conversation_id,
+            conversation_id=kept_id,
             state_key="agent_state",
             payload=b'{"by": "old"}',
             expected_version=None,
-            task_id=kept.lease.task_id,
+            task_id=kept_task,
         )
         assert saved.version == 1 and saved.lease_released
     finally:
