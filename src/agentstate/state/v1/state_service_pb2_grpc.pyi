@@ -69,6 +69,8 @@ class StateServiceStub:
     cannot hold such as "\\u0000" inside a string; a bad message write),
     RESOURCE_EXHAUSTED (payload larger than the configured limit),
     FAILED_PRECONDITION (a message write's `expected_status` did not match).
+    With `delta` instead of `payload` only the change is sent and stored
+    (see StateDelta for its own errors).
     """
     CreateConversation: _grpc.UnaryUnaryMultiCallable[_state_service_pb2.CreateConversationRequest, _state_service_pb2.CreateConversationResponse]
     """CreateConversation makes a new conversation with a server-generated id.
@@ -162,7 +164,9 @@ class StateServiceStub:
     Errors: as UpsertState, plus FAILED_PRECONDITION when another turn has
     taken the conversation's lease over since (this turn's lease lapsed):
     the late turn must not write. On any error nothing is saved and the lease
-    is kept (release it with ReleaseLease, or let it lapse).
+    is kept (release it with ReleaseLease, or let it lapse). With `delta`
+    instead of `payload` only what the turn changed is sent and stored (see
+    StateDelta).
     """
 
 @_typing.type_check_only
@@ -189,6 +193,8 @@ class StateServiceAsyncStub(StateServiceStub):
     cannot hold such as "\\u0000" inside a string; a bad message write),
     RESOURCE_EXHAUSTED (payload larger than the configured limit),
     FAILED_PRECONDITION (a message write's `expected_status` did not match).
+    With `delta` instead of `payload` only the change is sent and stored
+    (see StateDelta for its own errors).
     """
     CreateConversation: _aio.UnaryUnaryMultiCallable[_state_service_pb2.CreateConversationRequest, _state_service_pb2.CreateConversationResponse]  # type: ignore[assignment]
     """CreateConversation makes a new conversation with a server-generated id.
@@ -282,7 +288,9 @@ class StateServiceAsyncStub(StateServiceStub):
     Errors: as UpsertState, plus FAILED_PRECONDITION when another turn has
     taken the conversation's lease over since (this turn's lease lapsed):
     the late turn must not write. On any error nothing is saved and the lease
-    is kept (release it with ReleaseLease, or let it lapse).
+    is kept (release it with ReleaseLease, or let it lapse). With `delta`
+    instead of `payload` only what the turn changed is sent and stored (see
+    StateDelta).
     """
 
 class StateServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -318,6 +326,8 @@ class StateServiceServicer(metaclass=_abc_1.ABCMeta):
         cannot hold such as "\\u0000" inside a string; a bad message write),
         RESOURCE_EXHAUSTED (payload larger than the configured limit),
         FAILED_PRECONDITION (a message write's `expected_status` did not match).
+        With `delta` instead of `payload` only the change is sent and stored
+        (see StateDelta for its own errors).
         """
 
     @_abc_1.abstractmethod
@@ -513,7 +523,9 @@ class StateServiceServicer(metaclass=_abc_1.ABCMeta):
         Errors: as UpsertState, plus FAILED_PRECONDITION when another turn has
         taken the conversation's lease over since (this turn's lease lapsed):
         the late turn must not write. On any error nothing is saved and the lease
-        is kept (release it with ReleaseLease, or let it lapse).
+        is kept (release it with ReleaseLease, or let it lapse). With `delta`
+        instead of `payload` only what the turn changed is sent and stored (see
+        StateDelta).
         """
 
 def add_StateServiceServicer_to_server(servicer: StateServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -25,6 +25,7 @@ from agentstate.state_service.domain import (
     MessageWrite,
     NewMessage,
     Page,
+    StateDelta,
     StoredState,
     TurnStart,
     UpsertResult,
@@ -45,20 +46,27 @@ class StateStore(abc.ABC):
         user_id: str,
         conversation_id: int,
         state_key: str,
-        payload: bytes,
+        payload: bytes | None,
         expected_version: int | None,
         message_writes: Sequence[MessageWrite] = (),
         compactions: Sequence[Compaction] = (),
         task_id: int | None = None,
+        delta: StateDelta | None = None,
+        max_state_bytes: int | None = None,
     ) -> UpsertResult:
-        """Replace the whole state, apply message writes and record compactions atomically
-        (UpsertState); with `task_id`, also release that turn's lease (EndTurn).
+        """Replace the whole state (`payload`) or apply a `delta` to the stored one,
+        apply message writes and record compactions atomically (UpsertState); with
+        `task_id`, also release that turn's lease (EndTurn).
 
-        expected_version: None = unconditional, 0 = create only, N = only if the
-        stored version is N (else VersionConflict). NotFound when the conversation
-        does not exist; LeaseLost when `task_id` is given and another task holds the
-        conversation's lease (that turn's lapsed and was taken over). Nothing changes
-        on any error.
+        expected_version (whole saves): None = unconditional, 0 = create only, N = only
+        if the stored version is N (else VersionConflict); a delta's own base_version
+        is the same compare-and-set. NotFound when the conversation does not exist;
+        LeaseLost when `task_id` is given and another task holds the conversation's
+        lease (that turn's lapsed and was taken over). For a delta: InvalidArgument
+        for a part that is not JSON the database takes or a range beyond the stored
+        context, FailedPrecondition when the stored "context" is not an array,
+        PayloadTooLarge when the resulting state (as get_state would return it) is
+        over `max_state_bytes`. Nothing changes on any error.
         """
 
     @abc.abstractmethod
