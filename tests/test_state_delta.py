@@ -35,9 +35,7 @@ TOP_KEYS = [
     "user_id", "cur_iter", "reply_id", "session_id", "é", "ключ", "tool_context",
 ]  # fmt: skip
 
-text = st.text(
-    st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=12
-)
+text = st.text(st.characters(exclude_categories=["Cs"], exclude_characters="\x00"), max_size=12)
 scalars = st.one_of(
     st.none(),
     st.booleans(),
@@ -381,7 +379,7 @@ async def test_a_turn_writes_only_its_messages(pg_store: PostgresStore) -> None:
     assert {p: x for p, x in after.items() if p < 50} == before
     assert len(after) == 52
     # A whole save changing one message rewrites that row only.
-    state = {"context": [{"i": i} for i in range(52)], "summary": "s"}
+    state: dict[str, Any] = {"context": [{"i": i} for i in range(52)], "summary": "s"}
     state["context"][10] = {"i": "ten"}
     await pg_store.save_state(
         user_id=USER, conversation_id=run.cid, state_key="agent_state",
@@ -411,7 +409,10 @@ async def test_online_split_of_states_stored_whole(pg_store: PostgresStore) -> N
     JSON and versions do not change, and writes during the split are kept."""
     runs = []
     for n in range(12):
-        state = {"context": [{"i": i, "n": n} for i in range(n)], "summary": f"s{n}"}
+        state: dict[str, Any] = {
+            "context": [{"i": i, "n": n} for i in range(n)],
+            "summary": f"s{n}",
+        }
         if n == 3:
             state = {"context": "not a list"}  # stays whole
         if n == 4:
@@ -566,3 +567,25 @@ async def test_end_turn_and_upsert_with_a_delta_over_grpc(state_stub: Any) -> No
         ),
         code.INVALID_ARGUMENT, "delta.messages[1] contains a NUL byte",
     )  # fmt: skip
+
+
+async def test_a_delta_from_a_turn_whose_lease_was_taken_over_is_refused(
+    store: StateStore,
+) -> None:
+    """The fence of migration 6 holds for deltas: taken over means never again, even
+    once the lease is free; nothing changes."""
+    run = await _conversation_with_state(store, {"context": [{"m": 0}]})
+    start = d.TurnStart(holder="h", ttl_ms=100)
+    late = await store.begin_turn(user_id=USER, conversation_id=run.cid, start=start)
+    await asyncio.sleep(0.25)
+    newer = await store.begin_turn(user_id=USER, conversation_id=run.cid, start=start)
+    await store.release_lease(user_id=USER, task_id=newer.lease.task_id)  # the lease is free
+    before = await store.get_state(user_id=USER, conversation_id=run.cid, state_key="agent_state")
+    with pytest.raises(d.LeaseLost):
+        await store.save_state(
+            user_id=USER, conversation_id=run.cid, state_key="agent_state", payload=None,
+            expected_version=None, delta=StateDelta(run.version, messages=(b'{"late": 1}',)),
+            task_id=late.lease.task_id,
+        )  # fmt: skip
+    after = await store.get_state(user_id=USER, conversation_id=run.cid, state_key="agent_state")
+    assert (after.payload, after.version) == (before.payload, before.version)

@@ -8,6 +8,8 @@ from typing import Any, TypeAlias
 
 import grpc
 import pytest
+from google.rpc import error_details_pb2
+from grpc_status import rpc_status
 
 from agentstate.common.grpc_metadata import trailer
 from agentstate.state.v1 import state_service_pb2 as pb
@@ -229,6 +231,85 @@ async def test_records_a_dead_turn_left_streaming_are_interrupted(
     # The live turn is unaffected.
     ended = await state_stub.EndTurn(end(nxt, {"live": True}))
     assert ended.version == 1 and ended.lease_released
+
+
+def unversioned(request: pb.EndTurnRequest) -> pb.EndTurnRequest:
+    """Without expected_version, as a framework adapter may send it."""
+    request.ClearField("expected_version")
+    return request
+
+
+def lease_lost_reason(error: grpc.aio.AioRpcError) -> str:
+    status = rpc_status.from_call(error)  # type: ignore[arg-type]
+    assert status is not None
+    (packed,) = status.details
+    info = error_details_pb2.ErrorInfo()
+    assert packed.Unpack(info)
+    return info.reason
+
+
+async def test_end_turn_is_fenced_by_task_not_by_the_lease_row(
+    state_stub: Stub, user_id: str
+) -> None:
+    """Taken over: refused even once the lease is free. Merely lapsed: it saves."""
+    # 1. Taken over. The late turn sends no expected_version (as an adapter may).
+    late = await state_stub.BeginTurn(begin(user_id, ttl_ms=100, new_messages=[STREAMING_REPLY]))
+    cid = late.conversation.conversation_id
+    await asyncio.sleep(0.25)  # its lease lapses
+    newer = await state_stub.BeginTurn(begin(user_id, cid, new_messages=[STREAMING_REPLY]))
+    assert newer.lapsed_task_id == late.lease.task_id
+    done = await state_stub.EndTurn(
+        end(newer, {"by": "newer"}, settle(newer.messages[0].message_id, pb.MESSAGE_STATUS_NORMAL))
+    )
+    assert done.version == 1 and done.lease_released  # the lease is free again
+    before = [
+        (m.message_id, m.status, m.blocks_json)
+        for m in await all_messages(state_stub, user_id, cid)
+    ]
+    for writes in [(), (settle(late.messages[0].message_id, pb.MESSAGE_STATUS_NORMAL),)]:
+        refused = await expect_rpc_error(
+            state_stub.EndTurn(unversioned(end(late, {"by": "late"}, *writes))),
+            FAILED,
+            "took it over",
+        )
+        assert lease_lost_reason(refused) == "LEASE_LOST"
+    assert await get_state(state_stub, user_id, cid) == ({"by": "newer"}, 1)
+    after = [
+        (m.message_id, m.status, m.blocks_json)
+        for m in await all_messages(state_stub, user_id, cid)
+    ]
+    assert after == before
+    # Nothing of the late turn's came back either: the conversation's lease stays free.
+    taken = await state_stub.AcquireLease(
+        pb.AcquireLeaseRequest(user_id=user_id, conversation_id=cid, holder="x", ttl_ms=1000)
+    )
+    assert taken.lapsed_task_id == ""
+    await state_stub.ReleaseLease(
+        pb.ReleaseLeaseRequest(user_id=user_id, task_id=taken.lease.task_id)
+    )
+    # ...and the AcquireLease above is a turn in between too: the late turn stays fenced.
+    await expect_rpc_error(state_stub.EndTurn(unversioned(end(late, {"by": "late"}))), FAILED)
+
+    # 2. Merely lapsed: no other turn took the lease, so the late save lands and releases it.
+    lapsed = await state_stub.BeginTurn(begin(user_id, ttl_ms=100, new_messages=[STREAMING_REPLY]))
+    cid = lapsed.conversation.conversation_id
+    await asyncio.sleep(0.25)
+    ended = await state_stub.EndTurn(
+        unversioned(
+            end(
+                lapsed,
+                {"by": "lapsed"},
+                settle(lapsed.messages[0].message_id, pb.MESSAGE_STATUS_NORMAL),
+            )
+        )
+    )
+    assert ended.version == 1 and ended.lease_released
+    assert await get_state(state_stub, user_id, cid) == ({"by": "lapsed"}, 1)
+    assert (
+        await state_stub.AcquireLease(
+            pb.AcquireLeaseRequest(user_id=user_id, conversation_id=cid, holder="x", ttl_ms=1000)
+        )
+    ).lapsed_task_id == ""
 
 
 async def test_a_refused_end_turn_saves_nothing_and_keeps_the_lease(

@@ -1656,8 +1656,10 @@ class EndTurnResponse(_message.Message):
     version: _builtins.int
     """The version now stored."""
     lease_released: _builtins.bool
-    """False when the lease was already gone (it lapsed, or was deleted); the
-    state was saved all the same.
+    """False when this turn's lease row was already gone: the same task released
+    it (ReleaseLease) and no other turn was granted the lease since, so the
+    save was allowed. A lease taken over by another turn is never "already
+    gone": that EndTurn fails with LEASE_LOST and saves nothing.
     """
     @_builtins.property
     def update_time(self) -> _timestamp_pb2.Timestamp:

@@ -161,12 +161,23 @@ class StateServiceStub:
     does (whole payload with compare-and-set, message writes, compaction
     records) and the release of the turn's lease.
 
+<<<<<<< HEAD
     Errors: as UpsertState, plus FAILED_PRECONDITION when another turn has
     taken the conversation's lease over since (this turn's lease lapsed):
     the late turn must not write. On any error nothing is saved and the lease
     is kept (release it with ReleaseLease, or let it lapse). With `delta`
     instead of `payload` only what the turn changed is sent and stored (see
     StateDelta).
+=======
+    Errors: as UpsertState, plus FAILED_PRECONDITION (reason LEASE_LOST) when
+    another task has been granted the conversation's lease since this turn's
+    (its lease lapsed and was taken over): a turn whose lease was taken over
+    never writes again, whether that other turn still runs or has finished and
+    the lease is free, and with or without expected_version. A lease that
+    merely lapsed, with no other turn in between, still saves. On any error
+    nothing is saved and the lease is kept (release it with ReleaseLease, or
+    let it lapse).
+>>>>>>> main
     """
 
 @_typing.type_check_only
@@ -285,12 +296,23 @@ class StateServiceAsyncStub(StateServiceStub):
     does (whole payload with compare-and-set, message writes, compaction
     records) and the release of the turn's lease.
 
+<<<<<<< HEAD
     Errors: as UpsertState, plus FAILED_PRECONDITION when another turn has
     taken the conversation's lease over since (this turn's lease lapsed):
     the late turn must not write. On any error nothing is saved and the lease
     is kept (release it with ReleaseLease, or let it lapse). With `delta`
     instead of `payload` only what the turn changed is sent and stored (see
     StateDelta).
+=======
+    Errors: as UpsertState, plus FAILED_PRECONDITION (reason LEASE_LOST) when
+    another task has been granted the conversation's lease since this turn's
+    (its lease lapsed and was taken over): a turn whose lease was taken over
+    never writes again, whether that other turn still runs or has finished and
+    the lease is free, and with or without expected_version. A lease that
+    merely lapsed, with no other turn in between, still saves. On any error
+    nothing is saved and the lease is kept (release it with ReleaseLease, or
+    let it lapse).
+>>>>>>> main
     """
 
 class StateServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -520,12 +542,23 @@ class StateServiceServicer(metaclass=_abc_1.ABCMeta):
         does (whole payload with compare-and-set, message writes, compaction
         records) and the release of the turn's lease.
 
+<<<<<<< HEAD
         Errors: as UpsertState, plus FAILED_PRECONDITION when another turn has
         taken the conversation's lease over since (this turn's lease lapsed):
         the late turn must not write. On any error nothing is saved and the lease
         is kept (release it with ReleaseLease, or let it lapse). With `delta`
         instead of `payload` only what the turn changed is sent and stored (see
         StateDelta).
+=======
+        Errors: as UpsertState, plus FAILED_PRECONDITION (reason LEASE_LOST) when
+        another task has been granted the conversation's lease since this turn's
+        (its lease lapsed and was taken over): a turn whose lease was taken over
+        never writes again, whether that other turn still runs or has finished and
+        the lease is free, and with or without expected_version. A lease that
+        merely lapsed, with no other turn in between, still saves. On any error
+        nothing is saved and the lease is kept (release it with ReleaseLease, or
+        let it lapse).
+>>>>>>> main
         """
 
 def add_StateServiceServicer_to_server(servicer: StateServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -106,6 +106,9 @@ class MemoryStore(StateStore):
         self._messages: dict[int, dict[int, MessageRecord]] = {}  # conversation -> id -> record
         self._states: dict[tuple[int, str], _StateRow] = {}
         self._leases: dict[int, Lease] = {}  # conversation -> lease
+        # conversation -> the task its lease was last granted to: EndTurn's fence
+        # (see migration 6 and _fence_turn).
+        self._last_task: dict[int, int] = {}
         self._compactions: dict[int, list[Compaction]] = {}
 
     def _conversation(self, user_id: str, conversation_id: int) -> Conversation:
@@ -148,9 +151,9 @@ class MemoryStore(StateStore):
         # Validate everything, then apply: a failure leaves no trace.
         async with self._lock:
             conversation = self._conversation(user_id, conversation_id)
+            if task_id is not None:
+                self._fence_turn(conversation_id, task_id)
             held = self._leases.get(conversation_id)
-            if task_id is not None and held is not None and held.task_id != task_id:
-                raise d.lease_taken_over(task_id, held.task_id)
             current = self._states.get((conversation_id, state_key))
             current_version = current.version if current else 0
             if delta is None:
@@ -178,6 +181,7 @@ class MemoryStore(StateStore):
                 replace(c, compaction_id=self._ids.next_id(), create_time=now) for c in compactions
             )
             self._touch(conversation)
+            # Past the fence a lease still there is this task's own (lapsed or not).
             released = task_id is not None and held is not None
             if released:
                 del self._leases[conversation_id]
@@ -368,6 +372,7 @@ class MemoryStore(StateStore):
         for conversation_id in wanted:
             del self._conversations[conversation_id]
             self._leases.pop(conversation_id, None)
+            self._last_task.pop(conversation_id, None)
             self._compactions.pop(conversation_id, None)
             messages += len(self._messages.pop(conversation_id, {}))
             for key in [k for k in self._states if k[0] == conversation_id]:
@@ -466,6 +471,17 @@ class MemoryStore(StateStore):
             raise d.LeaseHeld(lease_conflict_message(held))
         return held
 
+    def _fence_turn(self, conversation_id: int, task_id: int) -> None:
+        """Refuse the save of a turn whose lease another task took over since.
+
+        Only the task the lease was last granted to may end a turn: a lapsed lease
+        that nobody took saves; one taken over is refused (LEASE_LOST) even when
+        the newer turn has finished and the lease is free again.
+        """
+        last = self._last_task.get(conversation_id)
+        if last is not None and last != task_id:
+            raise d.lease_taken_over(task_id, last)
+
     def _new_lease(self, user_id: str, conversation_id: int, holder: str, ttl_ms: int) -> Lease:
         lease = Lease(
             task_id=self._ids.next_id(),
@@ -476,6 +492,7 @@ class MemoryStore(StateStore):
             stop_requested=False,
         )
         self._leases[conversation_id] = lease
+        self._last_task[conversation_id] = lease.task_id
         return lease
 
     def _lease_of_task(self, user_id: str, task_id: int) -> Lease | None:

@@ -501,6 +501,140 @@ ALTER TABLE t_agent_state SET (
 """,
     ),
     Migration(
+        6,
+        "EndTurn fenced by task: a turn whose lease was taken over never writes again",
+        """
+-- The fence. Migration 5 refused a late EndTurn only while another task still
+-- held the lease row; once that turn had ended (row deleted), the late turn
+-- saved over the newer one. So every conversation remembers the task its
+-- lease was last granted to, and only that task may end a turn there:
+--
+--   lease lapsed, no other turn since   -> last_task_id is still the caller's: it saves
+--                                          (and releases the row if it is still there)
+--   lease taken over by another task    -> last_task_id is the other task's: LEASE_LOST,
+--   (running, or finished and released)   nothing changes, whether the lease is free or not
+--
+-- NULL means no lease was granted since this migration and none was held when
+-- it ran: nothing can have taken over, so the caller may save (as before).
+ALTER TABLE t_conversation ADD COLUMN last_task_id bigint;
+UPDATE t_conversation AS c SET last_task_id = l.task_id
+FROM t_run_lease AS l WHERE l.user_id = c.user_id AND l.conversation_id = c.id;
+
+-- Recorded by a trigger, so every way of granting a lease (BeginTurn,
+-- AcquireLease, whatever replaces them) keeps the fence current. The granting
+-- statement already holds the conversation's row lock.
+CREATE FUNCTION agentstate_record_lease_task() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE t_conversation SET last_task_id = NEW.task_id
+    WHERE user_id = NEW.user_id AND id = NEW.conversation_id;
+    RETURN NULL;
+END $$;
+CREATE TRIGGER t_run_lease_record_task AFTER INSERT OR UPDATE OF task_id ON t_run_lease
+FOR EACH ROW EXECUTE FUNCTION agentstate_record_lease_task();
+
+-- EndTurn's fence, on its own so a rewrite of the save carries it as one call.
+-- The caller has locked the conversation row (agentstate_touch_conversation),
+-- so no lease can be granted between this check and the save.
+CREATE FUNCTION agentstate_fence_turn(p_user_id text, p_conversation_id bigint,
+                                      p_task_id bigint)
+RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_last bigint;
+BEGIN
+    SELECT last_task_id INTO v_last FROM t_conversation
+    WHERE user_id = p_user_id AND id = p_conversation_id;
+    IF v_last IS NOT NULL AND v_last <> p_task_id THEN
+        PERFORM agentstate_refuse(jsonb_build_object(
+            'kind', 'lease_lost', 'task_id', p_task_id, 'holder_task_id', v_last));
+    END IF;
+END $$;
+
+-- UpsertState and EndTurn as in migration 5, with agentstate_fence_turn in
+-- place of the check on the lease row.
+CREATE OR REPLACE FUNCTION agentstate_save_state(
+    p_user_id text, p_conversation_id bigint, p_state_key text, p_payload jsonb,
+    p_expected_version bigint, p_task_id bigint,
+    p_kinds text[], p_message_ids bigint[], p_roles text[], p_statuses text[],
+    p_blocks text[], p_metadata text[], p_expected_statuses text[],
+    p_compactions bigint[], p_compaction_reasons text[], p_max_depth integer)
+RETURNS TABLE (version bigint, state_update_time timestamptz, lease_released boolean,
+               message t_agent_message)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_version bigint;
+    v_update_time timestamptz;
+    v_current bigint;
+    v_released boolean := false;
+    v_row t_agent_message;
+    v_written integer := 0;
+BEGIN
+    -- Set only for a large payload with many brackets (the store checks small ones):
+    -- is any value nested deeper than allowed?
+    IF p_max_depth IS NOT NULL
+       AND jsonb_path_exists(p_payload, format('strict $.**{%s}', p_max_depth + 1)::jsonpath)
+    THEN
+        PERFORM agentstate_refuse(jsonb_build_object('kind', 'too_deep', 'limit', p_max_depth));
+    END IF;
+    PERFORM agentstate_touch_conversation(p_user_id, p_conversation_id);
+    IF p_task_id IS NOT NULL THEN
+        PERFORM agentstate_fence_turn(p_user_id, p_conversation_id, p_task_id);
+    END IF;
+    IF p_expected_version IS NULL THEN
+        INSERT INTO t_agent_state AS s (user_id, session_id, state_key, payload, version)
+        VALUES (p_user_id, p_conversation_id, p_state_key, p_payload, 1)
+        ON CONFLICT (user_id, session_id, state_key)
+        DO UPDATE SET payload = EXCLUDED.payload, version = s.version + 1, update_time = now()
+        RETURNING s.version, s.update_time INTO v_version, v_update_time;
+    ELSIF p_expected_version = 0 THEN
+        INSERT INTO t_agent_state AS s (user_id, session_id, state_key, payload, version)
+        VALUES (p_user_id, p_conversation_id, p_state_key, p_payload, 1)
+        ON CONFLICT (user_id, session_id, state_key) DO NOTHING
+        RETURNING s.version, s.update_time INTO v_version, v_update_time;
+    ELSE
+        UPDATE t_agent_state AS s
+        SET payload = p_payload, version = s.version + 1, update_time = now()
+        WHERE s.user_id = p_user_id AND s.session_id = p_conversation_id
+          AND s.state_key = p_state_key AND s.version = p_expected_version
+        RETURNING s.version, s.update_time INTO v_version, v_update_time;
+    END IF;
+    IF v_version IS NULL THEN
+        SELECT s.version INTO v_current FROM t_agent_state AS s
+        WHERE s.user_id = p_user_id AND s.session_id = p_conversation_id
+          AND s.state_key = p_state_key;
+        PERFORM agentstate_refuse(jsonb_build_object(
+            'kind', 'version_conflict', 'expected', p_expected_version,
+            'current', coalesce(v_current, 0)));
+    END IF;
+    -- Compactions: five numbers each, flattened (see sql.py), and a reason.
+    INSERT INTO t_context_compaction (user_id, conversation_id, messages_before, messages_after,
+                                      tokens_before, tokens_after, summary_chars, reason)
+    SELECT p_user_id, p_conversation_id, p_compactions[i * 5 + 1], p_compactions[i * 5 + 2],
+           p_compactions[i * 5 + 3], p_compactions[i * 5 + 4], p_compactions[i * 5 + 5],
+           p_compaction_reasons[i + 1]
+    FROM generate_series(0, coalesce(array_length(p_compaction_reasons, 1), 0) - 1) AS i
+    ORDER BY i;
+    IF p_task_id IS NOT NULL THEN
+        DELETE FROM t_run_lease WHERE conversation_id = p_conversation_id AND task_id = p_task_id;
+        v_released := FOUND;
+    END IF;
+    FOR v_row IN
+        SELECT * FROM agentstate_write_messages(
+            p_user_id, p_conversation_id, p_kinds, p_message_ids, p_roles, p_statuses, p_blocks,
+            p_metadata, p_expected_statuses)
+    LOOP
+        v_written := v_written + 1;
+        RETURN QUERY SELECT v_version, v_update_time, v_released, v_row;
+    END LOOP;
+    IF v_written = 0 THEN
+        RETURN QUERY SELECT v_version, v_update_time, v_released, NULL::t_agent_message;
+    END IF;
+END $$;
+""",
+    ),
+    Migration(
         10,
         "delta saves: context messages as rows, the rest of the state as one row",
         """
@@ -668,7 +802,6 @@ LANGUAGE plpgsql AS $$
 DECLARE
     v_state t_agent_state;
     v_current bigint;
-    v_holder bigint;
     v_released boolean := false;
     v_row t_agent_message;
     v_written integer := 0;
@@ -690,13 +823,9 @@ BEGIN
     END IF;
     PERFORM agentstate_touch_conversation(p_user_id, p_conversation_id);
     IF p_task_id IS NOT NULL THEN
-        -- Fencing: a turn whose lapsed lease another turn took over must not write.
-        SELECT task_id INTO v_holder FROM t_run_lease
-        WHERE conversation_id = p_conversation_id FOR UPDATE;
-        IF FOUND AND v_holder <> p_task_id THEN
-            PERFORM agentstate_refuse(jsonb_build_object(
-                'kind', 'lease_lost', 'task_id', p_task_id, 'holder_task_id', v_holder));
-        END IF;
+        -- Fencing (migration 6): a turn whose lease another task took over never
+        -- writes again, whether or not the lease is free now.
+        PERFORM agentstate_fence_turn(p_user_id, p_conversation_id, p_task_id);
     END IF;
     -- FOR UPDATE: the batched split (agentstate_split_states) may hold it.
     SELECT * INTO v_state FROM t_agent_state AS s
