@@ -68,6 +68,24 @@ class CompactionNote:
 
 
 @dataclass(frozen=True)
+class StateChange:
+    """What a turn changed in the state since the version it loaded (a delta save, the
+    contract's StateDelta): drop `drop_head` messages from the front of the context,
+    keep the first `replace_from` (None: all), append `messages`, and when set replace
+    the other fields by `fields_json`. Each part is encoded JSON."""
+
+    base_version: int
+    drop_head: int = 0
+    replace_from: int | None = None
+    messages: tuple[bytes, ...] = ()
+    fields_json: bytes | None = None
+
+    @property
+    def size(self) -> int:
+        return sum(map(len, self.messages)) + len(self.fields_json or b"")
+
+
+@dataclass(frozen=True)
 class NoOpenCard:
     """Start only if no record of the conversation awaits confirmation."""
 
@@ -94,6 +112,7 @@ class TurnRequest:
     title: str = ""
     new_records: tuple[NewRecord, ...] = ()
     guard: CardGuard | None = None
+    cached_version: int | None = None  # the version held already: its payload is not sent
 
 
 @dataclass(frozen=True)
@@ -106,6 +125,7 @@ class BegunTurn:
     state: AgentState | None  # None: no state saved yet
     version: int  # 0 when there is no state
     record_ids: list[str]  # of `new_records`, in order
+    payload_omitted: bool = False  # the stored version is TurnRequest.cached_version
 
 
 @dataclass(frozen=True)

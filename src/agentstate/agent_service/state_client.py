@@ -37,6 +37,7 @@ from agentstate.agent_service.records import (
     RecordStatus,
     RecordUpdate,
     RecordWrite,
+    StateChange,
     TurnRequest,
 )
 from agentstate.common.grpc_metadata import trailer
@@ -140,6 +141,17 @@ def compaction_pb(note: CompactionNote) -> pb.CompactionRecord:
         summary_chars=note.summary_chars,
         reason=note.reason,
     )
+
+
+def state_delta_pb(change: StateChange) -> pb.StateDelta:
+    delta = pb.StateDelta(
+        base_version=change.base_version, drop_head=change.drop_head, messages=change.messages
+    )
+    if change.replace_from is not None:
+        delta.replace_from = change.replace_from
+    if change.fields_json is not None:
+        delta.fields_json = change.fields_json
+    return delta
 
 
 def _decode_state(payload: bytes, conversation_id: str) -> AgentState:
@@ -296,6 +308,8 @@ class StateClient:
             max_user_leases=request.max_user_leases,
             new_messages=[new_message_pb(r) for r in request.new_records],
         )
+        if request.cached_version is not None:
+            message.cached_version = request.cached_version
         if isinstance(guard, NoOpenCard):
             message.require_none_awaiting = True
         elif isinstance(guard, OpenCard):
@@ -312,7 +326,7 @@ class StateClient:
                 )
                 conversation_id = response.conversation.conversation_id
                 state = None
-                if response.version:
+                if response.version and not response.payload_omitted:
                     state = _decode_state(response.payload, conversation_id)
                     size = len(response.payload)
                     span.set_attributes(
@@ -322,7 +336,14 @@ class StateClient:
                         }
                     )
                     PAYLOAD_SIZE.record(size, {"side": "client", "op": "load"})
-                outcome = "ok" if state is not None else "not_found"
+                if response.payload_omitted:  # the caller holds this version already
+                    span.set_attributes(
+                        {
+                            "agentstate.state.payload_omitted": True,
+                            "agentstate.state.payload_bytes": 0,
+                        }
+                    )
+                outcome = "ok" if response.version else "not_found"
                 span.set_attributes(
                     {
                         "agentstate.conversation_id": conversation_id,
@@ -338,6 +359,7 @@ class StateClient:
                     state=state,
                     version=int(response.version),
                     record_ids=[m.message_id for m in response.messages],
+                    payload_omitted=response.payload_omitted,
                 )
             finally:
                 span.set_attribute("agentstate.state.outcome", outcome)
@@ -352,41 +374,48 @@ class StateClient:
         conversation_id: str,
         task_id: str,
         *,
-        payload: bytes,
+        payload: bytes | None,
         message_count: int,
         expected_version: int,
         writes: Sequence[RecordWrite] = (),
         compactions: Sequence[CompactionNote] = (),
+        change: StateChange | None = None,
     ) -> EndedTurn:
         """Save the turn in one call: the whole state (compare-and-set on the loaded
-        version), its record writes and compaction notes, and release the lease.
-        On any error nothing is saved and the lease is kept."""
+        version) or what changed since that version (`change`), its record writes and
+        compaction notes, and release the lease. On any error nothing is saved and the
+        lease is kept."""
+        sent = len(payload or b"") if change is None else change.size
         with tracer().start_as_current_span("state.save") as span:
             span.set_attributes(
                 {
                     "agentstate.state.rpc": "EndTurn",
                     "agentstate.conversation_id": conversation_id,
-                    "agentstate.state.payload_bytes": len(payload),
+                    "agentstate.state.payload_bytes": sent,
+                    "agentstate.state.delta": change is not None,
                     "agentstate.state.message_count": message_count,
                     "agentstate.state.version_read": expected_version,
                     "agentstate.state.message_writes": len(writes),
                 }
             )
-            PAYLOAD_SIZE.record(len(payload), {"side": "client", "op": "save"})
+            PAYLOAD_SIZE.record(sent, {"side": "client", "op": "save"})
+            request = pb.EndTurnRequest(
+                user_id=user_id,
+                conversation_id=conversation_id,
+                task_id=task_id,
+                message_writes=[message_write_pb(w) for w in writes],
+                compaction_records=[compaction_pb(c) for c in compactions],
+            )
+            if change is None:
+                request.payload = payload or b""
+                request.expected_version = expected_version
+            else:
+                request.delta.CopyFrom(state_delta_pb(change))
             started = time.perf_counter()
             outcome = "error"
             try:
                 response: pb.EndTurnResponse = await self._stub.EndTurn(
-                    pb.EndTurnRequest(
-                        user_id=user_id,
-                        conversation_id=conversation_id,
-                        task_id=task_id,
-                        payload=payload,
-                        expected_version=expected_version,
-                        message_writes=[message_write_pb(w) for w in writes],
-                        compaction_records=[compaction_pb(c) for c in compactions],
-                    ),
-                    timeout=self._timeout,
+                    request, timeout=self._timeout
                 )
                 outcome = "ok"
                 span.set_attribute("agentstate.state.version_written", int(response.version))
