@@ -115,7 +115,8 @@ async def test_two_replicas_take_turns_and_nothing_is_lost(stack: Stack, user_id
     questions = [m.text for m in stored.context if m.role is Role.USER and m.text]
     assert questions == [QUESTION, "我的名字是小王", "我叫什么？", "谢谢"]
     # The copy the last replica holds is the stored state, value for value.
-    app = stack.agents[0][0]
-    held = app.runner.cache.take(user_id, cid)
+    runner = stack.agents[0][0].runner
+    assert runner is not None
+    held = runner.cache.take(user_id, cid)
     assert held is not None and held.baseline.version == version
     assert held.state == stored
