@@ -120,3 +120,37 @@ async def test_two_replicas_take_turns_and_nothing_is_lost(stack: Stack, user_id
     held = runner.cache.take(user_id, cid)
     assert held is not None and held.baseline.version == version
     assert held.state == stored
+
+
+def test_token_counts_are_cached_per_message_and_forgotten_when_trimmed() -> None:
+    from agentstate.agent_service.context.manager import ContextManager, ContextSettings
+    from agentstate.agent_service.context.tokens import EstimatingCounter
+
+    class Counting(EstimatingCounter):
+        calls = 0
+
+        def count(self, text: str) -> int:
+            Counting.calls += 1
+            return super().count(text)
+
+    async def summarize(previous: str, messages: object, allowance: int) -> str:
+        return previous
+
+    manager = ContextManager(ContextSettings(), Counting(), summarize, "prompt")
+    state = _state(512)
+    first = manager.measure(state)
+    calls = Counting.calls
+    assert manager.measure(state) == first
+    assert Counting.calls - calls == 2  # the prompt and the summary; no message again
+    state.context.append(Msg(role=Role.ASSISTANT, content=[TextBlock("one more")]))
+    calls = Counting.calls
+    manager.measure(state)
+    assert Counting.calls - calls == 3
+    # A trimmed message is counted again.
+    state.context[3].content = [
+        ToolResultBlock.of_text("c", "t", ToolResultState.SUCCESS, "x" * 3000)
+    ]
+    state.context[3].role = Role.TOOL
+    before_trim = manager.measure(state)
+    assert manager.trim(state, keep_cycles=0) == 1
+    assert manager.measure(state) < before_trim
