@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from typing import Any
 
 import psycopg
@@ -589,3 +590,29 @@ async def test_a_delta_from_a_turn_whose_lease_was_taken_over_is_refused(
         )  # fmt: skip
     after = await store.get_state(user_id=USER, conversation_id=run.cid, state_key="agent_state")
     assert (after.payload, after.version) == (before.payload, before.version)
+
+
+async def test_split_states_command(pg_store: PostgresStore, database_url: str) -> None:
+    """`agentstate-state split-states` runs the online split against the configured
+    database and leaves nothing stored whole that could be split."""
+    import subprocess
+    import sys
+
+    run = await _conversation_with_state(pg_store, {"context": [{"i": 1}], "summary": "s"})
+    await _store_whole(pg_store, run.cid, run.model)
+    before = await pg_store.get_state(
+        user_id=USER, conversation_id=run.cid, state_key="agent_state"
+    )
+    done = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "agentstate.state_service", "split-states", "--batch-size", "3"],
+        env={**os.environ, "STATE_STORE": "postgres", "DATABASE_URL": database_url},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "none is left" in done.stdout
+    after = await pg_store.get_state(user_id=USER, conversation_id=run.cid, state_key="agent_state")
+    assert (after.payload, after.version) == (before.payload, before.version)
+    assert await _state_rows(pg_store, run.cid) == 1
