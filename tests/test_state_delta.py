@@ -214,7 +214,8 @@ async def _store_whole(store: PostgresStore, cid: int, model: dict[str, Any]) ->
         )
         await conn.execute(
             "UPDATE t_agent_state SET payload = %s::text::jsonb, context_start = NULL, "
-            "context_count = NULL, context_bytes = NULL WHERE user_id = %s AND session_id = %s",
+            "context_count = NULL, context_bytes = NULL, context_head = NULL, context_tail = NULL "
+            "WHERE user_id = %s AND session_id = %s",
             (dumps(model).decode(), USER, cid),
         )
 

@@ -649,7 +649,9 @@ CREATE TABLE t_agent_state_message (
     state_key  text NOT NULL,
     position   bigint NOT NULL,
     message    text NOT NULL,
-    PRIMARY KEY (user_id, session_id, state_key, position),
+    -- session_id first: the key stays small (no user_id in every entry) and serves
+    -- the cascade from t_conversation as well as reading a context in order.
+    PRIMARY KEY (session_id, state_key, position),
     CONSTRAINT t_agent_state_message_conversation_fkey FOREIGN KEY (user_id, session_id)
         REFERENCES t_conversation (user_id, id) ON DELETE CASCADE
 );
@@ -664,53 +666,60 @@ ALTER TABLE t_agent_state_message SET (
 -- NULL context columns: payload holds the whole state (written before this
 -- migration and not split yet, or a state without a "context" array).
 -- context_bytes: the sum of the rows' octet lengths, so the size of the whole
--- state is known without reading the rows. NOT VALID: existing rows (all
--- NULL) satisfy it; no scan under an exclusive lock.
+-- state is known without reading the rows. context_head / context_tail: the
+-- state's text before and after the context array (the rest's members in
+-- jsonb's order, "context" where that order puts it), made when the rest
+-- changes, so reading a state is one concatenation. NOT VALID: existing rows
+-- (all NULL) satisfy it; no scan under an exclusive lock.
 ALTER TABLE t_agent_state
     ADD COLUMN context_start bigint,
     ADD COLUMN context_count integer,
     ADD COLUMN context_bytes bigint,
+    ADD COLUMN context_head text,
+    ADD COLUMN context_tail text,
     ADD CONSTRAINT t_agent_state_context_check CHECK (
-        (context_start IS NULL AND context_count IS NULL AND context_bytes IS NULL)
+        (context_start IS NULL AND context_count IS NULL AND context_bytes IS NULL
+         AND context_head IS NULL AND context_tail IS NULL)
         OR (context_start >= 0 AND context_count >= 0 AND context_bytes >= 0
+            AND context_head IS NOT NULL AND context_tail IS NOT NULL
             AND NOT payload ? 'context')) NOT VALID;
 
--- The whole state as text, byte for byte what jsonb's output of the unsplit
--- state is: the rest's members in jsonb's key order (shorter keys first, then
--- bytewise) with "context" put where that order places it.
-CREATE FUNCTION agentstate_state_text(p_rest jsonb, p_context text) RETURNS text
+-- The text around a state's context array, byte for byte what jsonb prints for
+-- the unsplit state: the rest's members in jsonb's key order (shorter keys
+-- first, then bytewise) with "context" where that order puts it.
+CREATE FUNCTION agentstate_state_frame(p_rest jsonb, OUT head text, OUT tail text)
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-    SELECT '{' || string_agg(part, ', ' ORDER BY rank) || '}'
+    SELECT '{' || coalesce(string_agg(part, ', ' ORDER BY n) FILTER (WHERE before), '')
+               || CASE WHEN bool_or(before) THEN ', ' ELSE '' END || '"context": ',
+           coalesce(', ' || string_agg(part, ', ' ORDER BY n) FILTER (WHERE NOT before), '')
+               || '}'
     FROM (
-        SELECT e.n::numeric AS rank, to_jsonb(e.key)::text || ': ' || e.value::text AS part
+        SELECT e.n, to_jsonb(e.key)::text || ': ' || e.value::text AS part,
+               octet_length(e.key) < 7
+               OR (octet_length(e.key) = 7
+                   AND convert_to(e.key, 'UTF8') < convert_to('context', 'UTF8')) AS before
         FROM jsonb_each(p_rest) WITH ORDINALITY AS e(key, value, n)
-        UNION ALL
-        SELECT count(*) FILTER (
-                   WHERE octet_length(k) < 7
-                      OR (octet_length(k) = 7
-                          AND convert_to(k, 'UTF8') < convert_to('context', 'UTF8'))) + 0.5,
-               '"context": ' || p_context
-        FROM jsonb_object_keys(p_rest) AS k
     ) AS parts
 $$;
 
--- The context array's text: its rows in order, as jsonb prints an array.
-CREATE FUNCTION agentstate_context_text(p_user_id text, p_session_id bigint, p_state_key text)
-RETURNS text
-LANGUAGE sql STABLE PARALLEL SAFE AS $$
-    SELECT coalesce('[' || string_agg(m.message, ', ' ORDER BY m.position) || ']', '[]')
-    FROM t_agent_state_message AS m
-    WHERE m.user_id = p_user_id AND m.session_id = p_session_id AND m.state_key = p_state_key
+-- The whole state's text from its rest and its context array's text.
+CREATE FUNCTION agentstate_state_text(p_rest jsonb, p_context text) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT f.head || p_context || f.tail FROM agentstate_state_frame(p_rest) AS f
 $$;
 
--- The stored state as GetState returns it (NULL: no state row).
+-- The stored state as GetState returns it (NULL: no state row): a split one is
+-- its frame around its rows, in order, as jsonb prints an array.
 CREATE FUNCTION agentstate_state_payload(s t_agent_state) RETURNS text
 LANGUAGE sql STABLE PARALLEL SAFE AS $$
     SELECT CASE
         WHEN s.version IS NULL THEN NULL
         WHEN s.context_start IS NULL THEN s.payload::text
-        ELSE agentstate_state_text(
-            s.payload, agentstate_context_text(s.user_id, s.session_id, s.state_key))
+        ELSE s.context_head || (
+            SELECT coalesce('[' || string_agg(m.message, ', ' ORDER BY m.position) || ']', '[]')
+            FROM t_agent_state_message AS m
+            WHERE m.session_id = s.session_id AND m.state_key = s.state_key
+              AND m.user_id = s.user_id) || s.context_tail
     END
 $$;
 
@@ -735,7 +744,7 @@ BEGIN
         INSERT INTO t_agent_state_message AS m (user_id, session_id, state_key, position, message)
         SELECT p_user_id, p_session_id, p_state_key, p_start + p_from + u.i - 1, u.message
         FROM unnest(p_messages) WITH ORDINALITY AS u(message, i)
-        ON CONFLICT (user_id, session_id, state_key, position)
+        ON CONFLICT (session_id, state_key, position)
         DO UPDATE SET message = EXCLUDED.message WHERE m.message <> EXCLUDED.message;
     END IF;
     IF v_old > 0 THEN
@@ -771,7 +780,9 @@ BEGIN
     UPDATE t_agent_state AS t
     SET payload = t.payload - 'context', context_start = 0,
         context_count = cardinality(v_messages),
-        context_bytes = (SELECT coalesce(sum(octet_length(m)), 0) FROM unnest(v_messages) AS m)
+        context_bytes = (SELECT coalesce(sum(octet_length(m)), 0) FROM unnest(v_messages) AS m),
+        (context_head, context_tail) = (
+            SELECT f.head, f.tail FROM agentstate_state_frame(t.payload - 'context') AS f)
     WHERE t.user_id = s.user_id AND t.session_id = s.session_id AND t.state_key = s.state_key
     RETURNING * INTO s;
     RETURN s;
@@ -813,6 +824,7 @@ DECLARE
     v_new_bytes bigint;
     v_size bigint;
     v_from integer;
+    v_frame record;
 BEGIN
     -- Set only for a large payload with many brackets (the store checks small ones):
     -- is any value nested deeper than allowed?
@@ -821,6 +833,7 @@ BEGIN
     THEN
         PERFORM agentstate_refuse(jsonb_build_object('kind', 'too_deep', 'limit', p_max_depth));
     END IF;
+    SELECT NULL::text AS head, NULL::text AS tail INTO v_frame;
     PERFORM agentstate_touch_conversation(p_user_id, p_conversation_id);
     IF p_task_id IS NOT NULL THEN
         -- Fencing (migration 6): a turn whose lease another task took over never
@@ -850,6 +863,7 @@ BEGIN
             PERFORM agentstate_write_context(
                 p_user_id, p_conversation_id, p_state_key, v_start, 0, v_new);
             v_rest := p_payload - 'context';
+            v_frame := agentstate_state_frame(v_rest);
             v_count := cardinality(v_new);
             SELECT coalesce(sum(octet_length(m)), 0) INTO v_bytes FROM unnest(v_new) AS m;
         ELSE
@@ -873,6 +887,7 @@ BEGIN
         v_count := v_state.context_count;
         v_bytes := v_state.context_bytes;
         v_rest := v_state.payload;
+        SELECT v_state.context_head AS head, v_state.context_tail AS tail INTO v_frame;
         IF p_drop_head > v_count THEN
             PERFORM agentstate_refuse(jsonb_build_object(
                 'kind', 'delta_range', 'field', 'drop_head', 'value', p_drop_head,
@@ -899,7 +914,14 @@ BEGIN
         SELECT coalesce(array_agg(u.m::jsonb::text ORDER BY u.i), '{}') INTO v_new
         FROM unnest(p_messages) WITH ORDINALITY AS u(m, i);
         SELECT coalesce(sum(octet_length(m)), 0) INTO v_new_bytes FROM unnest(v_new) AS m;
-        IF cardinality(v_new) > 0 OR v_from < v_count THEN
+        IF v_from = v_count THEN
+            -- Appending (the common turn): no row after the end to compare or remove.
+            INSERT INTO t_agent_state_message (user_id, session_id, state_key, position, message)
+            SELECT p_user_id, p_conversation_id, p_state_key, v_start + v_count + u.i - 1,
+                   u.message
+            FROM unnest(v_new) WITH ORDINALITY AS u(message, i);
+            v_bytes := v_bytes + v_new_bytes;
+        ELSE
             v_bytes := v_bytes - agentstate_write_context(
                 p_user_id, p_conversation_id, p_state_key, v_start, v_from, v_new) + v_new_bytes;
         END IF;
@@ -912,12 +934,12 @@ BEGIN
                 PERFORM agentstate_refuse(jsonb_build_object('kind', 'fields_name_context'));
             END IF;
             v_rest := p_fields;
+            v_frame := agentstate_state_frame(v_rest);
         END IF;
         IF p_max_bytes IS NOT NULL THEN
             -- The size of the whole state as GetState returns it.
-            v_size := octet_length(v_rest::text) + length('"context": ')
-                      + CASE WHEN v_count = 0 THEN 2 ELSE v_bytes + 2 * v_count END
-                      + CASE WHEN v_rest = '{}' THEN 0 ELSE 2 END;
+            v_size := octet_length(v_frame.head) + octet_length(v_frame.tail)
+                      + CASE WHEN v_count = 0 THEN 2 ELSE v_bytes + 2 * v_count END;
             IF v_size > p_max_bytes THEN
                 PERFORM agentstate_refuse(jsonb_build_object(
                     'kind', 'too_large', 'size', v_size, 'limit', p_max_bytes));
@@ -926,17 +948,22 @@ BEGIN
     END IF;
     IF v_state.version IS NULL THEN
         INSERT INTO t_agent_state AS s (user_id, session_id, state_key, payload, version,
-                                        context_start, context_count, context_bytes)
+                                        context_start, context_count, context_bytes,
+                                        context_head, context_tail)
         VALUES (p_user_id, p_conversation_id, p_state_key, v_rest, 1, v_start,
                 CASE WHEN v_start IS NULL THEN NULL ELSE v_count END,
-                CASE WHEN v_start IS NULL THEN NULL ELSE v_bytes END)
+                CASE WHEN v_start IS NULL THEN NULL ELSE v_bytes END,
+                CASE WHEN v_start IS NULL THEN NULL ELSE v_frame.head END,
+                CASE WHEN v_start IS NULL THEN NULL ELSE v_frame.tail END)
         RETURNING s.* INTO v_state;
     ELSE
         UPDATE t_agent_state AS s
         SET payload = v_rest, version = s.version + 1, update_time = now(),
             context_start = v_start,
             context_count = CASE WHEN v_start IS NULL THEN NULL ELSE v_count END,
-            context_bytes = CASE WHEN v_start IS NULL THEN NULL ELSE v_bytes END
+            context_bytes = CASE WHEN v_start IS NULL THEN NULL ELSE v_bytes END,
+            context_head = CASE WHEN v_start IS NULL THEN NULL ELSE v_frame.head END,
+            context_tail = CASE WHEN v_start IS NULL THEN NULL ELSE v_frame.tail END
         WHERE s.user_id = p_user_id AND s.session_id = p_conversation_id
           AND s.state_key = p_state_key
         RETURNING s.* INTO v_state;
