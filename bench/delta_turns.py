@@ -230,44 +230,53 @@ def _p50(values: list[float]) -> float:
 
 
 async def one_caller(
-    name: str, stub: Any, dsn: str, delta: bool, size: int, results: Results, turns: int
+    contenders: dict[str, tuple[Any, str, bool]], sizes: list[int], results: Results, turns: int
 ) -> None:
-    """Part 2."""
-    c = Conversation(stub, delta, grown_state(size))
-    await c.create()
-    request = pb.GetStateRequest(user_id=USER, conversation_id=c.cid)
-    for _ in range(20):
-        await stub.GetState(request)
-    gets = []
-    for _ in range(turns):
-        started = time.perf_counter()
-        await stub.GetState(request)
-        gets.append((time.perf_counter() - started) * 1000)
-    results.add(name, size, "GetState p50 ms", _p50(gets))
-    seed = grown_state(size)
-    begins, ends, whole = [], [], []
+    """Part 2. The latency cells are interleaved (each round does one call of every
+    contender at every size), so a change in the machine's load hits them all alike."""
+    conversations: dict[tuple[str, int], Conversation] = {}
+    for size in sizes:
+        for name, (stub, _, delta) in contenders.items():
+            c = Conversation(stub, delta, grown_state(size))
+            await c.create()
+            conversations[(name, size)] = c
+    gets: dict[tuple[str, int], list[float]] = {k: [] for k in conversations}
+    begins: dict[tuple[str, int], list[float]] = {k: [] for k in conversations}
+    ends: dict[tuple[str, int], list[float]] = {k: [] for k in conversations}
     for i in range(turns + 10):
-        if i % 16 == 0:
-            await c.reseed(seed)  # keep the state near N messages
-        begin_ms, end_ms = await c.turn(_new_messages(i, 4))
-        if i >= 10:
-            begins.append(begin_ms)
-            ends.append(end_ms)
-            whole.append(begin_ms + end_ms)
-    results.add(name, size, "BeginTurn p50 ms", _p50(begins))
-    results.add(name, size, "EndTurn p50 ms (append 4)", _p50(ends))
-    results.add(name, size, "turn p50 ms (append 4)", _p50(whole))
-    await c.reseed(seed)
-    added = 0
-    lsn = await _wal_lsn(dsn)
-    for i in range(100):
-        new = _new_messages(i, 4)
-        added += sum(len(_encode(m)) for m in new) + len(QUESTION) + len(REPLY)
-        await c.turn(new)
-    wal = await _wal_lsn(dsn) - lsn
-    results.add(name, size, "WAL bytes per turn (append 4)", wal / 100)
-    results.add(name, size, "bytes added per turn", added / 100)
-    results.add(name, size, "WAL / added", wal / added)
+        for (name, size), c in conversations.items():
+            if i % 16 == 0:
+                await c.reseed(grown_state(size))  # keep the state near N messages
+            request = pb.GetStateRequest(user_id=USER, conversation_id=c.cid)
+            started = time.perf_counter()
+            await c.stub.GetState(request)
+            get_ms = (time.perf_counter() - started) * 1000
+            begin_ms, end_ms = await c.turn(_new_messages(i, 4))
+            if i >= 10:
+                gets[(name, size)].append(get_ms)
+                begins[(name, size)].append(begin_ms)
+                ends[(name, size)].append(end_ms)
+    for key in conversations:
+        name, size = key
+        results.add(name, size, "GetState p50 ms", _p50(gets[key]))
+        results.add(name, size, "BeginTurn p50 ms", _p50(begins[key]))
+        results.add(name, size, "EndTurn p50 ms (append 4)", _p50(ends[key]))
+        whole = [b + e for b, e in zip(begins[key], ends[key], strict=True)]
+        results.add(name, size, "turn p50 ms (append 4)", _p50(whole))
+    # WAL: one conversation at a time, nothing else running on the server.
+    for (name, size), c in conversations.items():
+        dsn = contenders[name][1]
+        await c.reseed(grown_state(size))
+        added = 0
+        lsn = await _wal_lsn(dsn)
+        for i in range(100):
+            new = _new_messages(i, 4)
+            added += sum(len(_encode(m)) for m in new) + len(QUESTION) + len(REPLY)
+            await c.turn(new)
+        wal = await _wal_lsn(dsn) - lsn
+        results.add(name, size, "WAL bytes per turn (append 4)", wal / 100)
+        results.add(name, size, "bytes added per turn", added / 100)
+        results.add(name, size, "WAL / added", wal / added)
 
 
 async def throughput(
@@ -316,28 +325,38 @@ async def langgraph_throughput(
 
 
 async def chat_turns(
-    name: str, state_stub: Any, agent_address: str, size: int, turns: int, results: Results
+    agents: dict[str, tuple[Any, str]], sizes: list[int], turns: int, results: Results
 ) -> None:
-    """Part 4: whole Chat turns on a conversation seeded with `size` messages."""
-    c = Conversation(state_stub, False, grown_state(size))
-    await c.create()
+    """Part 4: whole Chat turns on conversations seeded with N messages, interleaved
+    (each round one turn of every contender at every size)."""
     md = ((USER_ID_METADATA_KEY, USER),)
-    async with grpc.aio.insecure_channel(agent_address) as channel:
-        stub = apb_grpc.AgentServiceStub(channel)
-        samples = []
+    channels = {name: grpc.aio.insecure_channel(address) for name, (_, address) in agents.items()}
+    try:
+        cells = []
+        for size in sizes:
+            for name, (state_stub, _) in agents.items():
+                c = Conversation(state_stub, False, grown_state(size))
+                await c.create()
+                cells.append((name, size, c.cid, apb_grpc.AgentServiceStub(channels[name])))
+        samples: dict[tuple[str, int], list[float]] = {(n, z): [] for n, z, _, _ in cells}
         for i in range(turns + 5):
-            started = time.perf_counter()
-            events = [
-                r.event
-                async for r in stub.Chat(
-                    apb.ChatRequest(conversation_id=c.cid, question=f"第{i}个问题：我叫什么？"),
-                    metadata=md,
-                )
-            ]
-            assert events[-2].HasField("finish"), events[-2]
-            if i >= 5:
-                samples.append((time.perf_counter() - started) * 1000)
-    results.add(name, size, "Chat turn p50 ms", _p50(samples))
+            for name, size, cid, stub in cells:
+                started = time.perf_counter()
+                events = [
+                    r.event
+                    async for r in stub.Chat(
+                        apb.ChatRequest(conversation_id=cid, question=f"第{i}个问题：我叫什么？"),
+                        metadata=md,
+                    )
+                ]
+                assert events[-2].HasField("finish"), events[-2]
+                if i >= 5:
+                    samples[(name, size)].append((time.perf_counter() - started) * 1000)
+        for (name, size), values in samples.items():
+            results.add(name, size, "Chat turn p50 ms", _p50(values))
+    finally:
+        for channel in channels.values():
+            await channel.close(None)
 
 
 def _database(server: EmbeddedPostgres, name: str) -> str:
@@ -403,9 +422,12 @@ async def run(args: argparse.Namespace) -> Results:
         for name, (_, delta) in contenders.items():
             await relation_bytes(name, stubs[name], dsns[name], delta, results, args.load_turns, 8)
         print("2. one caller", flush=True)
-        for size in sizes:
-            for name, (_, delta) in contenders.items():
-                await one_caller(name, stubs[name], dsns[name], delta, size, results, args.calls)
+        await one_caller(
+            {name: (stubs[name], dsns[name], delta) for name, (_, delta) in contenders.items()},
+            sizes,
+            results,
+            args.calls,
+        )
         print("3. throughput", flush=True)
         savers = (
             []
@@ -418,14 +440,12 @@ async def run(args: argparse.Namespace) -> Results:
             if savers:
                 await langgraph_throughput(savers[0], size, 8, args.seconds, results)
         print("4. whole Chat turns", flush=True)
+        agents: dict[str, tuple[Any, str]] = {}
         for name, (src, _) in contenders.items():
             agent = _agent_service(addresses[name], src)
             services.append(agent)
-            address = agent.wait_ready()
-            for size in sizes:
-                await chat_turns(name, stubs[name], address, size, args.chat_turns, results)
-            agent.terminate()
-            services.remove(agent)
+            agents[name] = (stubs[name], agent.wait_ready())
+        await chat_turns(agents, sizes, args.chat_turns, results)
         return results
     finally:
         for close in reversed(closers):
