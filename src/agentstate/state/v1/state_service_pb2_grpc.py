@@ -322,14 +322,6 @@ class StateServiceServicer:
         does (whole payload with compare-and-set, message writes, compaction
         records) and the release of the turn's lease.
 
-<<<<<<< HEAD
-        Errors: as UpsertState, plus FAILED_PRECONDITION when another turn has
-        taken the conversation's lease over since (this turn's lease lapsed):
-        the late turn must not write. On any error nothing is saved and the lease
-        is kept (release it with ReleaseLease, or let it lapse). With `delta`
-        instead of `payload` only what the turn changed is sent and stored (see
-        StateDelta).
-=======
         Errors: as UpsertState, plus FAILED_PRECONDITION (reason LEASE_LOST) when
         another task has been granted the conversation's lease since this turn's
         (its lease lapsed and was taken over): a turn whose lease was taken over
@@ -337,8 +329,8 @@ class StateServiceServicer:
         the lease is free, and with or without expected_version. A lease that
         merely lapsed, with no other turn in between, still saves. On any error
         nothing is saved and the lease is kept (release it with ReleaseLease, or
-        let it lapse).
->>>>>>> main
+        let it lapse). With `delta` instead of `payload` only what the turn
+        changed is sent and stored (see StateDelta).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

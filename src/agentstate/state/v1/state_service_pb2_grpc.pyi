@@ -161,14 +161,6 @@ class StateServiceStub:
     does (whole payload with compare-and-set, message writes, compaction
     records) and the release of the turn's lease.
 
-<<<<<<< HEAD
-    Errors: as UpsertState, plus FAILED_PRECONDITION when another turn has
-    taken the conversation's lease over since (this turn's lease lapsed):
-    the late turn must not write. On any error nothing is saved and the lease
-    is kept (release it with ReleaseLease, or let it lapse). With `delta`
-    instead of `payload` only what the turn changed is sent and stored (see
-    StateDelta).
-=======
     Errors: as UpsertState, plus FAILED_PRECONDITION (reason LEASE_LOST) when
     another task has been granted the conversation's lease since this turn's
     (its lease lapsed and was taken over): a turn whose lease was taken over
@@ -176,8 +168,8 @@ class StateServiceStub:
     the lease is free, and with or without expected_version. A lease that
     merely lapsed, with no other turn in between, still saves. On any error
     nothing is saved and the lease is kept (release it with ReleaseLease, or
-    let it lapse).
->>>>>>> main
+    let it lapse). With `delta` instead of `payload` only what the turn
+    changed is sent and stored (see StateDelta).
     """
 
 @_typing.type_check_only
@@ -296,14 +288,6 @@ class StateServiceAsyncStub(StateServiceStub):
     does (whole payload with compare-and-set, message writes, compaction
     records) and the release of the turn's lease.
 
-<<<<<<< HEAD
-    Errors: as UpsertState, plus FAILED_PRECONDITION when another turn has
-    taken the conversation's lease over since (this turn's lease lapsed):
-    the late turn must not write. On any error nothing is saved and the lease
-    is kept (release it with ReleaseLease, or let it lapse). With `delta`
-    instead of `payload` only what the turn changed is sent and stored (see
-    StateDelta).
-=======
     Errors: as UpsertState, plus FAILED_PRECONDITION (reason LEASE_LOST) when
     another task has been granted the conversation's lease since this turn's
     (its lease lapsed and was taken over): a turn whose lease was taken over
@@ -311,8 +295,8 @@ class StateServiceAsyncStub(StateServiceStub):
     the lease is free, and with or without expected_version. A lease that
     merely lapsed, with no other turn in between, still saves. On any error
     nothing is saved and the lease is kept (release it with ReleaseLease, or
-    let it lapse).
->>>>>>> main
+    let it lapse). With `delta` instead of `payload` only what the turn
+    changed is sent and stored (see StateDelta).
     """
 
 class StateServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -542,14 +526,6 @@ class StateServiceServicer(metaclass=_abc_1.ABCMeta):
         does (whole payload with compare-and-set, message writes, compaction
         records) and the release of the turn's lease.
 
-<<<<<<< HEAD
-        Errors: as UpsertState, plus FAILED_PRECONDITION when another turn has
-        taken the conversation's lease over since (this turn's lease lapsed):
-        the late turn must not write. On any error nothing is saved and the lease
-        is kept (release it with ReleaseLease, or let it lapse). With `delta`
-        instead of `payload` only what the turn changed is sent and stored (see
-        StateDelta).
-=======
         Errors: as UpsertState, plus FAILED_PRECONDITION (reason LEASE_LOST) when
         another task has been granted the conversation's lease since this turn's
         (its lease lapsed and was taken over): a turn whose lease was taken over
@@ -557,8 +533,8 @@ class StateServiceServicer(metaclass=_abc_1.ABCMeta):
         the lease is free, and with or without expected_version. A lease that
         merely lapsed, with no other turn in between, still saves. On any error
         nothing is saved and the lease is kept (release it with ReleaseLease, or
-        let it lapse).
->>>>>>> main
+        let it lapse). With `delta` instead of `payload` only what the turn
+        changed is sent and stored (see StateDelta).
         """
 
 def add_StateServiceServicer_to_server(servicer: StateServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
