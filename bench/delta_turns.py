@@ -34,6 +34,7 @@ import argparse
 import asyncio
 import json
 import os
+import random
 import shutil
 import statistics
 import tempfile
@@ -243,19 +244,25 @@ async def one_caller(
     gets: dict[tuple[str, int], list[float]] = {k: [] for k in conversations}
     begins: dict[tuple[str, int], list[float]] = {k: [] for k in conversations}
     ends: dict[tuple[str, int], list[float]] = {k: [] for k in conversations}
+    order = random.Random(16)
+    cells = list(conversations.items())
     for i in range(turns + 10):
-        for (name, size), c in conversations.items():
+        # Every cell once per round, in a new order each round: no cell always follows
+        # the same (heavy or light) call. Reads first, then turns.
+        order.shuffle(cells)
+        for key, c in cells:
             if i % 16 == 0:
-                await c.reseed(grown_state(size))  # keep the state near N messages
-            request = pb.GetStateRequest(user_id=USER, conversation_id=c.cid)
+                await c.reseed(grown_state(key[1]))  # keep the state near N messages
             started = time.perf_counter()
-            await c.stub.GetState(request)
-            get_ms = (time.perf_counter() - started) * 1000
+            await c.stub.GetState(pb.GetStateRequest(user_id=USER, conversation_id=c.cid))
+            if i >= 10:
+                gets[key].append((time.perf_counter() - started) * 1000)
+        order.shuffle(cells)
+        for key, c in cells:
             begin_ms, end_ms = await c.turn(_new_messages(i, 4))
             if i >= 10:
-                gets[(name, size)].append(get_ms)
-                begins[(name, size)].append(begin_ms)
-                ends[(name, size)].append(end_ms)
+                begins[key].append(begin_ms)
+                ends[key].append(end_ms)
     for key in conversations:
         name, size = key
         results.add(name, size, "GetState p50 ms", _p50(gets[key]))
@@ -279,49 +286,68 @@ async def one_caller(
         results.add(name, size, "WAL / added", wal / added)
 
 
+class Sessions:
+    """`sessions` callers running back-to-back turns, in slices of time."""
+
+    def __init__(self, turn: Any, sessions: int) -> None:
+        self.turn = turn  # async (session number) -> None
+        self.sessions = sessions
+        self.count = 0
+        self.elapsed = 0.0
+
+    async def slice(self, seconds: float) -> None:
+        deadline = time.perf_counter() + seconds
+
+        async def loop(session: int) -> None:
+            while time.perf_counter() < deadline:
+                await self.turn(session)
+                self.count += 1
+
+        started = time.perf_counter()
+        await asyncio.gather(*(loop(s) for s in range(self.sessions)))
+        self.elapsed += time.perf_counter() - started
+
+
 async def throughput(
-    name: str, stub: Any, delta: bool, size: int, sessions: int, seconds: float, results: Results
+    contenders: dict[str, tuple[Any, bool]],
+    saver: LangGraph | None,
+    size: int,
+    sessions: int,
+    seconds: float,
+    results: Results,
 ) -> None:
-    """Part 3: constant-size contexts (append 4, drop 4)."""
-    conversations = [Conversation(stub, delta, grown_state(size)) for _ in range(sessions)]
-    for c in conversations:
-        await c.create()
-        await c.turn(_new_messages(0, 4), drop=4)
-    count = 0
-    deadline = time.perf_counter() + seconds
+    """Part 3: constant-size contexts (append 4, drop 4). The contenders take turns in
+    one-second slices, so a change in the machine's load hits them all alike."""
+    runs: dict[str, Sessions] = {}
+    for name, (stub, delta) in contenders.items():
+        conversations = [Conversation(stub, delta, grown_state(size)) for _ in range(sessions)]
+        for c in conversations:
+            await c.create()
+            await c.turn(_new_messages(0, 4), drop=4)
+        turn_no = [1] * sessions
 
-    async def loop(c: Conversation) -> None:
-        nonlocal count
-        i = 1
-        while time.perf_counter() < deadline:
-            await c.turn(_new_messages(i, 4), drop=4)
-            count += 1
-            i += 1
+        async def ours(
+            session: int, cs: list[Conversation] = conversations, n: list[int] = turn_no
+        ) -> None:
+            await cs[session].turn(_new_messages(n[session], 4), drop=4)
+            n[session] += 1
 
-    started = time.perf_counter()
-    await asyncio.gather(*(loop(c) for c in conversations))
-    results.add(name, size, f"turns/s c={sessions}", count / (time.perf_counter() - started))
-
-
-async def langgraph_throughput(
-    saver: LangGraph, size: int, sessions: int, seconds: float, results: Results
-) -> None:
-    state = grown_state(size)
-    threads = [f"thread-{size}-{s}-{time.monotonic_ns()}" for s in range(sessions)]
-    for s in range(sessions):
-        await saver.turn(s, threads[s], state)
-    count = 0
-    deadline = time.perf_counter() + seconds
-
-    async def loop(s: int) -> None:
-        nonlocal count
-        while time.perf_counter() < deadline:
+        runs[name] = Sessions(ours, sessions)
+    if saver is not None:
+        state = grown_state(size)
+        threads = [f"thread-{size}-{s}-{time.monotonic_ns()}" for s in range(sessions)]
+        for s in range(sessions):
             await saver.turn(s, threads[s], state)
-            count += 1
 
-    started = time.perf_counter()
-    await asyncio.gather(*(loop(s) for s in range(sessions)))
-    results.add("langgraph", size, f"turns/s c={sessions}", count / (time.perf_counter() - started))
+        async def theirs(session: int, lg: LangGraph = saver) -> None:
+            await lg.turn(session, threads[session], state)
+
+        runs["langgraph"] = Sessions(theirs, sessions)
+    for _ in range(max(1, round(seconds))):
+        for run in runs.values():
+            await run.slice(1.0)
+    for name, run in runs.items():
+        results.add(name, size, f"turns/s c={sessions}", run.count / run.elapsed)
 
 
 async def chat_turns(
@@ -435,10 +461,14 @@ async def run(args: argparse.Namespace) -> Results:
             else await _langgraph(_database(server, "langgraph"), 8, closers)
         )
         for size in sizes:
-            for name, (_, delta) in contenders.items():
-                await throughput(name, stubs[name], delta, size, 8, args.seconds, results)
-            if savers:
-                await langgraph_throughput(savers[0], size, 8, args.seconds, results)
+            await throughput(
+                {name: (stubs[name], delta) for name, (_, delta) in contenders.items()},
+                savers[0] if savers else None,
+                size,
+                8,
+                args.seconds,
+                results,
+            )
         print("4. whole Chat turns", flush=True)
         agents: dict[str, tuple[Any, str]] = {}
         for name, (src, _) in contenders.items():
