@@ -708,21 +708,6 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT f.head || p_context || f.tail FROM agentstate_state_frame(p_rest) AS f
 $$;
 
--- The stored state as GetState returns it (NULL: no state row): a split one is
--- its frame around its rows, in order, as jsonb prints an array.
-CREATE FUNCTION agentstate_state_payload(s t_agent_state) RETURNS text
-LANGUAGE sql STABLE PARALLEL SAFE AS $$
-    SELECT CASE
-        WHEN s.version IS NULL THEN NULL
-        WHEN s.context_start IS NULL THEN s.payload::text
-        ELSE s.context_head || (
-            SELECT coalesce('[' || string_agg(m.message, ', ' ORDER BY m.position) || ']', '[]')
-            FROM t_agent_state_message AS m
-            WHERE m.session_id = s.session_id AND m.state_key = s.state_key
-              AND m.user_id = s.user_id) || s.context_tail
-    END
-$$;
-
 -- Write a context's messages from index p_from on (positions p_start + p_from
 -- ...) and remove every row after them. Rows whose text is unchanged are left
 -- alone, so a whole-state save writes only the messages that changed. The
@@ -1066,8 +1051,15 @@ BEGIN
     RETURN QUERY
     SELECT v_conversation, v_created, v_lease.task_id, v_lease.expire_time,
            v_lease.stop_requested, v_lease.lapsed_task_id, v_interrupted,
+           -- As sql.SELECT_STATE: written out, not a function, so it is planned once.
            CASE WHEN s.version = p_cached_version THEN NULL
-                ELSE agentstate_state_payload(s) END,
+                WHEN s.context_start IS NULL THEN s.payload::text
+                ELSE s.context_head || (
+                    SELECT coalesce(
+                        '[' || string_agg(m.message, ', ' ORDER BY m.position) || ']', '[]')
+                    FROM t_agent_state_message AS m
+                    WHERE m.session_id = s.session_id AND m.state_key = s.state_key
+                      AND m.user_id = s.user_id) || s.context_tail END,
            s.version, s.update_time, coalesce(v_ids, '{}'), now(),
            coalesce(s.version = p_cached_version, false)
     FROM (SELECT 1) AS one

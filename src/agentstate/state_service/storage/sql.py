@@ -45,7 +45,15 @@ RETURNING {_CONVERSATION_COLUMNS}
 # payload is text (read as raw bytes): a split state is assembled from its rows
 # (migration 10), byte for byte what jsonb prints for the same state stored whole.
 SELECT_STATE: Final = """
-SELECT agentstate_state_payload(s) AS payload, s.version, s.update_time
+SELECT CASE
+           WHEN s.context_start IS NULL THEN s.payload::text
+           -- Written out rather than a SQL function (which is planned on every call).
+           ELSE s.context_head || (
+               SELECT coalesce('[' || string_agg(m.message, ', ' ORDER BY m.position) || ']', '[]')
+               FROM t_agent_state_message AS m
+               WHERE m.session_id = s.session_id AND m.state_key = s.state_key
+                 AND m.user_id = s.user_id) || s.context_tail
+       END AS payload, s.version, s.update_time
 FROM t_conversation AS c
 LEFT JOIN t_agent_state AS s
   ON s.user_id = c.user_id AND s.session_id = c.id AND s.state_key = %(state_key)s
