@@ -18,8 +18,9 @@ Measured, each as a function of the state's size (messages of the source's examp
 1. relation bytes per conversation after 200 turns of steady load (8 sessions over 20
    conversations, each turn adding a question and an answer; autovacuum as configured,
    no VACUUM FULL) against the bytes stored (GetState's payload + the records' JSON);
-2. one caller: GetState p50, and a turn appending 4 messages: EndTurn p50, turn p50,
-   WAL bytes per turn (pg_current_wal_lsn() over 100 turns, the state growing from N)
+2. one caller: GetState p50, and a turn appending 4 messages: EndTurn p50, turn p50 (a
+   fresh N-message conversation every 16 turns, so the state stays near N), WAL bytes
+   per turn (pg_current_wal_lsn() over 100 turns, the state growing from N)
    against the bytes the turn added (4 messages + the records' blocks);
 3. turns/s with 8 sessions, a turn appending 4 messages and dropping 4 from the front
    (a constant-size context), and LangGraph's AsyncPostgresSaver shared by the sessions
@@ -252,7 +253,10 @@ async def one_caller(
         order.shuffle(cells)
         for key, c in cells:
             if i % 16 == 0:
-                await c.reseed(grown_state(key[1]))  # keep the state near N messages
+                # Keep the state near N messages: a new conversation with the N-message
+                # state (a real conversation grows; it is never rewound).
+                c.state = grown_state(key[1])
+                await c.create()
             started = time.perf_counter()
             await c.stub.GetState(pb.GetStateRequest(user_id=USER, conversation_id=c.cid))
             if i >= 10:
@@ -273,7 +277,8 @@ async def one_caller(
     # WAL: one conversation at a time, nothing else running on the server.
     for (name, size), c in conversations.items():
         dsn = contenders[name][1]
-        await c.reseed(grown_state(size))
+        c.state = grown_state(size)
+        await c.create()
         added = 0
         lsn = await _wal_lsn(dsn)
         for i in range(100):
