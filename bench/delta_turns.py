@@ -20,7 +20,8 @@ Measured, each as a function of the state's size (messages of the source's examp
    no VACUUM FULL) against the bytes stored (GetState's payload + the records' JSON);
 2. one caller: GetState p50, and a turn appending 4 messages: EndTurn p50, turn p50 (a
    fresh N-message conversation every 16 turns, so the state stays near N), WAL bytes
-   per turn (pg_current_wal_lsn() over 100 turns, the state growing from N)
+   per turn (pg_current_wal_lsn() over 100 turns after a CHECKPOINT and 10 turns, the
+   state growing from N)
    against the bytes the turn added (4 messages + the records' blocks);
 3. turns/s with 8 sessions, a turn appending 4 messages and dropping 4 from the front
    (a constant-size context), and LangGraph's AsyncPostgresSaver shared by the sessions
@@ -279,6 +280,12 @@ async def one_caller(
         dsn = contenders[name][1]
         c.state = grown_state(size)
         await c.create()
+        # No checkpoint inside the window: its full-page images would land on whichever
+        # cell it fell in (they come on top, once per page per checkpoint interval).
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            await conn.execute("CHECKPOINT")
+        for i in range(10):
+            await c.turn(_new_messages(1000 + i, 4))
         added = 0
         lsn = await _wal_lsn(dsn)
         for i in range(100):
