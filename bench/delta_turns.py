@@ -20,8 +20,8 @@ Measured, each as a function of the state's size (messages of the source's examp
    no VACUUM FULL) against the bytes stored (GetState's payload + the records' JSON);
 2. one caller: GetState p50, and a turn appending 4 messages: EndTurn p50, turn p50 (a
    fresh N-message conversation every 16 turns, so the state stays near N), WAL bytes
-   per turn (pg_current_wal_lsn() over 100 turns after a CHECKPOINT and 10 turns, the
-   state growing from N)
+   per turn (pg_current_wal_lsn() over 100 turns after a CHECKPOINT and 10 turns, with
+   autovacuum paused, the state growing from N)
    against the bytes the turn added (4 messages + the records' blocks);
 3. turns/s with 8 sessions, a turn appending 4 messages and dropping 4 from the front
    (a constant-size context), and LangGraph's AsyncPostgresSaver shared by the sessions
@@ -172,6 +172,13 @@ async def _wal_lsn(dsn: str) -> int:
         return int(row[0])
 
 
+async def _autovacuum(dsn: str, *, on: bool) -> None:
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await conn.execute(f"ALTER SYSTEM SET autovacuum = {'on' if on else 'off'}")
+        await conn.execute("SELECT pg_reload_conf()")
+    await asyncio.sleep(0.2)
+
+
 async def relation_bytes(
     name: str, stub: Any, dsn: str, delta: bool, results: Results, turns: int, sessions: int
 ) -> None:
@@ -280,8 +287,10 @@ async def one_caller(
         dsn = contenders[name][1]
         c.state = grown_state(size)
         await c.create()
-        # No checkpoint inside the window: its full-page images would land on whichever
-        # cell it fell in (they come on top, once per page per checkpoint interval).
+        # The WAL position is the cluster's: no checkpoint and no autovacuum inside the
+        # window (their full-page images and vacuum records would land on whichever cell
+        # they fell in; they come on top, per page per checkpoint interval).
+        await _autovacuum(dsn, on=False)
         async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
             await conn.execute("CHECKPOINT")
         for i in range(10):
@@ -293,6 +302,7 @@ async def one_caller(
             added += sum(len(_encode(m)) for m in new) + len(QUESTION) + len(REPLY)
             await c.turn(new)
         wal = await _wal_lsn(dsn) - lsn
+        await _autovacuum(dsn, on=True)
         results.add(name, size, "WAL bytes per turn (append 4)", wal / 100)
         results.add(name, size, "bytes added per turn", added / 100)
         results.add(name, size, "WAL / added", wal / added)
