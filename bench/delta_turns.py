@@ -50,7 +50,7 @@ import psycopg
 
 from agentstate.agent.v1 import agent_service_pb2 as apb
 from agentstate.agent.v1 import agent_service_pb2_grpc as apb_grpc
-from agentstate.agent_service.servicer import USER_ID_METADATA_KEY
+from agentstate.agent_service.auth import USER_ID_METADATA_KEY
 from agentstate.common.embedded_postgres import EmbeddedPostgres
 from agentstate.dev.processes import ServiceProcess
 from agentstate.state.v1 import state_service_pb2 as pb
@@ -435,6 +435,7 @@ def _agent_service(state_address: str, src: str | None) -> ServiceProcess:
         "AGENT_PROFILE": "",
         "AGENT_MODEL": "scripted",
         "AGENT_CONTEXT_BUDGET_TOKENS": "100000000",
+        "AGENT_AUTH_MODE": "dev-header",  # the user from metadata (ignored by older code)
     }
     if src:
         env["PYTHONPATH"] = src

@@ -8,8 +8,10 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from agentstate.agent_service.cli import CliSettings
 from agentstate.agent_service.config import AgentServiceSettings
 from agentstate.agent_service.model.openai_compat import OpenAISettings
+from agentstate.client import ClientSettings
 from agentstate.common.config import ConfigError, EnvSettings
 from agentstate.common.telemetry import LoggingSettings
 from agentstate.examples.order_demo.profile import OrderDemoSettings
@@ -22,7 +24,9 @@ TABLES: dict[str, list[type[EnvSettings]]] = {
     "State service": [StateServiceSettings],
     "Agent service": [AgentServiceSettings, OpenAISettings],
     "Both services": [LoggingSettings],
+    "Command-line client": [CliSettings],
     "Order demo profile": [OrderDemoSettings],
+    "Python client": [ClientSettings],
 }
 SETTINGS_CLASSES = [cls for classes in TABLES.values() for cls in classes]
 

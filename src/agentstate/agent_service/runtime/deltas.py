@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import msgspec
 
 from agentstate.agent_service.agent_state import AgentState
-from agentstate.agent_service.records import StateChange
+from agentstate.client.types import StateChange
 
 _ENCODER = msgspec.json.Encoder()
 

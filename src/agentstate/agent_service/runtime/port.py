@@ -10,12 +10,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from agentstate.agent_service.records import (
-    BegunTurn,
+from agentstate.agent_service.records import EndedTurn, LoadedState, LoadedTurn
+from agentstate.client.types import (
     CompactionNote,
-    EndedTurn,
     LeaseInfo,
-    LoadedState,
+    MessageRecord,
     RecordUpdate,
     RecordWrite,
     StateChange,
@@ -24,7 +23,7 @@ from agentstate.agent_service.records import (
 
 
 class StatePort(Protocol):
-    async def begin_turn(self, request: TurnRequest) -> BegunTurn:
+    async def begin_turn(self, request: TurnRequest) -> LoadedTurn:
         """Start a turn in one call: (create the conversation,) take the lease, check the
         card guard, append the turn's records, load the state. Raises and changes
         nothing on failure; errors.CardPending names an open card."""
@@ -55,6 +54,10 @@ class StatePort(Protocol):
     async def update_message(
         self, user_id: str, conversation_id: str, update: RecordUpdate
     ) -> None: ...
+
+    async def get_message(
+        self, user_id: str, conversation_id: str, message_id: str
+    ) -> MessageRecord: ...
 
     async def renew_lease(self, user_id: str, task_id: str, ttl_ms: int) -> LeaseInfo:
         """errors.Conflict when the lease was lost."""

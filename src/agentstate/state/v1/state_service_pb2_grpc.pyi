@@ -171,6 +171,89 @@ class StateServiceStub:
     let it lapse). With `delta` instead of `payload` only what the turn
     changed is sent and stored (see StateDelta).
     """
+    PutCheckpoint: _grpc.UnaryUnaryMultiCallable[_state_service_pb2.PutCheckpointRequest, _state_service_pb2.PutCheckpointResponse]
+    """---- Checkpoints (issue 15): a graph runtime's history of a conversation ----
+
+    A checkpoint is a snapshot of an agent graph's state (for example a
+    LangGraph checkpoint) stored as part of a conversation's agent state. A
+    conversation holds checkpoints in namespaces (the root graph is namespace
+    "", a subgraph has its own); each checkpoint names its parent, so a
+    namespace's checkpoints form its history. The service stores the
+    runtime's serialized bytes as they are: it reads only the metadata (a
+    JSON object, for filtering and `run_id`) and the channel versions (to
+    return each checkpoint's channel values). Checkpoints, their channel
+    values and pending writes are deleted with the conversation, in the same
+    transaction, and a write to a deleted conversation is NOT_FOUND.
+
+    PutCheckpoint stores one checkpoint and the channel values it introduces,
+    in ONE transaction under the conversation's row lock. With
+    `expected_head_checkpoint_id` set it is a compare-and-set on the
+    namespace's head (its newest checkpoint): two writers that extend the same
+    head cannot both succeed, so a history never forks by accident.
+
+    Errors: NOT_FOUND (conversation absent or deleted), ABORTED (the head is
+    not the expected one; ErrorInfo reason CHECKPOINT_CONFLICT with metadata
+    `current_checkpoint_id`, "" when the namespace is empty),
+    INVALID_ARGUMENT (a missing or malformed id, metadata that is not a JSON
+    object PostgreSQL can store), RESOURCE_EXHAUSTED (the request's bytes
+    over STATE_MAX_PAYLOAD_BYTES).
+    """
+    GetCheckpoint: _grpc.UnaryUnaryMultiCallable[_state_service_pb2.GetCheckpointRequest, _state_service_pb2.GetCheckpointResponse]
+    """GetCheckpoint returns one checkpoint with its channel values and pending
+    writes: the namespace's newest, or the one named. The response's
+    `checkpoint` is unset when there is no such checkpoint. NOT_FOUND when the
+    conversation is absent.
+    """
+    ListCheckpoints: _grpc.UnaryUnaryMultiCallable[_state_service_pb2.ListCheckpointsRequest, _state_service_pb2.ListCheckpointsResponse]
+    """ListCheckpoints returns a conversation's checkpoints newest first (by
+    checkpoint id), with their channel values and pending writes, in pages.
+    NOT_FOUND when the conversation is absent.
+    """
+    PutCheckpointWrites: _grpc.UnaryUnaryMultiCallable[_state_service_pb2.PutCheckpointWritesRequest, _state_service_pb2.PutCheckpointWritesResponse]
+    """PutCheckpointWrites stores the pending writes of one task against a
+    checkpoint, in ONE transaction. Idempotent per (checkpoint, task_id, idx):
+    a write with idx >= 0 that is already stored is kept as it is (a retried
+    call changes nothing); a write with idx < 0 (a runtime's special channels,
+    such as LangGraph's ERROR and INTERRUPT) replaces the stored one.
+    NOT_FOUND when the conversation is absent or deleted.
+    """
+    DeleteCheckpointsForRuns: _grpc.UnaryUnaryMultiCallable[_state_service_pb2.DeleteCheckpointsForRunsRequest, _state_service_pb2.DeleteCheckpointsForRunsResponse]
+    """DeleteCheckpointsForRuns deletes, across all of a user's conversations,
+    every checkpoint whose metadata has a `run_id` in `run_ids`, with its
+    pending writes and the channel values no remaining checkpoint uses, in
+    ONE transaction. Unknown run ids are not an error.
+    """
+    CopyCheckpoints: _grpc.UnaryUnaryMultiCallable[_state_service_pb2.CopyCheckpointsRequest, _state_service_pb2.CopyCheckpointsResponse]
+    """CopyCheckpoints copies every checkpoint of one conversation (all
+    namespaces, channel values, pending writes) into another of the same
+    user, in ONE transaction. NOT_FOUND when either is absent;
+    FAILED_PRECONDITION when the target already has checkpoints (a copy never
+    merges two histories).
+    """
+    PruneCheckpoints: _grpc.UnaryUnaryMultiCallable[_state_service_pb2.PruneCheckpointsRequest, _state_service_pb2.PruneCheckpointsResponse]
+    """PruneCheckpoints shrinks the history of several conversations in ONE
+    transaction: KEEP_LATEST keeps each namespace's newest checkpoint (and its
+    pending writes), DELETE_ALL removes every checkpoint; channel values no
+    remaining checkpoint uses go too. The conversations themselves (and their
+    messages and states) stay. All or nothing: NOT_FOUND naming an absent
+    conversation, and nothing changes.
+    """
+    ResolveConversation: _grpc.UnaryUnaryMultiCallable[_state_service_pb2.ResolveConversationRequest, _state_service_pb2.ResolveConversationResponse]
+    """---- Conversation keys (added with the Python client, for framework
+    adapters whose thread/session ids are chosen by the caller) ----
+
+    ResolveConversation finds the user's conversation with `external_key`
+    and, when there is none and `create_if_missing` is set, creates it in ONE
+    statement: two callers resolving the same new key at once get the same
+    conversation (`created` is true for exactly one of them).
+
+    Errors: NOT_FOUND (`agentstate-missing` = "conversation") when absent and
+    `create_if_missing` is false; INVALID_ARGUMENT for an empty key, a key
+    over 256 characters or one containing NUL. DeleteConversation deletes the
+    key with the conversation: resolving it again with `create_if_missing`
+    makes a new conversation with a new id, and writes to the old id stay
+    NOT_FOUND.
+    """
 
 @_typing.type_check_only
 class StateServiceAsyncStub(StateServiceStub):
@@ -297,6 +380,89 @@ class StateServiceAsyncStub(StateServiceStub):
     nothing is saved and the lease is kept (release it with ReleaseLease, or
     let it lapse). With `delta` instead of `payload` only what the turn
     changed is sent and stored (see StateDelta).
+    """
+    PutCheckpoint: _aio.UnaryUnaryMultiCallable[_state_service_pb2.PutCheckpointRequest, _state_service_pb2.PutCheckpointResponse]  # type: ignore[assignment]
+    """---- Checkpoints (issue 15): a graph runtime's history of a conversation ----
+
+    A checkpoint is a snapshot of an agent graph's state (for example a
+    LangGraph checkpoint) stored as part of a conversation's agent state. A
+    conversation holds checkpoints in namespaces (the root graph is namespace
+    "", a subgraph has its own); each checkpoint names its parent, so a
+    namespace's checkpoints form its history. The service stores the
+    runtime's serialized bytes as they are: it reads only the metadata (a
+    JSON object, for filtering and `run_id`) and the channel versions (to
+    return each checkpoint's channel values). Checkpoints, their channel
+    values and pending writes are deleted with the conversation, in the same
+    transaction, and a write to a deleted conversation is NOT_FOUND.
+
+    PutCheckpoint stores one checkpoint and the channel values it introduces,
+    in ONE transaction under the conversation's row lock. With
+    `expected_head_checkpoint_id` set it is a compare-and-set on the
+    namespace's head (its newest checkpoint): two writers that extend the same
+    head cannot both succeed, so a history never forks by accident.
+
+    Errors: NOT_FOUND (conversation absent or deleted), ABORTED (the head is
+    not the expected one; ErrorInfo reason CHECKPOINT_CONFLICT with metadata
+    `current_checkpoint_id`, "" when the namespace is empty),
+    INVALID_ARGUMENT (a missing or malformed id, metadata that is not a JSON
+    object PostgreSQL can store), RESOURCE_EXHAUSTED (the request's bytes
+    over STATE_MAX_PAYLOAD_BYTES).
+    """
+    GetCheckpoint: _aio.UnaryUnaryMultiCallable[_state_service_pb2.GetCheckpointRequest, _state_service_pb2.GetCheckpointResponse]  # type: ignore[assignment]
+    """GetCheckpoint returns one checkpoint with its channel values and pending
+    writes: the namespace's newest, or the one named. The response's
+    `checkpoint` is unset when there is no such checkpoint. NOT_FOUND when the
+    conversation is absent.
+    """
+    ListCheckpoints: _aio.UnaryUnaryMultiCallable[_state_service_pb2.ListCheckpointsRequest, _state_service_pb2.ListCheckpointsResponse]  # type: ignore[assignment]
+    """ListCheckpoints returns a conversation's checkpoints newest first (by
+    checkpoint id), with their channel values and pending writes, in pages.
+    NOT_FOUND when the conversation is absent.
+    """
+    PutCheckpointWrites: _aio.UnaryUnaryMultiCallable[_state_service_pb2.PutCheckpointWritesRequest, _state_service_pb2.PutCheckpointWritesResponse]  # type: ignore[assignment]
+    """PutCheckpointWrites stores the pending writes of one task against a
+    checkpoint, in ONE transaction. Idempotent per (checkpoint, task_id, idx):
+    a write with idx >= 0 that is already stored is kept as it is (a retried
+    call changes nothing); a write with idx < 0 (a runtime's special channels,
+    such as LangGraph's ERROR and INTERRUPT) replaces the stored one.
+    NOT_FOUND when the conversation is absent or deleted.
+    """
+    DeleteCheckpointsForRuns: _aio.UnaryUnaryMultiCallable[_state_service_pb2.DeleteCheckpointsForRunsRequest, _state_service_pb2.DeleteCheckpointsForRunsResponse]  # type: ignore[assignment]
+    """DeleteCheckpointsForRuns deletes, across all of a user's conversations,
+    every checkpoint whose metadata has a `run_id` in `run_ids`, with its
+    pending writes and the channel values no remaining checkpoint uses, in
+    ONE transaction. Unknown run ids are not an error.
+    """
+    CopyCheckpoints: _aio.UnaryUnaryMultiCallable[_state_service_pb2.CopyCheckpointsRequest, _state_service_pb2.CopyCheckpointsResponse]  # type: ignore[assignment]
+    """CopyCheckpoints copies every checkpoint of one conversation (all
+    namespaces, channel values, pending writes) into another of the same
+    user, in ONE transaction. NOT_FOUND when either is absent;
+    FAILED_PRECONDITION when the target already has checkpoints (a copy never
+    merges two histories).
+    """
+    PruneCheckpoints: _aio.UnaryUnaryMultiCallable[_state_service_pb2.PruneCheckpointsRequest, _state_service_pb2.PruneCheckpointsResponse]  # type: ignore[assignment]
+    """PruneCheckpoints shrinks the history of several conversations in ONE
+    transaction: KEEP_LATEST keeps each namespace's newest checkpoint (and its
+    pending writes), DELETE_ALL removes every checkpoint; channel values no
+    remaining checkpoint uses go too. The conversations themselves (and their
+    messages and states) stay. All or nothing: NOT_FOUND naming an absent
+    conversation, and nothing changes.
+    """
+    ResolveConversation: _aio.UnaryUnaryMultiCallable[_state_service_pb2.ResolveConversationRequest, _state_service_pb2.ResolveConversationResponse]  # type: ignore[assignment]
+    """---- Conversation keys (added with the Python client, for framework
+    adapters whose thread/session ids are chosen by the caller) ----
+
+    ResolveConversation finds the user's conversation with `external_key`
+    and, when there is none and `create_if_missing` is set, creates it in ONE
+    statement: two callers resolving the same new key at once get the same
+    conversation (`created` is true for exactly one of them).
+
+    Errors: NOT_FOUND (`agentstate-missing` = "conversation") when absent and
+    `create_if_missing` is false; INVALID_ARGUMENT for an empty key, a key
+    over 256 characters or one containing NUL. DeleteConversation deletes the
+    key with the conversation: resolving it again with `create_if_missing`
+    makes a new conversation with a new id, and writes to the old id stay
+    NOT_FOUND.
     """
 
 class StateServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -535,6 +701,137 @@ class StateServiceServicer(metaclass=_abc_1.ABCMeta):
         nothing is saved and the lease is kept (release it with ReleaseLease, or
         let it lapse). With `delta` instead of `payload` only what the turn
         changed is sent and stored (see StateDelta).
+        """
+
+    @_abc_1.abstractmethod
+    def PutCheckpoint(
+        self,
+        request: _state_service_pb2.PutCheckpointRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_state_service_pb2.PutCheckpointResponse, _abc.Awaitable[_state_service_pb2.PutCheckpointResponse]]:
+        """---- Checkpoints (issue 15): a graph runtime's history of a conversation ----
+
+        A checkpoint is a snapshot of an agent graph's state (for example a
+        LangGraph checkpoint) stored as part of a conversation's agent state. A
+        conversation holds checkpoints in namespaces (the root graph is namespace
+        "", a subgraph has its own); each checkpoint names its parent, so a
+        namespace's checkpoints form its history. The service stores the
+        runtime's serialized bytes as they are: it reads only the metadata (a
+        JSON object, for filtering and `run_id`) and the channel versions (to
+        return each checkpoint's channel values). Checkpoints, their channel
+        values and pending writes are deleted with the conversation, in the same
+        transaction, and a write to a deleted conversation is NOT_FOUND.
+
+        PutCheckpoint stores one checkpoint and the channel values it introduces,
+        in ONE transaction under the conversation's row lock. With
+        `expected_head_checkpoint_id` set it is a compare-and-set on the
+        namespace's head (its newest checkpoint): two writers that extend the same
+        head cannot both succeed, so a history never forks by accident.
+
+        Errors: NOT_FOUND (conversation absent or deleted), ABORTED (the head is
+        not the expected one; ErrorInfo reason CHECKPOINT_CONFLICT with metadata
+        `current_checkpoint_id`, "" when the namespace is empty),
+        INVALID_ARGUMENT (a missing or malformed id, metadata that is not a JSON
+        object PostgreSQL can store), RESOURCE_EXHAUSTED (the request's bytes
+        over STATE_MAX_PAYLOAD_BYTES).
+        """
+
+    @_abc_1.abstractmethod
+    def GetCheckpoint(
+        self,
+        request: _state_service_pb2.GetCheckpointRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_state_service_pb2.GetCheckpointResponse, _abc.Awaitable[_state_service_pb2.GetCheckpointResponse]]:
+        """GetCheckpoint returns one checkpoint with its channel values and pending
+        writes: the namespace's newest, or the one named. The response's
+        `checkpoint` is unset when there is no such checkpoint. NOT_FOUND when the
+        conversation is absent.
+        """
+
+    @_abc_1.abstractmethod
+    def ListCheckpoints(
+        self,
+        request: _state_service_pb2.ListCheckpointsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_state_service_pb2.ListCheckpointsResponse, _abc.Awaitable[_state_service_pb2.ListCheckpointsResponse]]:
+        """ListCheckpoints returns a conversation's checkpoints newest first (by
+        checkpoint id), with their channel values and pending writes, in pages.
+        NOT_FOUND when the conversation is absent.
+        """
+
+    @_abc_1.abstractmethod
+    def PutCheckpointWrites(
+        self,
+        request: _state_service_pb2.PutCheckpointWritesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_state_service_pb2.PutCheckpointWritesResponse, _abc.Awaitable[_state_service_pb2.PutCheckpointWritesResponse]]:
+        """PutCheckpointWrites stores the pending writes of one task against a
+        checkpoint, in ONE transaction. Idempotent per (checkpoint, task_id, idx):
+        a write with idx >= 0 that is already stored is kept as it is (a retried
+        call changes nothing); a write with idx < 0 (a runtime's special channels,
+        such as LangGraph's ERROR and INTERRUPT) replaces the stored one.
+        NOT_FOUND when the conversation is absent or deleted.
+        """
+
+    @_abc_1.abstractmethod
+    def DeleteCheckpointsForRuns(
+        self,
+        request: _state_service_pb2.DeleteCheckpointsForRunsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_state_service_pb2.DeleteCheckpointsForRunsResponse, _abc.Awaitable[_state_service_pb2.DeleteCheckpointsForRunsResponse]]:
+        """DeleteCheckpointsForRuns deletes, across all of a user's conversations,
+        every checkpoint whose metadata has a `run_id` in `run_ids`, with its
+        pending writes and the channel values no remaining checkpoint uses, in
+        ONE transaction. Unknown run ids are not an error.
+        """
+
+    @_abc_1.abstractmethod
+    def CopyCheckpoints(
+        self,
+        request: _state_service_pb2.CopyCheckpointsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_state_service_pb2.CopyCheckpointsResponse, _abc.Awaitable[_state_service_pb2.CopyCheckpointsResponse]]:
+        """CopyCheckpoints copies every checkpoint of one conversation (all
+        namespaces, channel values, pending writes) into another of the same
+        user, in ONE transaction. NOT_FOUND when either is absent;
+        FAILED_PRECONDITION when the target already has checkpoints (a copy never
+        merges two histories).
+        """
+
+    @_abc_1.abstractmethod
+    def PruneCheckpoints(
+        self,
+        request: _state_service_pb2.PruneCheckpointsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_state_service_pb2.PruneCheckpointsResponse, _abc.Awaitable[_state_service_pb2.PruneCheckpointsResponse]]:
+        """PruneCheckpoints shrinks the history of several conversations in ONE
+        transaction: KEEP_LATEST keeps each namespace's newest checkpoint (and its
+        pending writes), DELETE_ALL removes every checkpoint; channel values no
+        remaining checkpoint uses go too. The conversations themselves (and their
+        messages and states) stay. All or nothing: NOT_FOUND naming an absent
+        conversation, and nothing changes.
+        """
+
+    @_abc_1.abstractmethod
+    def ResolveConversation(
+        self,
+        request: _state_service_pb2.ResolveConversationRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_state_service_pb2.ResolveConversationResponse, _abc.Awaitable[_state_service_pb2.ResolveConversationResponse]]:
+        """---- Conversation keys (added with the Python client, for framework
+        adapters whose thread/session ids are chosen by the caller) ----
+
+        ResolveConversation finds the user's conversation with `external_key`
+        and, when there is none and `create_if_missing` is set, creates it in ONE
+        statement: two callers resolving the same new key at once get the same
+        conversation (`created` is true for exactly one of them).
+
+        Errors: NOT_FOUND (`agentstate-missing` = "conversation") when absent and
+        `create_if_missing` is false; INVALID_ARGUMENT for an empty key, a key
+        over 256 characters or one containing NUL. DeleteConversation deletes the
+        key with the conversation: resolving it again with `create_if_missing`
+        makes a new conversation with a new id, and writes to the old id stay
+        NOT_FOUND.
         """
 
 def add_StateServiceServicer_to_server(servicer: StateServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -13,11 +13,36 @@ from typing import Final
 
 # --------------------------------------------------------------- conversations
 
-_CONVERSATION_COLUMNS = "id, user_id, title, create_time, update_time"
+_CONVERSATION_COLUMNS = "id, user_id, title, create_time, update_time, external_key"
 
+# No row: the external key is another conversation's (NULL keys never conflict).
 INSERT_CONVERSATION: Final = f"""
-INSERT INTO t_conversation (user_id, title) VALUES (%(user_id)s, %(title)s)
+INSERT INTO t_conversation (user_id, title, external_key)
+VALUES (%(user_id)s, %(title)s, NULLIF(%(external_key)s, ''))
+ON CONFLICT (user_id, external_key) DO NOTHING
 RETURNING {_CONVERSATION_COLUMNS}
+"""
+
+# ResolveConversation in one statement. The usual case reads the existing row. When
+# it is absent, two callers may insert at once: the loser's ON CONFLICT waits for the
+# winner and then takes its row (DO UPDATE, unlike DO NOTHING, returns a row committed
+# after this statement's snapshot). `created` is true only for a fresh insert
+# (xmax = 0). No row: absent and create_if_missing false.
+RESOLVE_CONVERSATION: Final = f"""
+WITH existing AS (
+    SELECT {_CONVERSATION_COLUMNS}, false AS created
+    FROM t_conversation
+    WHERE user_id = %(user_id)s AND external_key = %(external_key)s
+), inserted AS (
+    INSERT INTO t_conversation (user_id, title, external_key)
+    SELECT %(user_id)s, %(title)s, %(external_key)s
+    WHERE %(create_if_missing)s AND NOT EXISTS (SELECT 1 FROM existing)
+    ON CONFLICT (user_id, external_key) DO UPDATE SET external_key = EXCLUDED.external_key
+    RETURNING {_CONVERSATION_COLUMNS}, (xmax = 0) AS created
+)
+SELECT * FROM existing
+UNION ALL
+SELECT * FROM inserted
 """
 
 SELECT_CONVERSATION: Final = f"""
@@ -91,6 +116,7 @@ FROM agentstate_save_state(
 BEGIN_TURN: Final = """
 SELECT (r.conversation).id AS conversation_id, (r.conversation).title,
        (r.conversation).create_time, (r.conversation).update_time,
+       (r.conversation).external_key,
        r.conversation_created, r.task_id, r.expire_time, r.stop_requested, r.lapsed_task_id,
        r.interrupted_records, r.payload, r.version, r.state_update_time,
        r.message_ids, r.message_time, r.payload_omitted
@@ -225,4 +251,82 @@ WHERE c.update_time < %(before)s
 ORDER BY c.update_time
 LIMIT %(limit)s
 FOR UPDATE OF c SKIP LOCKED
+"""
+
+# ------------------------------------------------------ checkpoints (issue 15)
+
+PUT_CHECKPOINT: Final = """
+SELECT agentstate_put_checkpoint(
+    %(user_id)s, %(conversation_id)s, %(namespace)s, %(checkpoint_id)s, %(parent_id)s,
+    %(checkpoint_type)s, %(checkpoint)b, %(metadata)s, %(channel_versions)s,
+    %(check_head)s, %(expected_head)s,
+    %(channels)s::text[], %(versions)s::text[], %(value_types)s::text[], %(values)b::bytea[]
+) AS create_time
+"""
+
+PUT_CHECKPOINT_WRITES: Final = """
+SELECT agentstate_put_checkpoint_writes(
+    %(user_id)s, %(conversation_id)s, %(namespace)s, %(checkpoint_id)s,
+    %(task_ids)s::text[], %(idxs)s::integer[], %(channels)s::text[],
+    %(value_types)s::text[], %(values)b::bytea[], %(task_paths)s::text[]
+) AS stored
+"""
+
+DELETE_CHECKPOINTS_FOR_RUNS: Final = """
+SELECT agentstate_delete_checkpoints_for_runs(%(user_id)s, %(run_ids)s::text[]) AS deleted
+"""
+
+COPY_CHECKPOINTS: Final = """
+SELECT agentstate_copy_checkpoints(%(user_id)s, %(source)s, %(target)s) AS copied
+"""
+
+PRUNE_CHECKPOINTS: Final = """
+SELECT agentstate_prune_checkpoints(%(user_id)s, %(ids)s::bigint[], %(keep_latest)s) AS deleted
+"""
+
+# Checkpoints with their channel values and pending writes, newest first, one
+# statement. The conversation is the driving row: no row at all means it is
+# absent (NOT_FOUND), one row with a NULL checkpoint_id means no checkpoint.
+# Filters are optional (NULL: not applied). Run in binary format: bytea arrays
+# cost a hex round trip in text (about 2 ms for 40 kB); JSON comes back as text.
+SELECT_CHECKPOINTS: Final = """
+SELECT conv.id AS conversation_id, c.namespace, c.checkpoint_id, c.parent_checkpoint_id,
+       c.checkpoint_type, c.checkpoint, c.metadata::text AS metadata,
+       c.channel_versions::text AS channel_versions, c.create_time,
+       v.channels, v.versions, v.value_types, v.values,
+       w.task_ids, w.idxs, w.write_channels, w.write_types, w.write_values, w.task_paths
+FROM t_conversation AS conv
+LEFT JOIN LATERAL (
+    SELECT * FROM t_checkpoint AS c
+    WHERE c.user_id = conv.user_id AND c.conversation_id = conv.id
+      AND (%(namespace)s::text IS NULL OR c.namespace = %(namespace)s::text)
+      AND (%(checkpoint_id)s::text IS NULL OR c.checkpoint_id = %(checkpoint_id)s::text)
+      AND (%(before)s::text IS NULL OR c.checkpoint_id < %(before)s::text)
+      AND (%(after_id)s::text IS NULL
+           OR (c.checkpoint_id, c.namespace) < (%(after_id)s::text, %(after_ns)s::text))
+      AND (%(filter)s::jsonb IS NULL OR c.metadata @> %(filter)s::jsonb)
+    ORDER BY c.checkpoint_id DESC, c.namespace DESC
+    LIMIT %(limit)s
+) AS c ON true
+LEFT JOIN LATERAL (
+    SELECT array_agg(b.channel) AS channels, array_agg(b.version) AS versions,
+           array_agg(b.value_type) AS value_types, array_agg(b.value) AS values
+    FROM jsonb_each_text(c.channel_versions) AS cv
+    JOIN t_checkpoint_blob AS b
+      ON b.user_id = c.user_id AND b.conversation_id = c.conversation_id
+     AND b.namespace = c.namespace AND b.channel = cv.key AND b.version = cv.value
+) AS v ON c.checkpoint_id IS NOT NULL
+LEFT JOIN LATERAL (
+    SELECT array_agg(x.task_id ORDER BY x.task_path, x.task_id, x.idx) AS task_ids,
+           array_agg(x.idx ORDER BY x.task_path, x.task_id, x.idx) AS idxs,
+           array_agg(x.channel ORDER BY x.task_path, x.task_id, x.idx) AS write_channels,
+           array_agg(x.value_type ORDER BY x.task_path, x.task_id, x.idx) AS write_types,
+           array_agg(x.value ORDER BY x.task_path, x.task_id, x.idx) AS write_values,
+           array_agg(x.task_path ORDER BY x.task_path, x.task_id, x.idx) AS task_paths
+    FROM t_checkpoint_write AS x
+    WHERE x.user_id = c.user_id AND x.conversation_id = c.conversation_id
+      AND x.namespace = c.namespace AND x.checkpoint_id = c.checkpoint_id
+) AS w ON c.checkpoint_id IS NOT NULL
+WHERE conv.user_id = %(user_id)s AND conv.id = %(conversation_id)s
+ORDER BY c.checkpoint_id DESC, c.namespace DESC
 """
