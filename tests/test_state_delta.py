@@ -617,3 +617,26 @@ async def test_split_states_command(pg_store: PostgresStore, database_url: str) 
     after = await pg_store.get_state(user_id=USER, conversation_id=run.cid, state_key="agent_state")
     assert (after.payload, after.version) == (before.payload, before.version)
     assert await _state_rows(pg_store, run.cid) == 1
+
+
+async def test_the_public_client_sends_deltas_sync_and_async(state_address: str) -> None:
+    from agentstate.client import AsyncStateClient, StateChange, StateClient
+
+    async with AsyncStateClient.connect(state_address) as client:
+        cid = (await client.create_conversation(USER)).conversation_id
+        first = await client.upsert_state(USER, cid, {"context": [], "summary": ""})
+        saved = await client.upsert_state(
+            USER, cid, delta=StateChange(first.version, messages=(b'{"m": 1}',))
+        )
+        assert saved.version == first.version + 1
+
+    def sync_part() -> bytes:
+        with StateClient.connect(state_address) as client:
+            again = client.upsert_state(
+                USER, cid, delta=StateChange(saved.version, fields_json=b'{"summary": "s"}')
+            )
+            assert again.version == saved.version + 1
+            return client.get_state(USER, cid).payload
+
+    payload = await asyncio.to_thread(sync_part)
+    assert payload == b'{"context": [{"m": 1}], "summary": "s"}'
