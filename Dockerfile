@@ -1,12 +1,13 @@
 # syntax=docker/dockerfile:1
 #
-# One image for both services; the pod spec picks the command:
+# One image for both services and the web console; the pod spec picks the command:
 #   agentstate-state   the state service (runs as the agent pod's sidecar)
 #   agentstate-agent   the agent service
+#   agentstate-console the web console (k8s/overlays/demo-console)
 #
 #   docker build -t agentstate:0.1.0 .
 #
-# Only the runtime dependencies are installed (no [dev] extra). The image runs as an
+# Only the runtime dependencies are installed (the [console] extra, no [dev]). The image runs as an
 # unprivileged user (uid/gid 10001, the runAsUser of k8s/base/agent.yaml) and works with a
 # read-only root filesystem: bytecode is compiled at build time.
 
@@ -17,7 +18,7 @@ RUN python -m venv /opt/venv
 WORKDIR /src
 # .dockerignore admits only what the package is built from.
 COPY . .
-RUN /opt/venv/bin/pip install . \
+RUN /opt/venv/bin/pip install '.[console]' \
  && /opt/venv/bin/python -m compileall -q /opt/venv/lib
 
 FROM python:3.11-slim

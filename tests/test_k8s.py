@@ -275,6 +275,8 @@ def variables_documented() -> dict[str, set[str]]:
             current = []  # read by agentstate.client callers, not by a container
         elif line.startswith("Command-line client"):
             current = ["cli"]  # the CLI runs outside the pods
+        elif line.startswith("Web console"):
+            current = []  # not in these pods: tests/test_console_k8s.py checks its overlay
         elif current and line.startswith("| `"):
             for service in current:
                 documented[service].update(re.findall(r"`([A-Z][A-Z0-9_]*)`", line.split("|")[1]))
@@ -643,9 +645,9 @@ def test_dockerfile_builds_one_image_for_both_services(resources: list[Obj]) -> 
     dockerfile = (REPO / "Dockerfile").read_text()
     stages = re.findall(r"^FROM\s+(\S+)", dockerfile, re.MULTILINE)
     assert stages and all(image == "python:3.11-slim" for image in stages), stages
-    # The package itself, without extras (no dev dependencies in the image).
+    # The package itself with the web console's extra (no dev dependencies in the image).
     installs = re.findall(r"pip install (\S+)", dockerfile)
-    assert installs == ["."], installs
+    assert installs == ["'.[console]'"], installs
     dockerfile_user()
     # The allow-list build context holds every file the package is built from.
     pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())

@@ -195,3 +195,47 @@ async def test_get_message(state_stub: Stub, user_id: str, other_user_id: str) -
         grpc.StatusCode.NOT_FOUND,
         "message 99 not found",
     )
+
+
+async def test_get_lease_reads_who_runs_since_when(
+    state_stub: Stub, user_id: str, other_user_id: str
+) -> None:
+    cid = await new_conversation(state_stub, user_id)
+    get = pb.GetLeaseRequest(user_id=user_id, conversation_id=cid)
+    assert not (await state_stub.GetLease(get)).HasField("lease")  # never taken
+    taken = (await state_stub.AcquireLease(_acquire(user_id, cid, ttl_ms=100))).lease
+    read = (await state_stub.GetLease(get)).lease
+    assert (read.task_id, read.holder, read.user_id) == (taken.task_id, "replica-a", user_id)
+    assert read.expire_time == taken.expire_time
+    assert read.HasField("acquire_time")
+    assert read.acquire_time.ToDatetime() <= read.expire_time.ToDatetime()
+    # Read-only: a lapsed lease is still reported (its turn died) and can still be taken over.
+    await asyncio.sleep(0.2)
+    assert (await state_stub.GetLease(get)).lease.task_id == taken.task_id
+    takeover = await state_stub.AcquireLease(_acquire(user_id, cid, holder="replica-b"))
+    assert takeover.lapsed_task_id == taken.task_id
+    await state_stub.ReleaseLease(
+        pb.ReleaseLeaseRequest(user_id=user_id, task_id=takeover.lease.task_id)
+    )
+    assert not (await state_stub.GetLease(get)).HasField("lease")
+    # Another user's conversation, an unknown one, a deleted one, a malformed id.
+    await expect_rpc_error(
+        state_stub.GetLease(pb.GetLeaseRequest(user_id=other_user_id, conversation_id=cid)),
+        grpc.StatusCode.NOT_FOUND,
+        "not found",
+    )
+    await expect_rpc_error(
+        state_stub.GetLease(pb.GetLeaseRequest(user_id=user_id, conversation_id="123456789")),
+        grpc.StatusCode.NOT_FOUND,
+        "not found",
+    )
+    await expect_rpc_error(
+        state_stub.GetLease(pb.GetLeaseRequest(user_id=user_id, conversation_id="x")),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "conversation_id",
+    )
+    await state_stub.AcquireLease(_acquire(user_id, cid))
+    await state_stub.DeleteConversation(
+        pb.DeleteConversationRequest(user_id=user_id, conversation_id=cid)
+    )
+    await expect_rpc_error(state_stub.GetLease(get), grpc.StatusCode.NOT_FOUND, "not found")

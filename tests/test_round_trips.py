@@ -160,6 +160,7 @@ async def test_every_state_rpc_is_one_statement(
         ),
         ("ListMessages", lambda: stub.ListMessages(pb.ListMessagesRequest(**ids))),
         ("ListCompactions", lambda: stub.ListCompactions(pb.ListCompactionsRequest(**ids))),
+        ("GetLease", lambda: stub.GetLease(pb.GetLeaseRequest(**ids))),
         (
             "AcquireLease (held)",
             lambda: stub.AcquireLease(pb.AcquireLeaseRequest(**ids, holder="other", ttl_ms=1000)),

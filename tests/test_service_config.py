@@ -37,6 +37,7 @@ READS = {
         "ListCompactions",
         "GetCheckpoint",
         "ListCheckpoints",
+        "GetLease",
     },
     "agentstate.agent.v1.AgentService": {"ListConversations", "ListMessages", "GetRagHistory"},
 }

@@ -14,6 +14,7 @@ from agentstate.agent_service.model.openai_compat import OpenAISettings
 from agentstate.client import ClientSettings
 from agentstate.common.config import ConfigError, EnvSettings
 from agentstate.common.telemetry import LoggingSettings
+from agentstate.console.config import ConsoleSettings
 from agentstate.examples.order_demo.profile import OrderDemoSettings
 from agentstate.state_service.config import StateServiceSettings
 
@@ -27,6 +28,7 @@ TABLES: dict[str, list[type[EnvSettings]]] = {
     "Command-line client": [CliSettings],
     "Order demo profile": [OrderDemoSettings],
     "Python client": [ClientSettings],
+    "Web console": [ConsoleSettings],
 }
 SETTINGS_CLASSES = [cls for classes in TABLES.values() for cls in classes]
 

@@ -255,6 +255,7 @@ class Lease:
     holder: str
     expire_time: datetime
     stop_requested: bool
+    acquire_time: datetime | None = None  # filled by get_lease (the row's create_time)
 
 
 @dataclass(frozen=True)

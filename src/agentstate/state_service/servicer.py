@@ -193,6 +193,7 @@ def lease_to_pb(lease: d.Lease) -> pb.Lease:
         holder=lease.holder,
         expire_time=_timestamp(lease.expire_time),
         stop_requested=lease.stop_requested,
+        acquire_time=_timestamp(lease.acquire_time) if lease.acquire_time else None,
     )
 
 
@@ -720,6 +721,16 @@ class StateServicer(pb_grpc.StateServiceServicer):
             task_id=d.parse_id(request.task_id, "task_id"),
         )
         return pb.RequestStopResponse(lease=lease_to_pb(lease))
+
+    @_grpc_errors
+    async def GetLease(
+        self, request: pb.GetLeaseRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.GetLeaseResponse:
+        lease = await self._store.get_lease(
+            user_id=d.validate_user_id(request.user_id),
+            conversation_id=d.parse_id(request.conversation_id, "conversation_id"),
+        )
+        return pb.GetLeaseResponse(lease=lease_to_pb(lease) if lease is not None else None)
 
     @_grpc_errors
     async def ListCompactions(

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import argparse
 import shutil
+import signal
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -50,6 +52,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="agentstate-demo", description=__doc__)
     parser.add_argument("--approve", action="store_true", help="approve the card instead")
     parser.add_argument("--question", default=QUESTION)
+    parser.add_argument(
+        "--web",
+        action="store_true",
+        help="start the web console too, print its URL and run until Ctrl-C",
+    )
+    parser.add_argument(
+        "--web-address",
+        default="127.0.0.1:8080",
+        help="host:port of the console with --web (port 0 picks one)",
+    )
     args = parser.parse_args(argv)
 
     started = time.monotonic()
@@ -84,6 +96,8 @@ def main(argv: list[str] | None = None) -> int:
         agent_address = agent_service.wait_ready()
         print(f"  agent service on {agent_address} (profile order_demo, scripted model)\n")
 
+        if args.web:
+            return _serve_web(services, state_address, agent_address, args.web_address)
         renderer = Renderer()
         print(f"user: {args.question}")
         with grpc.insecure_channel(agent_address) as channel:
@@ -116,6 +130,37 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print(f"\ndone in {time.monotonic() - started:.1f}s; both services stopped cleanly.")
     return 0
+
+
+def _serve_web(
+    services: list[ServiceProcess], state_address: str, agent_address: str, address: str
+) -> int:
+    """`--web`: the console on top of the two services, until Ctrl-C (or SIGTERM)."""
+    console = ServiceProcess(
+        "agentstate.console",
+        {
+            "CONSOLE_LISTEN_ADDRESS": address,
+            "CONSOLE_AGENT_ADDRESS": agent_address,
+            "CONSOLE_STATE_ADDRESS": state_address,
+            "CONSOLE_USER_HEADER": "",
+            "CONSOLE_DEV_USER": USER,  # development identity: no proxy in front
+        },
+    )
+    services.append(console)
+    url = console.wait_ready()
+    print(f"web console: {url}  (signed in as {USER!r}; Ctrl-C stops everything)")
+    print(f"try: {QUESTION}", flush=True)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        while not stop.is_set() and all(s.proc.poll() is None for s in services):
+            stop.wait(0.5)
+    except KeyboardInterrupt:
+        pass
+    failed = [s for s in services if s.proc.poll() not in (None, 0)]
+    for service in failed:
+        print(service.output, file=sys.stderr)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

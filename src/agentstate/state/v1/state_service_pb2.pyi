@@ -1151,6 +1151,7 @@ class Lease(_message.Message):
     HOLDER_FIELD_NUMBER: _builtins.int
     EXPIRE_TIME_FIELD_NUMBER: _builtins.int
     STOP_REQUESTED_FIELD_NUMBER: _builtins.int
+    ACQUIRE_TIME_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     """Server-generated id of the turn (a 64-bit decimal string); Stop uses it."""
     conversation_id: _builtins.str
@@ -1165,6 +1166,12 @@ class Lease(_message.Message):
     def expire_time(self) -> _timestamp_pb2.Timestamp:
         """When the lease lapses unless renewed."""
 
+    @_builtins.property
+    def acquire_time(self) -> _timestamp_pb2.Timestamp:
+        """When the lease was taken (its turn's start). Set by GetLease; other RPCs
+        may leave it unset.
+        """
+
     def __init__(
         self,
         *,
@@ -1174,10 +1181,11 @@ class Lease(_message.Message):
         holder: _builtins.str = ...,
         expire_time: _timestamp_pb2.Timestamp | None = ...,
         stop_requested: _builtins.bool = ...,
+        acquire_time: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["expire_time", b"expire_time"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["acquire_time", b"acquire_time", "expire_time", b"expire_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "expire_time", b"expire_time", "holder", b"holder", "stop_requested", b"stop_requested", "task_id", b"task_id", "user_id", b"user_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acquire_time", b"acquire_time", "conversation_id", b"conversation_id", "expire_time", b"expire_time", "holder", b"holder", "stop_requested", b"stop_requested", "task_id", b"task_id", "user_id", b"user_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -2550,3 +2558,56 @@ class ResolveConversationResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ResolveConversationResponse: _TypeAlias = ResolveConversationResponse  # noqa: Y015
+
+@_typing.final
+class GetLeaseRequest(_message.Message):
+    """---- Reads for consoles and operators (added after v1's release) ----
+
+    Request for GetLease.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    USER_ID_FIELD_NUMBER: _builtins.int
+    CONVERSATION_ID_FIELD_NUMBER: _builtins.int
+    user_id: _builtins.str
+    """The owner. Required."""
+    conversation_id: _builtins.str
+    """The conversation. Required."""
+    def __init__(
+        self,
+        *,
+        user_id: _builtins.str = ...,
+        conversation_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "user_id", b"user_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetLeaseRequest: _TypeAlias = GetLeaseRequest  # noqa: Y015
+
+@_typing.final
+class GetLeaseResponse(_message.Message):
+    """Response of GetLease."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LEASE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def lease(self) -> Global___Lease:
+        """The lease, or absent when no turn holds one."""
+
+    def __init__(
+        self,
+        *,
+        lease: Global___Lease | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["lease", b"lease"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["lease", b"lease"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetLeaseResponse: _TypeAlias = GetLeaseResponse  # noqa: Y015

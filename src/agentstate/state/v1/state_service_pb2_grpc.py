@@ -171,6 +171,11 @@ class StateServiceStub:
                 request_serializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.ResolveConversationRequest.SerializeToString,
                 response_deserializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.ResolveConversationResponse.FromString,
                 _registered_method=True)
+        self.GetLease = channel.unary_unary(
+                '/agentstate.state.v1.StateService/GetLease',
+                request_serializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.GetLeaseRequest.SerializeToString,
+                response_deserializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.GetLeaseResponse.FromString,
+                _registered_method=True)
 
 
 class StateServiceServicer:
@@ -491,6 +496,22 @@ class StateServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetLease(self, request, context):
+        """---- Reads for consoles and operators (added after v1's release) ----
+
+        GetLease returns the conversation's run lease as it is now: which turn
+        holds it, on which holder, since when and until when. `lease` is absent
+        when no turn holds it (never taken, or released). A lease whose
+        `expire_time` has passed was never released: its turn died, and the next
+        turn will take it over. Read-only.
+
+        Errors: NOT_FOUND (conversation absent, deleted or another user's),
+        INVALID_ARGUMENT (malformed ids).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_StateServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -628,6 +649,11 @@ def add_StateServiceServicer_to_server(servicer, server):
                     servicer.ResolveConversation,
                     request_deserializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.ResolveConversationRequest.FromString,
                     response_serializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.ResolveConversationResponse.SerializeToString,
+            ),
+            'GetLease': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetLease,
+                    request_deserializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.GetLeaseRequest.FromString,
+                    response_serializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.GetLeaseResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1361,6 +1387,33 @@ class StateService:
             '/agentstate.state.v1.StateService/ResolveConversation',
             agentstate_dot_state_dot_v1_dot_state__service__pb2.ResolveConversationRequest.SerializeToString,
             agentstate_dot_state_dot_v1_dot_state__service__pb2.ResolveConversationResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetLease(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agentstate.state.v1.StateService/GetLease',
+            agentstate_dot_state_dot_v1_dot_state__service__pb2.GetLeaseRequest.SerializeToString,
+            agentstate_dot_state_dot_v1_dot_state__service__pb2.GetLeaseResponse.FromString,
             options,
             channel_credentials,
             insecure,

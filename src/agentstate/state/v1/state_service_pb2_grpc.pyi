@@ -254,6 +254,18 @@ class StateServiceStub:
     makes a new conversation with a new id, and writes to the old id stay
     NOT_FOUND.
     """
+    GetLease: _grpc.UnaryUnaryMultiCallable[_state_service_pb2.GetLeaseRequest, _state_service_pb2.GetLeaseResponse]
+    """---- Reads for consoles and operators (added after v1's release) ----
+
+    GetLease returns the conversation's run lease as it is now: which turn
+    holds it, on which holder, since when and until when. `lease` is absent
+    when no turn holds it (never taken, or released). A lease whose
+    `expire_time` has passed was never released: its turn died, and the next
+    turn will take it over. Read-only.
+
+    Errors: NOT_FOUND (conversation absent, deleted or another user's),
+    INVALID_ARGUMENT (malformed ids).
+    """
 
 @_typing.type_check_only
 class StateServiceAsyncStub(StateServiceStub):
@@ -463,6 +475,18 @@ class StateServiceAsyncStub(StateServiceStub):
     key with the conversation: resolving it again with `create_if_missing`
     makes a new conversation with a new id, and writes to the old id stay
     NOT_FOUND.
+    """
+    GetLease: _aio.UnaryUnaryMultiCallable[_state_service_pb2.GetLeaseRequest, _state_service_pb2.GetLeaseResponse]  # type: ignore[assignment]
+    """---- Reads for consoles and operators (added after v1's release) ----
+
+    GetLease returns the conversation's run lease as it is now: which turn
+    holds it, on which holder, since when and until when. `lease` is absent
+    when no turn holds it (never taken, or released). A lease whose
+    `expire_time` has passed was never released: its turn died, and the next
+    turn will take it over. Read-only.
+
+    Errors: NOT_FOUND (conversation absent, deleted or another user's),
+    INVALID_ARGUMENT (malformed ids).
     """
 
 class StateServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -832,6 +856,24 @@ class StateServiceServicer(metaclass=_abc_1.ABCMeta):
         key with the conversation: resolving it again with `create_if_missing`
         makes a new conversation with a new id, and writes to the old id stay
         NOT_FOUND.
+        """
+
+    @_abc_1.abstractmethod
+    def GetLease(
+        self,
+        request: _state_service_pb2.GetLeaseRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_state_service_pb2.GetLeaseResponse, _abc.Awaitable[_state_service_pb2.GetLeaseResponse]]:
+        """---- Reads for consoles and operators (added after v1's release) ----
+
+        GetLease returns the conversation's run lease as it is now: which turn
+        holds it, on which holder, since when and until when. `lease` is absent
+        when no turn holds it (never taken, or released). A lease whose
+        `expire_time` has passed was never released: its turn died, and the next
+        turn will take it over. Read-only.
+
+        Errors: NOT_FOUND (conversation absent, deleted or another user's),
+        INVALID_ARGUMENT (malformed ids).
         """
 
 def add_StateServiceServicer_to_server(servicer: StateServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

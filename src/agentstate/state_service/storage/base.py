@@ -177,6 +177,11 @@ class StateStore(abc.ABC):
         """Oldest first; NotFound when the conversation is absent."""
 
     @abc.abstractmethod
+    async def get_lease(self, *, user_id: str, conversation_id: int) -> Lease | None:
+        """The conversation's lease row as it is (lapsed ones too), None when there is none;
+        NotFound when the conversation is absent."""
+
+    @abc.abstractmethod
     async def get_message(
         self, *, user_id: str, conversation_id: int, message_id: int
     ) -> MessageRecord: ...

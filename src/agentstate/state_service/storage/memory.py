@@ -460,6 +460,11 @@ class MemoryStore(StateStore):
             self._conversation(user_id, conversation_id)
             return list(self._compactions.get(conversation_id, []))
 
+    async def get_lease(self, *, user_id: str, conversation_id: int) -> Lease | None:
+        async with self._lock:
+            self._conversation(user_id, conversation_id)
+            return self._leases.get(conversation_id)
+
     async def get_message(
         self, *, user_id: str, conversation_id: int, message_id: int
     ) -> MessageRecord:
@@ -528,6 +533,7 @@ class MemoryStore(StateStore):
             holder=holder,
             expire_time=_now() + timedelta(milliseconds=ttl_ms),
             stop_requested=False,
+            acquire_time=_now(),
         )
         self._leases[conversation_id] = lease
         self._last_task[conversation_id] = lease.task_id

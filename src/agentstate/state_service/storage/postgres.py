@@ -184,6 +184,7 @@ def _lease(row: Row) -> Lease:
         holder=row["holder"],
         expire_time=row["expire_time"],
         stop_requested=bool(row["stop_requested"]),
+        acquire_time=row.get("create_time"),
     )
 
 
@@ -859,6 +860,14 @@ class PostgresStore(StateStore):
         if not rows:
             raise d.conversation_not_found(conversation_id)
         return [_compaction(row) for row in rows if row["id"] is not None]
+
+    async def get_lease(self, *, user_id: str, conversation_id: int) -> Lease | None:
+        rows = await self._rows(
+            sql.GET_LEASE, {"user_id": user_id, "conversation_id": conversation_id}
+        )
+        if not rows:
+            raise d.conversation_not_found(conversation_id)
+        return _lease(rows[0]) if rows[0]["task_id"] is not None else None
 
     async def get_message(
         self, *, user_id: str, conversation_id: int, message_id: int

@@ -221,6 +221,15 @@ FROM agentstate_acquire_lease(%(user_id)s, %(conversation_id)s, %(holder)s,
                               %(ttl_ms)s::integer, %(max_user_leases)s::integer)
 """
 
+# The conversation row anchors NOT_FOUND; the lease columns are NULL when none is held.
+GET_LEASE: Final = """
+SELECT l.task_id, c.id AS conversation_id, c.user_id, l.holder, l.expire_time,
+       l.stop_requested, l.create_time
+FROM t_conversation AS c
+LEFT JOIN t_run_lease AS l ON l.conversation_id = c.id AND l.user_id = c.user_id
+WHERE c.user_id = %(user_id)s AND c.id = %(conversation_id)s
+"""
+
 RENEW_LEASE: Final = f"""
 UPDATE t_run_lease SET expire_time = now() + %(ttl_ms)s * interval '1 millisecond'
 WHERE user_id = %(user_id)s AND task_id = %(task_id)s

@@ -1,0 +1,79 @@
+"""`agentstate-console`: run the web console.
+
+Settings come from environment variables (console/config.py and README). It logs
+"listening on http://HOST:PORT" once the socket is bound (port 0 picks one).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import signal
+import socket
+import sys
+from collections.abc import Iterator
+
+import uvicorn
+
+from agentstate.common import telemetry
+from agentstate.common.config import ConfigError
+from agentstate.console.app import create_app
+from agentstate.console.config import ConsoleSettings
+
+
+class _Server(uvicorn.Server):
+    """uvicorn re-raises SIGTERM after its graceful shutdown, so the process would die by
+    the signal; a console that shut down cleanly exits 0, like the two services."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, self.handle_exit, sig, None)
+        try:
+            yield
+        finally:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
+
+
+async def serve(settings: ConsoleSettings) -> None:
+    host, port = settings.host_port()
+    # Bound here, so port 0 works and the address is known before the first request.
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    # Listening already: a request sent as soon as the address is printed waits in the
+    # backlog until uvicorn accepts, instead of being refused.
+    sock.listen(128)
+    bound_host, bound_port = sock.getsockname()[:2]
+
+    def ready() -> None:
+        print(f"agentstate-console listening on http://{bound_host}:{bound_port}", flush=True)
+
+    config = uvicorn.Config(
+        create_app(settings, ready),
+        log_config=None,
+        access_log=False,
+        timeout_graceful_shutdown=2,
+    )
+    await _Server(config).serve(sockets=[sock])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="agentstate-console", description=__doc__)
+    parser.parse_args(argv)
+    try:
+        telemetry.configure_logging("agentstate-console")
+        settings = ConsoleSettings.from_env()
+        settings.host_port()
+    except (ConfigError, ValueError) as exc:
+        print(f"agentstate-console: {exc}", file=sys.stderr)
+        return 2
+    asyncio.run(serve(settings))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,67 @@
+"""Console settings: one declaration each, read from environment variables (README)."""
+
+from __future__ import annotations
+
+from typing import Self
+
+from pydantic import Field, model_validator
+
+from agentstate.common.config import EnvSettings
+
+
+class ConsoleSettings(EnvSettings):
+    listen_address: str = Field(
+        default="127.0.0.1:8080",
+        validation_alias="CONSOLE_LISTEN_ADDRESS",
+        description="host:port of the web server (port 0 picks one)",
+    )
+    agent_address: str = Field(
+        default="127.0.0.1:50061",
+        validation_alias="CONSOLE_AGENT_ADDRESS",
+        description="the agent service",
+    )
+    state_address: str = Field(
+        default="127.0.0.1:50051",
+        validation_alias="CONSOLE_STATE_ADDRESS",
+        description="the state service (read-only: the inspector)",
+    )
+    user_header: str = Field(
+        default="",
+        validation_alias="CONSOLE_USER_HEADER",
+        description=(
+            "the request header in which a trusted authenticating proxy puts the user "
+            "(e.g. X-Forwarded-User); empty when there is no such proxy"
+        ),
+    )
+    dev_user: str = Field(
+        default="",
+        validation_alias="CONSOLE_DEV_USER",
+        description="development only: the user of requests without the proxy's header",
+    )
+    rpc_timeout_seconds: float = Field(
+        default=10.0,
+        validation_alias="CONSOLE_RPC_TIMEOUT_SECONDS",
+        ge=0.1,
+        description="deadline of each unary gRPC call (streams have none)",
+    )
+    history_page_size: int = Field(
+        default=20,
+        validation_alias="CONSOLE_HISTORY_PAGE_SIZE",
+        ge=1,
+        le=200,
+        description="message records per history page",
+    )
+
+    @model_validator(mode="after")
+    def _someone(self) -> Self:
+        if not self.user_header and not self.dev_user:
+            raise ValueError(
+                "set CONSOLE_USER_HEADER (behind an authenticating proxy) or CONSOLE_DEV_USER"
+            )
+        return self
+
+    def host_port(self) -> tuple[str, int]:
+        host, _, port = self.listen_address.rpartition(":")
+        if not host or not port.isdigit():
+            raise ValueError(f"CONSOLE_LISTEN_ADDRESS={self.listen_address!r} is not host:port")
+        return host, int(port)

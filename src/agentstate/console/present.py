@@ -1,0 +1,238 @@
+"""Message records and turn events in words a user understands (never internal names).
+
+The agent's records carry each tool call as blocks (`tool_use`, `tool_result`); newer
+agents add to a record's `tool_use` its final `outcome` and a short `outcome_text`. The
+text is shown when present; otherwise the words are derived from the blocks, the card and
+the record's status.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+from agentstate.agent.v1 import agent_service_pb2 as pb
+
+ROLES = {pb.MESSAGE_ROLE_USER: "user", pb.MESSAGE_ROLE_ASSISTANT: "assistant"}
+
+RECORD_WORDS = {
+    pb.MESSAGE_STATUS_NORMAL: "",
+    pb.MESSAGE_STATUS_AWAITING_CONFIRM: "Waiting for your decision on the card",
+    pb.MESSAGE_STATUS_INTERRUPTED: "Stopped before it finished",
+    pb.MESSAGE_STATUS_ERROR: "Something went wrong in this turn",
+    pb.MESSAGE_STATUS_STREAMING: "Still being written…",
+}
+
+OUTCOME_WORDS = {
+    "finished": "Done",
+    "failed": "Failed",
+    "declined": "Declined by you: not run",
+    "expired": "The card expired: not run",
+    "interrupted": "Not run: the turn was stopped",
+}
+
+_RESULT_WORDS = {
+    "success": "Done",
+    "error": "Failed",
+    "denied": "Declined by you: not run",
+    "interrupted": "Not run",
+    "running": "Running…",
+}
+
+CARD_WORDS = {
+    "pending": "Waiting for your decision",
+    "approved": "Approved by you",
+    "denied": "Declined by you: nothing was done",
+    "expired": "Expired: nothing was done",
+}
+
+EVENT_WORDS = {
+    pb.TOOL_CALL_STATUS_RUNNING: "Running…",
+    pb.TOOL_CALL_STATUS_SUCCEEDED: "Done",
+    pb.TOOL_CALL_STATUS_FAILED: "Failed",
+    pb.TOOL_CALL_STATUS_ASKING: "Waiting for your confirmation",
+    pb.TOOL_CALL_STATUS_DENIED: "Declined by you: not run",
+    pb.TOOL_CALL_STATUS_INTERRUPTED: "Not run",
+}
+
+_TEXT_KINDS = {
+    pb.MESSAGE_TYPE_THINKING: "thinking",
+    pb.MESSAGE_TYPE_RESPONSE: "response",
+    pb.MESSAGE_TYPE_ERROR: "error",
+}
+
+
+def _iso(ts: Any) -> str | None:
+    return ts.ToDatetime(tzinfo=UTC).isoformat() if ts.seconds or ts.nanos else None
+
+
+def _loads(raw: bytes, default: Any) -> Any:
+    try:
+        return json.loads(raw) if raw else default
+    except ValueError:
+        return default
+
+
+def _output_text(block: dict[str, Any]) -> str:
+    output = block.get("output")
+    if isinstance(output, list):
+        return "".join(str(p.get("text", "")) for p in output if isinstance(p, dict))
+    return str(output or "")
+
+
+def _first_line(text: str, limit: int = 120) -> str:
+    line = text.strip().splitlines()[0] if text.strip() else ""
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+def card_view(card: dict[str, Any], now: datetime) -> dict[str, Any]:
+    status = str(card.get("status", "pending"))
+    expires = str(card.get("expires_at", ""))
+    try:
+        lapsed = status == "pending" and datetime.fromisoformat(expires) <= now
+    except ValueError:
+        lapsed = False
+    if lapsed:
+        status = "expired"
+    return {
+        "message_id": str(card.get("record_id", "")),
+        "title": str(card.get("title", "")),
+        "expires_at": expires,
+        "open": status == "pending",
+        "words": CARD_WORDS.get(status, "Answered"),
+        "calls": [
+            {
+                "title": str(c.get("title", "")),
+                "tool_name": str(c.get("name", "")),
+                "fields": [[str(k), str(v)] for k, v in c.get("fields", [])],
+            }
+            for c in card.get("calls", [])
+            if isinstance(c, dict)
+        ],
+    }
+
+
+def record_view(record: Any, now: datetime | None = None) -> dict[str, Any]:
+    """One agent MessageRecord as the page draws it."""
+    now = now or datetime.now(UTC)
+    blocks = [b for b in _loads(record.blocks_json, []) if isinstance(b, dict)]
+    metadata = _loads(record.metadata_json, {})
+    card = metadata.get("card") if isinstance(metadata, dict) else None
+    card_status = str(card.get("status", "")) if isinstance(card, dict) else ""
+    results = {b.get("id"): b for b in blocks if b.get("type") == "tool_result"}
+    items: list[dict[str, Any]] = []
+    for block in blocks:
+        kind = block.get("type")
+        if kind == "text" and block.get("text"):
+            items.append({"kind": "text", "text": str(block["text"])})
+        elif kind == "thinking" and block.get("thinking"):
+            items.append({"kind": "thinking", "text": str(block["thinking"])})
+        elif kind == "tool_use":
+            items.append(
+                {
+                    "kind": "tool",
+                    "tool_name": str(block.get("name", "")),
+                    "arguments": block.get("input", {}),
+                    "words": _tool_words(block, results.get(block.get("id")), record, card_status),
+                }
+            )
+    error_text = ""
+    if record.status == pb.MESSAGE_STATUS_ERROR:
+        error_text = next((i["text"] for i in items if i["kind"] == "text"), "")
+    return {
+        "message_id": record.message_id,
+        "role": ROLES.get(record.role, "assistant"),
+        "status_words": RECORD_WORDS.get(record.status, ""),
+        "streaming": record.status == pb.MESSAGE_STATUS_STREAMING,
+        "error": record.status == pb.MESSAGE_STATUS_ERROR,
+        "error_text": error_text,
+        "items": items,
+        "card": card_view(card, now) if isinstance(card, dict) else None,
+        "create_time": _iso(record.create_time),
+    }
+
+
+def _tool_words(
+    use: dict[str, Any], result: dict[str, Any] | None, record: Any, card_status: str
+) -> str:
+    if use.get("outcome_text"):
+        return str(use["outcome_text"])
+    if use.get("outcome") in OUTCOME_WORDS:
+        return OUTCOME_WORDS[str(use["outcome"])]
+    if result is not None:
+        words = _RESULT_WORDS.get(str(result.get("state", "")), "Finished")
+        if result.get("state") == "error" and _output_text(result):
+            words += f": {_output_text(result).splitlines()[0]}"
+        return words
+    if card_status in ("denied", "expired", "approved"):
+        return {"denied": "Declined by you: not run", "expired": "The card expired: not run"}.get(
+            card_status, "Approved by you"
+        )
+    if record.status == pb.MESSAGE_STATUS_AWAITING_CONFIRM:
+        return "Waiting for your confirmation"
+    if record.status == pb.MESSAGE_STATUS_STREAMING:
+        return "Running…"
+    if record.status == pb.MESSAGE_STATUS_INTERRUPTED:
+        return "Not run: the turn was stopped"
+    return "Done"
+
+
+def event_view(event: Any) -> dict[str, Any]:
+    """One TurnEvent as a JSON object for the page's stream."""
+    kind = event.WhichOneof("event")
+    if kind == "meta":
+        m = event.meta
+        return {
+            "type": "meta",
+            "conversation_id": m.conversation_id,
+            "task_id": m.task_id,
+            "new_conversation": m.new_conversation,
+        }
+    if kind == "message":
+        return {
+            "type": "message",
+            "kind": _TEXT_KINDS.get(event.message.type, "response"),
+            "delta": event.message.delta,
+        }
+    if kind == "block":
+        b = event.block
+        return {
+            "type": "block",
+            "call_id": b.call_id,
+            "tool_name": b.tool_name,
+            "words": EVENT_WORDS.get(b.status, ""),
+            "arguments": _loads(b.arguments_json, {}),
+            "summary": _first_line(b.summary),
+        }
+    if kind == "hint":
+        return {"type": "hint", "text": event.hint.text}
+    if kind == "finish":
+        return {"type": "finish", "message_id": event.finish.message_id}
+    if kind == "confirm":
+        c = event.confirm
+        return {
+            "type": "confirm",
+            "card": {
+                "message_id": c.message_id,
+                "title": c.title,
+                "expires_at": _iso(c.expire_time),
+                "open": True,
+                "words": CARD_WORDS["pending"],
+                "calls": [
+                    {
+                        "title": call.title,
+                        "tool_name": call.tool_name,
+                        "fields": [[f.label, f.value] for f in call.display_fields],
+                    }
+                    for call in c.calls
+                ],
+            },
+        }
+    if kind == "cancel":
+        return {
+            "type": "cancel",
+            "message_id": event.cancel.message_id,
+            "reason": event.cancel.reason,
+        }
+    return {"type": "done"}

@@ -1,0 +1,213 @@
+"""The web console without a browser: settings, identity, words, `./run demo --web`.
+
+The browser tests are tests/test_console_browser.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from agentstate.agent.v1 import agent_service_pb2 as pb
+from agentstate.common.config import ConfigError
+from agentstate.console.config import ConsoleSettings
+from agentstate.console.present import record_view
+
+pytest.importorskip("starlette")
+
+INTERNAL = ("asking", "denied", "allowed", "AWAITING", "STREAMING", "INTERRUPTED", "pending")
+
+
+def test_settings_need_a_way_to_know_the_user() -> None:
+    with pytest.raises(ConfigError, match=r"set CONSOLE_USER_HEADER .* or CONSOLE_DEV_USER"):
+        ConsoleSettings.from_env({})
+    assert ConsoleSettings.from_env({"CONSOLE_DEV_USER": "me"}).dev_user == "me"
+    with pytest.raises(ConfigError, match="CONSOLE_HISTORY_PAGE_SIZE=0 must be at least 1"):
+        ConsoleSettings.from_env({"CONSOLE_DEV_USER": "me", "CONSOLE_HISTORY_PAGE_SIZE": "0"})
+
+
+def test_the_console_refuses_to_start_without_an_identity_source() -> None:
+    run = subprocess.run(
+        [sys.executable, "-m", "agentstate.console"],
+        env={"PATH": "/usr/bin:/bin", "CONSOLE_LISTEN_ADDRESS": "127.0.0.1:0"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert run.returncode == 2
+    assert "agentstate-console: set CONSOLE_USER_HEADER" in run.stderr
+
+
+def _record(
+    blocks: list[dict[str, object]], status: Any, card: dict[str, object] | None = None
+) -> pb.MessageRecord:
+    return pb.MessageRecord(
+        message_id="2",
+        conversation_id="1",
+        role=pb.MESSAGE_ROLE_ASSISTANT,
+        blocks_json=json.dumps(blocks).encode(),
+        status=status,
+        metadata_json=json.dumps({"card": card} if card else {}).encode(),
+    )
+
+
+def _card(status: str, expires_in: float = 600) -> dict[str, object]:
+    expires = datetime.now(UTC) + timedelta(seconds=expires_in)
+    return {
+        "record_id": "2",
+        "title": "取消订单 88235",
+        "expires_at": expires.isoformat(),
+        "status": status,
+        "calls": [
+            {
+                "call_id": "c1",
+                "name": "cancel_order",
+                "title": "取消订单 88235",
+                "fields": [["订单号", "88235"]],
+            }
+        ],
+    }
+
+
+USE = {
+    "type": "tool_use",
+    "id": "c1",
+    "name": "cancel_order",
+    "input": {"orderNo": "88235"},
+    "state": "asking",
+}
+
+
+@pytest.mark.parametrize(
+    ("blocks", "status", "card", "tool_words", "card_words"),
+    [
+        (
+            [USE],
+            pb.MESSAGE_STATUS_AWAITING_CONFIRM,
+            _card("pending"),
+            "Waiting for your confirmation",
+            "Waiting for your decision",
+        ),
+        (
+            [USE],
+            pb.MESSAGE_STATUS_NORMAL,
+            _card("denied"),
+            "Declined by you: not run",
+            "Declined by you: nothing was done",
+        ),
+        ([USE], pb.MESSAGE_STATUS_NORMAL, _card("approved"), "Approved by you", "Approved by you"),
+        (
+            [USE],
+            pb.MESSAGE_STATUS_NORMAL,
+            _card("expired"),
+            "The card expired: not run",
+            "Expired: nothing was done",
+        ),
+        # A pending card past its expiry is shown as expired, not as still open.
+        (
+            [USE],
+            pb.MESSAGE_STATUS_AWAITING_CONFIRM,
+            _card("pending", -1),
+            "Waiting for your confirmation",
+            "Expired: nothing was done",
+        ),
+        # The record's own outcome wins when the agent wrote one.
+        (
+            [{**USE, "outcome": "finished", "outcome_text": "订单88235已取消。"}],
+            pb.MESSAGE_STATUS_NORMAL,
+            _card("approved"),
+            "订单88235已取消。",
+            "Approved by you",
+        ),
+        (
+            [{**USE, "outcome": "interrupted"}],
+            pb.MESSAGE_STATUS_INTERRUPTED,
+            None,
+            "Not run: the turn was stopped",
+            None,
+        ),
+        (
+            [
+                USE,
+                {
+                    "type": "tool_result",
+                    "id": "c1",
+                    "name": "cancel_order",
+                    "state": "error",
+                    "output": [{"type": "text", "text": "订单已发货\nmore"}],
+                },
+            ],
+            pb.MESSAGE_STATUS_NORMAL,
+            None,
+            "Failed: 订单已发货",
+            None,
+        ),
+    ],
+)
+def test_records_are_told_in_words_not_status_names(
+    blocks: list[dict[str, object]],
+    status: int,
+    card: dict[str, object] | None,
+    tool_words: str,
+    card_words: str | None,
+) -> None:
+    view = record_view(_record(blocks, status, card))
+    (tool,) = [i for i in view["items"] if i["kind"] == "tool"]
+    assert tool["words"] == tool_words
+    assert (view["card"] or {}).get("words") == card_words
+    if card_words == "Expired: nothing was done":
+        assert view["card"]["open"] is False  # no buttons on an expired card
+    shown = json.dumps([tool["words"], view["status_words"], card_words], ensure_ascii=False)
+    assert not [name for name in INTERNAL if name in shown]
+
+
+def test_demo_web_starts_all_three_and_prints_the_url() -> None:
+    demo = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "agentstate.examples.order_demo.demo",
+            "--web",
+            "--web-address",
+            "127.0.0.1:0",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        # The wiring is what is tested here; an in-memory store spares a PostgreSQL start
+        # (test_cli_and_demo.py runs the demo on its embedded PostgreSQL).
+        env={**os.environ, "STATE_STORE": "memory"},
+    )
+    assert demo.stdout is not None
+    lines: list[str] = []
+    url = ""
+    deadline = time.monotonic() + 90
+    try:
+        while not url and time.monotonic() < deadline:
+            line = demo.stdout.readline()
+            if not line:
+                break
+            lines.append(line)
+            if line.startswith("web console: "):
+                url = line.split()[2]
+        assert url.startswith("http://127.0.0.1:"), "".join(lines)
+        with urllib.request.urlopen(url + "/api/me", timeout=10) as response:
+            assert json.load(response) == {"user": "admin"}
+        with urllib.request.urlopen(url + "/healthz", timeout=10) as response:
+            assert json.load(response) == {"ok": True}  # the Kubernetes probes' path
+        with urllib.request.urlopen(url, timeout=10) as response:
+            assert "<title>agentstate console</title>" in response.read().decode()
+    finally:
+        demo.send_signal(signal.SIGTERM)
+        rest, _ = demo.communicate(timeout=60)
+    assert demo.returncode == 0, "".join(lines) + rest
