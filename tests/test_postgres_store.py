@@ -6,6 +6,7 @@ import asyncio
 import json
 import uuid
 from collections.abc import AsyncIterator, Awaitable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeAlias
 
@@ -305,6 +306,12 @@ async def test_array_parameters_round_trip(pg_store: PostgresStore) -> None:
     assert row["b"] == [1, None, 2**62]
 
 
+@dataclass(frozen=True)
+class _OldTurn:
+    conversation_id: int
+    task_id: int
+
+
 async def test_migration_6_fences_turns_that_began_before_it(
     postgres: EmbeddedPostgres, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -315,23 +322,20 @@ async def test_migration_6_fences_turns_that_began_before_it(
         monkeypatch.setattr(migrations, "MIGRATIONS", [m for m in MIGRATIONS if m.version < 6])
         await apply_migrations(conn)
         monkeypatch.undo()
-        # An old replica's two turns, as migration 5's BeginTurn leaves them: a
-        # conversation each, with its lease row (written directly: today's store code
-        # expects today's schema).
-        cur = await conn.execute(
-            "INSERT INTO t_conversation (user_id, title) VALUES ('u', 'kept'), ('u', 'taken') "
-            "RETURNING id"
-        )
-        kept_id, taken_id = [int(row[0]) for row in await cur.fetchall()]
-        cur = await conn.execute(
-            "INSERT INTO t_run_lease (conversation_id, user_id, task_id, holder, expire_time) "
-            "VALUES (%s, 'u', agentstate_next_id(), 'old', now() + interval '100 ms'), "
-            "(%s, 'u', agentstate_next_id(), 'old', now() + interval '100 ms') "
-            "RETURNING task_id",
-            (kept_id, taken_id),
-        )
-        kept_task, taken_task = [int(row[0]) for row in await cur.fetchall()]
-        await conn.commit()
+    # An old replica begins two turns with migration 5's function (today's store speaks
+    # to a later schema: migration 10 replaced BeginTurn's function).
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        old_turns = []
+        for _ in range(2):
+            cur = await conn.execute(
+                "SELECT (r.conversation).id, r.task_id FROM agentstate_begin_turn("
+                "'u', NULL, 't', 'agent_state', 'old', 100, 0, false, NULL,"
+                " '{}'::text[], '{}'::text[], '{}'::text[], '{}'::text[]) AS r"
+            )
+            row = await cur.fetchone()
+            assert row is not None
+            old_turns.append(_OldTurn(int(row[0]), int(row[1])))
+    kept, taken = old_turns
     # The old replica's turns are running (their leases held) when the new schema lands.
     async with await psycopg.AsyncConnection.connect(dsn) as conn:
         await apply_migrations(conn)
@@ -341,12 +345,12 @@ async def test_migration_6_fences_turns_that_began_before_it(
         await asyncio.sleep(0.25)  # both leases lapse
         newer = await store.begin_turn(
             user_id="u",
-            conversation_id=taken_id,
+            conversation_id=taken.conversation_id,
             start=TurnStart(holder="new", ttl_ms=60_000),
         )
         await store.save_state(
             user_id="u",
-            conversation_id=taken_id,
+            conversation_id=taken.conversation_id,
             state_key="agent_state",
             payload=b'{"by": "newer"}',
             expected_version=None,
@@ -355,19 +359,19 @@ async def test_migration_6_fences_turns_that_began_before_it(
         with pytest.raises(d.LeaseLost):
             await store.save_state(
                 user_id="u",
-                conversation_id=taken_id,
+                conversation_id=taken.conversation_id,
                 state_key="agent_state",
                 payload=b'{"by": "late"}',
                 expected_version=None,
-                task_id=taken_task,
+                task_id=taken.task_id,
             )
         saved = await store.save_state(
             user_id="u",
-            conversation_id=kept_id,
+            conversation_id=kept.conversation_id,
             state_key="agent_state",
             payload=b'{"by": "old"}',
             expected_version=None,
-            task_id=kept_task,
+            task_id=kept.task_id,
         )
         assert saved.version == 1 and saved.lease_released
     finally:

@@ -77,12 +77,16 @@ async def test_one_trace_per_turn_across_services_and_database(
     assert load.attributes is not None and save.attributes is not None
     assert load.attributes["agentstate.state.outcome"] == "ok"
     assert load.attributes["agentstate.state.version_read"] == 1
-    assert load.attributes["agentstate.state.message_count"] == 6
-    assert int(str(load.attributes["agentstate.state.payload_bytes"])) > 1000
+    # The agent saved version 1 itself and holds it: BeginTurn did not send it again.
+    assert load.attributes["agentstate.state.payload_omitted"] is True
+    assert load.attributes["agentstate.state.payload_bytes"] == 0
     assert save.attributes["agentstate.state.outcome"] == "ok"
     assert save.attributes["agentstate.state.version_read"] == 1
     assert save.attributes["agentstate.state.version_written"] == 2
     assert save.attributes["agentstate.state.message_count"] == 8
+    # Only what the Confirm turn changed was sent (the settled call, the reply).
+    assert save.attributes["agentstate.state.delta"] is True
+    assert 0 < int(str(save.attributes["agentstate.state.payload_bytes"])) < 2500
     for span in (load, save):
         assert span.parent is not None and span.parent.span_id == turn.context.span_id
 

@@ -23,6 +23,7 @@ class LoadedTurn:
     state: AgentState | None  # None: no state saved yet
     version: int  # 0 when there is no state
     record_ids: list[str]  # of the request's `new_records`, in order
+    payload_omitted: bool = False  # the stored version is the request's cached_version
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,7 @@ from agentstate.client.types import (
     Page,
     RecordUpdate,
     RecordWrite,
+    StateChange,
     TurnRequest,
 )
 from agentstate.common.state_metrics import (
@@ -178,7 +179,7 @@ class StateClient:
                 begun = await self.client.begin_turn(request)
                 conversation_id = begun.conversation_id
                 state = None
-                if begun.state is not None:
+                if begun.state is not None and not begun.payload_omitted:
                     state = _decode_state(begun.state.payload, conversation_id)
                     size = len(begun.state.payload)
                     span.set_attributes(
@@ -188,7 +189,14 @@ class StateClient:
                         }
                     )
                     PAYLOAD_SIZE.record(size, {"side": "client", "op": "load"})
-                outcome = "ok" if state is not None else "not_found"
+                if begun.payload_omitted:  # the caller holds this version already
+                    span.set_attributes(
+                        {
+                            "agentstate.state.payload_omitted": True,
+                            "agentstate.state.payload_bytes": 0,
+                        }
+                    )
+                outcome = "ok" if begun.version else "not_found"
                 span.set_attributes(
                     {
                         "agentstate.conversation_id": conversation_id,
@@ -204,6 +212,7 @@ class StateClient:
                     state=state,
                     version=begun.version,
                     record_ids=[r.message_id for r in begun.records],
+                    payload_omitted=begun.payload_omitted,
                 )
             finally:
                 span.set_attribute("agentstate.state.outcome", outcome)
@@ -218,27 +227,31 @@ class StateClient:
         conversation_id: str,
         task_id: str,
         *,
-        payload: bytes,
+        payload: bytes | None,
         message_count: int,
         expected_version: int,
         writes: Sequence[RecordWrite] = (),
         compactions: Sequence[CompactionNote] = (),
+        change: StateChange | None = None,
     ) -> EndedTurn:
         """Save the turn in one call: the whole state (compare-and-set on the loaded
-        version), its record writes and compaction notes, and release the lease.
-        On any error nothing is saved and the lease is kept."""
+        version) or what changed since that version (`change`), its record writes and
+        compaction notes, and release the lease. On any error nothing is saved and the
+        lease is kept."""
+        sent = len(payload or b"") if change is None else change.size
         with tracer().start_as_current_span("state.save") as span:
             span.set_attributes(
                 {
                     "agentstate.state.rpc": "EndTurn",
                     "agentstate.conversation_id": conversation_id,
-                    "agentstate.state.payload_bytes": len(payload),
+                    "agentstate.state.payload_bytes": sent,
+                    "agentstate.state.delta": change is not None,
                     "agentstate.state.message_count": message_count,
                     "agentstate.state.version_read": expected_version,
                     "agentstate.state.message_writes": len(writes),
                 }
             )
-            PAYLOAD_SIZE.record(len(payload), {"side": "client", "op": "save"})
+            PAYLOAD_SIZE.record(sent, {"side": "client", "op": "save"})
             started = time.perf_counter()
             outcome = "error"
             try:
@@ -246,10 +259,11 @@ class StateClient:
                     user_id,
                     conversation_id,
                     task_id,
-                    payload=payload,
-                    expected_version=expected_version,
+                    payload=payload if change is None else None,
+                    expected_version=expected_version if change is None else None,
                     writes=writes,
                     compactions=compactions,
+                    delta=change,
                 )
                 outcome = "ok"
                 span.set_attribute("agentstate.state.version_written", saved.version)

@@ -40,6 +40,7 @@ from agentstate.client.types import (
     RecordWrite,
     ResolvedConversation,
     SavedState,
+    StateChange,
     StateSnapshot,
     StoredCheckpoint,
     TurnRequest,
@@ -155,12 +156,13 @@ class AsyncStateClient:
         self,
         user_id: str,
         conversation_id: str,
-        payload: Payload,
+        payload: Payload | None = None,
         *,
         expected_version: int | None = None,
         state_key: str = "",
         writes: Sequence[RecordWrite] = (),
         compactions: Sequence[CompactionNote] = (),
+        delta: StateChange | None = None,
         timeout: float | None = None,
     ) -> SavedState:
         """Replace the whole state (bytes or a JSON-able mapping) and apply `writes` in one
@@ -175,6 +177,7 @@ class AsyncStateClient:
                 state_key=state_key,
                 writes=writes,
                 compactions=compactions,
+                delta=delta,
             ),
             timeout,
         )
@@ -318,11 +321,12 @@ class AsyncStateClient:
         conversation_id: str,
         task_id: str,
         *,
-        payload: Payload,
-        expected_version: int | None,
+        payload: Payload | None = None,
+        expected_version: int | None = None,
         state_key: str = "",
         writes: Sequence[RecordWrite] = (),
         compactions: Sequence[CompactionNote] = (),
+        delta: StateChange | None = None,
         timeout: float | None = None,
     ) -> SavedState:
         """Save the turn (as upsert_state) and release its lease in one transaction; LeaseLost
@@ -337,6 +341,7 @@ class AsyncStateClient:
                 state_key=state_key,
                 writes=writes,
                 compactions=compactions,
+                delta=delta,
             ),
             timeout,
         )

@@ -39,6 +39,7 @@ from agentstate.client.types import (
     RecordWrite,
     ResolvedConversation,
     SavedState,
+    StateChange,
     StateSnapshot,
     StoredCheckpoint,
     TurnRequest,
@@ -198,26 +199,55 @@ def get_state(user_id: str, conversation_id: str, state_key: str) -> Op[StateSna
     )
 
 
+def state_delta_pb(change: StateChange) -> pb.StateDelta:
+    delta = pb.StateDelta(
+        base_version=change.base_version, drop_head=change.drop_head, messages=change.messages
+    )
+    if change.replace_from is not None:
+        delta.replace_from = change.replace_from
+    if change.fields_json is not None:
+        delta.fields_json = change.fields_json
+    return delta
+
+
+def _state_of(
+    request: pb.UpsertStateRequest | pb.EndTurnRequest,
+    payload: Payload | None,
+    expected_version: int | None,
+    delta: StateChange | None,
+) -> None:
+    """The whole payload (with its compare-and-set), or a delta (which carries its own)."""
+    if delta is not None:
+        if payload is not None or expected_version is not None:
+            raise ValueError("send a payload (with expected_version) or a delta, not both")
+        request.delta.CopyFrom(state_delta_pb(delta))
+        return
+    if payload is None:
+        raise ValueError("a save needs a payload or a delta")
+    request.payload = payload_bytes(payload)
+    if expected_version is not None:
+        request.expected_version = expected_version
+
+
 def upsert_state(
     user_id: str,
     conversation_id: str,
-    payload: Payload,
+    payload: Payload | None,
     *,
     expected_version: int | None,
     state_key: str,
     writes: Sequence[RecordWrite],
     compactions: Sequence[CompactionNote],
+    delta: StateChange | None = None,
 ) -> Op[SavedState]:
     request = pb.UpsertStateRequest(
         user_id=user_id,
         conversation_id=conversation_id,
         state_key=state_key,
-        payload=payload_bytes(payload),
         message_writes=[message_write_pb(w) for w in writes],
         compaction_records=[compaction_pb(c) for c in compactions],
     )
-    if expected_version is not None:
-        request.expected_version = expected_version
+    _state_of(request, payload, expected_version, delta)
     return Op("UpsertState", request, _saved)
 
 
@@ -403,6 +433,7 @@ def _begun(response: pb.BeginTurnResponse) -> BegunTurn:
         interrupted_records=response.interrupted_records,
         state=state,
         records=[record_of(m) for m in response.messages],
+        payload_omitted=response.payload_omitted,
     )
 
 
@@ -417,6 +448,8 @@ def begin_turn(request: TurnRequest) -> Op[BegunTurn]:
         max_user_leases=request.max_user_leases,
         new_messages=[new_message_pb(r) for r in request.new_records],
     )
+    if request.cached_version is not None:
+        message.cached_version = request.cached_version
     if isinstance(request.guard, NoOpenCard):
         message.require_none_awaiting = True
     elif isinstance(request.guard, OpenCard):
@@ -428,24 +461,23 @@ def end_turn(
     user_id: str,
     conversation_id: str,
     task_id: str,
-    payload: Payload,
+    payload: Payload | None,
     *,
     expected_version: int | None,
     state_key: str,
     writes: Sequence[RecordWrite],
     compactions: Sequence[CompactionNote],
+    delta: StateChange | None = None,
 ) -> Op[SavedState]:
     request = pb.EndTurnRequest(
         user_id=user_id,
         conversation_id=conversation_id,
         task_id=task_id,
         state_key=state_key,
-        payload=payload_bytes(payload),
         message_writes=[message_write_pb(w) for w in writes],
         compaction_records=[compaction_pb(c) for c in compactions],
     )
-    if expected_version is not None:
-        request.expected_version = expected_version
+    _state_of(request, payload, expected_version, delta)
     return Op("EndTurn", request, _saved)
 
 

@@ -38,6 +38,7 @@ from agentstate.client.types import (
     RecordWrite,
     ResolvedConversation,
     SavedState,
+    StateChange,
     StateSnapshot,
     StoredCheckpoint,
     TurnRequest,
@@ -146,12 +147,13 @@ class StateClient:
         self,
         user_id: str,
         conversation_id: str,
-        payload: Payload,
+        payload: Payload | None = None,
         *,
         expected_version: int | None = None,
         state_key: str = "",
         writes: Sequence[RecordWrite] = (),
         compactions: Sequence[CompactionNote] = (),
+        delta: StateChange | None = None,
         timeout: float | None = None,
     ) -> SavedState:
         """Replace the whole state (bytes or a JSON-able mapping) and apply `writes` in one
@@ -166,6 +168,7 @@ class StateClient:
                 state_key=state_key,
                 writes=writes,
                 compactions=compactions,
+                delta=delta,
             ),
             timeout,
         )
@@ -307,11 +310,12 @@ class StateClient:
         conversation_id: str,
         task_id: str,
         *,
-        payload: Payload,
-        expected_version: int | None,
+        payload: Payload | None = None,
+        expected_version: int | None = None,
         state_key: str = "",
         writes: Sequence[RecordWrite] = (),
         compactions: Sequence[CompactionNote] = (),
+        delta: StateChange | None = None,
         timeout: float | None = None,
     ) -> SavedState:
         """Save the turn (as upsert_state) and release its lease in one transaction; LeaseLost
@@ -326,6 +330,7 @@ class StateClient:
                 state_key=state_key,
                 writes=writes,
                 compactions=compactions,
+                delta=delta,
             ),
             timeout,
         )

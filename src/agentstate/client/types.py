@@ -74,6 +74,24 @@ class Compaction:
 
 
 @dataclass(frozen=True)
+class StateChange:
+    """What changed in a state since `base_version` (the contract's StateDelta), for a
+    delta save: drop `drop_head` messages from the front of "context", keep the first
+    `replace_from` (None: all), append `messages` (each UTF-8 JSON), and when set replace
+    every other member by `fields_json`'s. Sent instead of a whole payload."""
+
+    base_version: int
+    drop_head: int = 0
+    replace_from: int | None = None
+    messages: tuple[bytes, ...] = ()
+    fields_json: bytes | None = None
+
+    @property
+    def size(self) -> int:
+        return sum(map(len, self.messages)) + len(self.fields_json or b"")
+
+
+@dataclass(frozen=True)
 class NoOpenCard:
     """Start only if no record of the conversation awaits confirmation."""
 
@@ -101,6 +119,9 @@ class TurnRequest:
     new_records: tuple[NewRecord, ...] = ()
     guard: CardGuard | None = None
     state_key: str = ""
+    # The version the caller holds already (it saved it itself): when it is the stored
+    # one, BeginTurn sends no payload (BegunTurn.payload_omitted).
+    cached_version: int | None = None
 
 
 @dataclass(frozen=True)
@@ -164,6 +185,9 @@ class BegunTurn:
     interrupted_records: int  # records of a dead turn now marked INTERRUPTED
     state: StateSnapshot | None  # None: no state saved yet
     records: list[MessageRecord]  # the appended `new_records`, in order
+    # The stored version is TurnRequest.cached_version: `state` has its version and an
+    # empty payload; the caller's own copy is current.
+    payload_omitted: bool = False
 
     @property
     def conversation_id(self) -> str:

@@ -3,6 +3,8 @@
     agentstate-state serve     # the gRPC service (default)
     agentstate-state migrate   # apply schema migrations to the configured database and exit
     agentstate-state purge --older-than-days N   # one retention sweep, then exit
+    agentstate-state split-states [--batch-size N]   # move states stored whole into rows
+                                                     # (migration 11), online, in batches
 
 Settings come from environment variables: see state_service/config.py and README.
 """
@@ -52,12 +54,21 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
-        "command", nargs="?", default="serve", choices=["serve", "migrate", "purge"]
+        "command",
+        nargs="?",
+        default="serve",
+        choices=["serve", "migrate", "purge", "split-states"],
     )
     parser.add_argument(
         "--older-than-days",
         type=float,
         help="purge: delete conversations untouched for this many days",
+    )
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        default=200,
+        help="split-states: states per transaction",
     )
     args = parser.parse_args(argv)
     if args.command == "purge" and (args.older_than_days is None or args.older_than_days <= 0):
@@ -72,6 +83,13 @@ def main(argv: list[str] | None = None) -> int:
                 print("schema is up to date")
 
             asyncio.run(_with_store(settings, migrated))
+        elif args.command == "split-states":
+
+            async def split(store: PostgresStore) -> None:
+                count = await store.split_whole_states(batch_size=args.batch_size, pause=0.01)
+                print(f"split {count} states stored whole into rows; none is left")
+
+            asyncio.run(_with_store(settings, split))
         elif args.command == "purge":
             before = datetime.now(UTC) - timedelta(days=args.older_than_days)
 

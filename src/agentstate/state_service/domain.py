@@ -12,8 +12,9 @@ import json
 import re
 from dataclasses import dataclass, field
 from datetime import datetime
+from decimal import Decimal
 from itertools import accumulate
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 DEFAULT_STATE_KEY = "agent_state"
 DEFAULT_TITLE = "New conversation"
@@ -147,6 +148,33 @@ def user_lease_limit(running: int, limit: int) -> ResourceExhausted:
     )
 
 
+def delta_out_of_range(field: str, value: int, length: int) -> InvalidArgument:
+    return InvalidArgument(
+        f"delta.{field} is {value} but the stored context has {length} messages"
+        f"{' after drop_head' if field == 'replace_from' else ''}; nothing was stored"
+    )
+
+
+def context_not_array() -> FailedPrecondition:
+    return FailedPrecondition(
+        'the stored state\'s "context" is not an array, so a delta cannot apply to it: '
+        "send the whole state"
+    )
+
+
+def fields_name_context() -> InvalidArgument:
+    return InvalidArgument(
+        'delta.fields_json must not name "context" (messages travel in delta.messages)'
+    )
+
+
+def state_too_large(size: int, limit: int) -> PayloadTooLarge:
+    return PayloadTooLarge(
+        f"the state after this delta would be {size} bytes, over the limit of {limit} bytes; "
+        "nothing was stored"
+    )
+
+
 def lease_taken_over(task_id: int, holder_task_id: int) -> LeaseLost:
     return LeaseLost(
         f"the run lease of task {task_id} lapsed and task {holder_task_id} took it over; "
@@ -258,6 +286,20 @@ class StoredState:
 
 
 @dataclass(frozen=True)
+class StateDelta:
+    """What changed in a state since `base_version` (the contract's StateDelta): drop
+    `drop_head` messages from the front of "context", keep the first `replace_from`
+    (None: all), append `messages`, and replace every other member by `fields_json`'s
+    (None: keep them). Each part is UTF-8 JSON text."""
+
+    base_version: int
+    drop_head: int = 0
+    replace_from: int | None = None
+    messages: tuple[bytes, ...] = ()
+    fields_json: bytes | None = None
+
+
+@dataclass(frozen=True)
 class RequireNoneAwaiting:
     """Card guard: no record of the conversation may await confirmation."""
 
@@ -283,6 +325,9 @@ class TurnStart:
     state_key: str = DEFAULT_STATE_KEY
     new_messages: tuple[NewMessage, ...] = ()
     guard: CardGuard | None = None
+    # The version the caller already holds: when it is the stored one, the state's
+    # payload is not returned (BegunTurn.payload_omitted).
+    cached_version: int | None = None
 
 
 @dataclass(frozen=True)
@@ -294,6 +339,7 @@ class BegunTurn:
     interrupted_records: int
     state: StoredState | None  # None: no state yet
     messages: list[MessageRecord]
+    payload_omitted: bool = False  # state.payload is b"": the caller's cached copy is current
 
 
 @dataclass(frozen=True)
@@ -408,6 +454,32 @@ def check_state_payload(payload: bytes, max_bytes: int) -> None:
     _check_json_bytes(payload, "payload")
 
 
+# A context message sits inside the state object and its "context" array.
+MAX_MESSAGE_DEPTH_IN_STATE = 2
+
+
+def check_state_delta(delta: StateDelta) -> None:
+    """Cheap checks of every part of a delta, before the database parses each one
+    (which is the JSON check of record, as for a whole payload)."""
+    if delta.base_version < 1:
+        raise InvalidArgument("delta.base_version must be at least 1 (a first save is whole)")
+    if delta.drop_head < 0:
+        raise InvalidArgument("delta.drop_head must not be negative")
+    if delta.replace_from is not None and delta.replace_from < 0:
+        raise InvalidArgument("delta.replace_from must not be negative")
+    for index, message in enumerate(delta.messages):
+        what = f"delta.messages[{index}]"
+        if not message.strip():
+            raise InvalidArgument(f"{what} is empty: a message is a JSON value")
+        _check_json_bytes(message, what)
+        check_json_depth(message, what, MAX_JSON_DEPTH - MAX_MESSAGE_DEPTH_IN_STATE)
+    if delta.fields_json is not None:
+        if not _JSON_OBJECT_START.match(delta.fields_json):
+            raise InvalidArgument("delta.fields_json must be a JSON object")
+        _check_json_bytes(delta.fields_json, "delta.fields_json")
+        check_json_depth(delta.fields_json, "delta.fields_json")
+
+
 def check_blocks_json(blocks: bytes, what: str = "blocks_json") -> bytes:
     if not blocks:
         return b"[]"
@@ -470,8 +542,9 @@ def check_json_depth(data: bytes, what: str, limit: int = MAX_JSON_DEPTH) -> Non
 
 
 def too_deep(what: str, limit: int = MAX_JSON_DEPTH) -> InvalidArgument:
+    within = " (counted from the top of the state)" if limit < MAX_JSON_DEPTH else ""
     return InvalidArgument(
-        f"{what} nests arrays and objects more than {limit} levels deep; nothing was stored"
+        f"{what} nests arrays and objects more than {limit} levels deep{within}; nothing was stored"
     )
 
 
@@ -521,8 +594,9 @@ def lease_held(lease: Lease) -> LeaseHeld:
 
 
 def jsonb_problem(data: bytes, expected: type) -> str | None:
-    """Why PostgreSQL would refuse this as a jsonb object (dict) or array (list), if it
-    would. Only for small JSON (records) and for error paths: it decodes in Python."""
+    """Why PostgreSQL would refuse this as a jsonb object (dict), array (list) or any
+    value (object), if it would. Only for small JSON (records), the in-memory store
+    and error paths: it decodes in Python."""
     try:
         value = json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as exc:
@@ -554,6 +628,64 @@ def check_jsonb(data: bytes, expected: type, what: str) -> None:
             kind = "object" if expected is dict else "array"
             raise InvalidArgument(f"{what} must be a JSON {kind}")
         raise InvalidArgument(f"{what} is not JSON that PostgreSQL can store: {problem}")
+
+
+# ---------------------------------------------------- jsonb's text, in Python
+
+
+def parse_json(data: bytes) -> Any:
+    """JSON text as Python values, numbers as Decimal (exactly as written)."""
+    return json.loads(data, parse_float=Decimal, parse_int=Decimal)
+
+
+def jsonb_text(value: Any) -> bytes:
+    """The text PostgreSQL prints for `value` stored as jsonb: object keys shortest
+    first then bytewise (the last of duplicate keys kept, as json.loads does), ", "
+    and ": " separators, numbers as numeric prints them. The in-memory store returns
+    states in this form, so both stores answer GetState with the same bytes."""
+    parts: list[str] = []
+    _jsonb_text(value, parts)
+    return "".join(parts).encode()
+
+
+def _jsonb_key(key: str) -> tuple[int, bytes]:
+    raw = key.encode()
+    return (len(raw), raw)
+
+
+def _jsonb_text(value: Any, out: list[str]) -> None:
+    if value is None:
+        out.append("null")
+    elif value is True:
+        out.append("true")
+    elif value is False:
+        out.append("false")
+    elif isinstance(value, str):
+        # json.dumps escapes exactly what PostgreSQL's escape_json does.
+        out.append(json.dumps(value, ensure_ascii=False))
+    elif isinstance(value, Decimal | int):
+        number = Decimal(value)
+        out.append(format(abs(number) if number.is_zero() else number, "f"))
+    elif isinstance(value, float):
+        _jsonb_text(Decimal(repr(value)), out)
+    elif isinstance(value, list):
+        out.append("[")
+        for index, item in enumerate(value):
+            if index:
+                out.append(", ")
+            _jsonb_text(item, out)
+        out.append("]")
+    elif isinstance(value, dict):
+        out.append("{")
+        for index, key in enumerate(sorted(value, key=_jsonb_key)):
+            if index:
+                out.append(", ")
+            out.append(json.dumps(key, ensure_ascii=False))
+            out.append(": ")
+            _jsonb_text(value[key], out)
+        out.append("}")
+    else:
+        raise TypeError(f"not a JSON value: {type(value).__name__}")
 
 
 # ------------------------------------------------------- checkpoints (issue 15)

@@ -284,10 +284,12 @@ class _Save:
     user_id: str
     conversation_id: int
     state_key: str
-    payload: bytes
+    payload: bytes | None
     expected_version: int | None
     writes: list[d.MessageWrite]
     compactions: list[d.Compaction]
+    delta: d.StateDelta | None
+    max_state_bytes: int
 
     def arguments(self) -> dict[str, Any]:
         """The store's save_state keywords."""
@@ -299,7 +301,19 @@ class _Save:
             "expected_version": self.expected_version,
             "message_writes": self.writes,
             "compactions": self.compactions,
+            "delta": self.delta,
+            "max_state_bytes": self.max_state_bytes,
         }
+
+
+def delta_from_pb(delta: pb.StateDelta) -> d.StateDelta:
+    return d.StateDelta(
+        base_version=delta.base_version,
+        drop_head=delta.drop_head,
+        replace_from=delta.replace_from if delta.HasField("replace_from") else None,
+        messages=tuple(delta.messages),
+        fields_json=delta.fields_json if delta.HasField("fields_json") else None,
+    )
 
 
 # ------------------------------------------------------ checkpoints (issue 15)
@@ -395,19 +409,36 @@ class StateServicer(pb_grpc.StateServiceServicer):
             expected = request.expected_version
             if expected < 0:
                 raise d.InvalidArgument("expected_version must not be negative")
-        d.check_state_payload(request.payload, self._max_payload_bytes)
+        delta: d.StateDelta | None = None
+        payload: bytes | None = request.payload
+        if request.HasField("delta"):
+            if request.payload:
+                raise d.InvalidArgument("send either payload or delta, not both")
+            if expected is not None:
+                raise d.InvalidArgument(
+                    "expected_version must be absent with a delta (delta.base_version is its "
+                    "compare-and-set)"
+                )
+            delta = delta_from_pb(request.delta)
+            d.check_state_delta(delta)
+            payload = None
+        else:
+            d.check_state_payload(request.payload, self._max_payload_bytes)
         save = _Save(
             user_id=d.validate_user_id(request.user_id),
             conversation_id=d.parse_id(request.conversation_id, "conversation_id"),
             state_key=d.validate_state_key(request.state_key),
-            payload=request.payload,
+            payload=payload,
             expected_version=expected,
             writes=[message_write_from_pb(w, i) for i, w in enumerate(request.message_writes)],
             compactions=[
                 compaction_from_pb(c, i) for i, c in enumerate(request.compaction_records)
             ],
+            delta=delta,
+            max_state_bytes=self._max_payload_bytes,
         )
-        PAYLOAD_SIZE.record(len(request.payload), {"side": "server", "op": "save"})
+        sent = len(request.payload) if delta is None else request.delta.ByteSize()
+        PAYLOAD_SIZE.record(sent, {"side": "server", "op": "save"})
         return save
 
     @_grpc_errors
@@ -449,6 +480,7 @@ class StateServicer(pb_grpc.StateServiceServicer):
             max_user_leases=request.max_user_leases,
             title=d.normalize_title(request.title, default=d.DEFAULT_TITLE),
             state_key=d.validate_state_key(request.state_key),
+            cached_version=(request.cached_version if request.HasField("cached_version") else None),
             new_messages=tuple(
                 new_message_from_pb(m, f"new_messages[{i}]")
                 for i, m in enumerate(request.new_messages)
@@ -468,6 +500,7 @@ class StateServicer(pb_grpc.StateServiceServicer):
             messages=[message_to_pb(m) for m in begun.messages],
         )
         if begun.state is not None:
+            response.payload_omitted = begun.payload_omitted
             response.payload = begun.state.payload
             response.version = begun.state.version
             response.state_update_time.CopyFrom(_timestamp(begun.state.update_time))

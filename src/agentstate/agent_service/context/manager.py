@@ -26,6 +26,7 @@ import json
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from agentstate.agent_service.agent_state import (
     AgentState,
@@ -39,6 +40,8 @@ from agentstate.agent_service.errors import LimitReached
 from agentstate.agent_service.model.base import ToolSpec
 
 TRIM_MARKER = "[trimmed tool result]"
+# Messages whose token counts a ContextManager keeps (all conversations together).
+TOKEN_CACHE_ENTRIES = 50_000
 TRUNCATION_MARKER = "[truncated: this tool result alone exceeded the context budget]"
 
 # (previous summary, messages it replaces, token allowance) -> new summary
@@ -124,9 +127,28 @@ class ContextManager:
         self.counter = counter
         self.summarize = summarize
         self.system_prompt = system_prompt
+        self._token_cache: dict[int, tuple[Msg, list[Any], int]] = {}
 
     def measure(self, state: AgentState, tools: Sequence[ToolSpec] = ()) -> int:
-        return request_tokens(self.counter, self.system_prompt, state.summary, state.context, tools)
+        fixed = request_tokens(self.counter, self.system_prompt, state.summary, (), tools)
+        return fixed + sum(map(self.message_tokens, state.context))
+
+    def message_tokens(self, msg: Msg) -> int:
+        """A message's tokens, counted once per message: a model step then costs the
+        same at 8 and at 512 messages. The entry holds the message (so its id is not
+        reused) and its content list; trimming and truncation, the only changes made to
+        a message already in the context, forget it (`_forget`)."""
+        entry = self._token_cache.get(id(msg))
+        if entry is not None and entry[0] is msg and entry[1] is msg.content:
+            return entry[2]
+        tokens = message_tokens(self.counter, msg)
+        if len(self._token_cache) >= TOKEN_CACHE_ENTRIES:
+            self._token_cache.clear()  # bounded: contexts come and go between turns
+        self._token_cache[id(msg)] = (msg, msg.content, tokens)
+        return tokens
+
+    def _forget(self, msg: Msg) -> None:
+        self._token_cache.pop(id(msg), None)
 
     async def prepare(self, state: AgentState, tools: Sequence[ToolSpec] = ()) -> ContextReport:
         """Trim, then compact, as the budget requires. Changes `state` in place."""
@@ -189,6 +211,7 @@ class ContextManager:
                 msg.content[index] = ToolResultBlock.of_text(
                     block.id, block.name, block.state, placeholder
                 )
+                self._forget(msg)
                 trimmed += 1
         return trimmed
 
@@ -197,7 +220,7 @@ class ContextManager:
         limit = int(self.settings.budget_tokens * self.settings.compact_to)
         truncated = 0
         for msg in state.context:
-            if message_tokens(self.counter, msg) <= limit:
+            if self.message_tokens(msg) <= limit:
                 continue
             for index, block in enumerate(msg.content):
                 if not isinstance(block, ToolResultBlock) or block.text.startswith(
@@ -213,6 +236,7 @@ class ContextManager:
                 msg.content[index] = ToolResultBlock.of_text(
                     block.id, block.name, block.state, text
                 )
+                self._forget(msg)
                 truncated += 1
         return truncated
 
@@ -230,7 +254,7 @@ class ContextManager:
             return None
         target = self.settings.compact_to * self.settings.budget_tokens
         fixed = self.measure(AgentState(session_id="", user_id="", summary=state.summary), tools)
-        tail_tokens = [message_tokens(self.counter, m) for m in context]
+        tail_tokens = [self.message_tokens(m) for m in context]
         for cut in candidates:  # the earliest cut that gets under the target
             if fixed + sum(tail_tokens[cut:]) <= target:
                 return cut

@@ -1,5 +1,7 @@
-"""Ending a turn: the whole state, its record writes and its compaction notes in one
-state call, with the version the turn loaded (compare-and-set), releasing the lease.
+"""Ending a turn: what the turn changed in the state (or the whole state, on a first
+save), its record writes and its compaction notes in one state call, with the version
+the turn loaded (compare-and-set), releasing the lease. The saved state is kept in
+this replica's StateCache, so the conversation's next turn here loads nothing.
 
 An interrupted turn still saves what it completed (the save is shielded from
 cancellation). When the save fails, the turn's reply record says ERROR and the
@@ -18,6 +20,14 @@ from agentstate.agent_service.agent_state import AgentState, Block, ToolResultBl
 from agentstate.agent_service.context.manager import CompactionDone, ContextManager
 from agentstate.agent_service.events import Delta, DeltaKind, Emit
 from agentstate.agent_service.runtime import outcomes, texts
+from agentstate.agent_service.runtime.deltas import (
+    Baseline,
+    CachedState,
+    StateCache,
+    baseline_of,
+    change_since,
+    encode_parts,
+)
 from agentstate.agent_service.runtime.port import StatePort
 from agentstate.agent_service.turns import TurnControl
 from agentstate.client.types import CompactionNote, RecordStatus, RecordUpdate, RecordWrite
@@ -50,9 +60,12 @@ class TurnRecord:
 
 
 class TurnSaver:
-    def __init__(self, state: StatePort, context: ContextManager) -> None:
+    def __init__(
+        self, state: StatePort, context: ContextManager, cache: StateCache | None = None
+    ) -> None:
         self._state = state
         self._context = context
+        self.cache = cache if cache is not None else StateCache()
 
     async def save(
         self,
@@ -65,9 +78,12 @@ class TurnSaver:
         status: RecordStatus = RecordStatus.NORMAL,
         metadata: dict[str, Any] | None = None,
         emit: Emit | None = None,
+        baseline: Baseline | None = None,
     ) -> None:
-        """Save the turn. On failure the record is marked ERROR, the client is told
-        (`emit`) and the error raised; the stored state is the one before the turn."""
+        """Save the turn: what changed since `baseline` (the loaded version's parts),
+        or the whole state when there is none. On failure the record is marked ERROR,
+        the client is told (`emit`) and the error raised; the stored state is the one
+        before the turn."""
         writes = [
             *writes,
             RecordUpdate(
@@ -77,21 +93,31 @@ class TurnSaver:
                 metadata=metadata or {},
             ),
         ]
-        try:
-            # Never send the state service more than it accepts.
-            payload, fitted = await self._context.fit_for_save(state)
-        except errors.LimitReached:
-            await self.mark_failed(control, record, texts.STATE_TOO_LARGE_RECORD)
-            if emit is not None:  # the user reads what the record shows; the caller the status
-                await emit(Delta(DeltaKind.ERROR, texts.STATE_TOO_LARGE_RECORD))
-            raise
-        record.compactions += fitted
+        encoded = encode_parts(state)  # each message once: the delta and the size
+        if encoded.size > self._context.settings.max_state_bytes:
+            try:
+                # Never send the state service more than it accepts.
+                _, fitted = await self._context.fit_for_save(state)
+            except errors.LimitReached:
+                await self.mark_failed(control, record, texts.STATE_TOO_LARGE_RECORD)
+                if emit is not None:  # the user reads what the record shows; the caller the status
+                    await emit(Delta(DeltaKind.ERROR, texts.STATE_TOO_LARGE_RECORD))
+                raise
+            record.compactions += fitted
+            encoded = encode_parts(state)
+        change = None
+        payload = None
+        if baseline is not None and baseline.version == version and version > 0:
+            change = change_since(baseline, state, encoded)
+        else:
+            payload = state.encode()  # a first save, or nothing to compare with
         save = asyncio.ensure_future(
             self._state.end_turn(
                 control.user_id,
                 control.conversation_id,
                 control.task_id,
                 payload=payload,
+                change=change,
                 message_count=len(state.context),
                 expected_version=version,
                 writes=writes,
@@ -108,6 +134,11 @@ class TurnSaver:
                 await emit(Delta(DeltaKind.ERROR, texts.SAVE_FAILED_RECORD))
             raise
         control.released = ended.lease_released
+        self.cache.put(
+            control.user_id,
+            control.conversation_id,
+            CachedState(state, baseline_of(state, ended.version, encoded)),
+        )
 
     async def mark_failed(self, control: TurnControl, record: TurnRecord, error: str) -> None:
         """The reply record says ERROR, keeps what the user saw and `error`, the

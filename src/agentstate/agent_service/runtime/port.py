@@ -17,6 +17,7 @@ from agentstate.client.types import (
     MessageRecord,
     RecordUpdate,
     RecordWrite,
+    StateChange,
     TurnRequest,
 )
 
@@ -34,13 +35,16 @@ class StatePort(Protocol):
         conversation_id: str,
         task_id: str,
         *,
-        payload: bytes,
+        payload: bytes | None,
         message_count: int,
         expected_version: int,
         writes: Sequence[RecordWrite] = (),
         compactions: Sequence[CompactionNote] = (),
+        change: StateChange | None = None,
     ) -> EndedTurn:
-        """Save the turn and release its lease in one call; nothing saved on failure."""
+        """Save the turn and release its lease in one call; nothing saved on failure.
+        The state goes whole (`payload`) or as what changed since `expected_version`
+        (`change`, whose base_version is that version)."""
         ...
 
     async def load(self, user_id: str, conversation_id: str) -> LoadedState:

@@ -39,8 +39,10 @@ from agentstate.agent_service.events import (
 )
 from agentstate.agent_service.middleware import DEFAULT_MIDDLEWARES, ContextMiddleware
 from agentstate.agent_service.model.base import ChatModel, ModelError
+from agentstate.agent_service.records import LoadedTurn
 from agentstate.agent_service.runtime import cards, texts
 from agentstate.agent_service.runtime.cards import CardStatus
+from agentstate.agent_service.runtime.deltas import Baseline, CachedState, baseline_of
 from agentstate.agent_service.runtime.lease import LeaseSettings, TurnLeases
 from agentstate.agent_service.runtime.loop import ReactLoop
 from agentstate.agent_service.runtime.persistence import (
@@ -150,6 +152,26 @@ class TurnRunner:
             card_ttl=timedelta(seconds=settings.card_ttl_seconds),
         )
         self.saver = TurnSaver(state, context)
+        self.cache = self.saver.cache
+
+    def _held(self, user_id: str, conversation_id: str) -> CachedState | None:
+        """This replica's copy of the conversation's last saved state, taken out for
+        the turn (it changes it in place; the save puts the new one back)."""
+        return self.cache.take(user_id, conversation_id) if conversation_id else None
+
+    @staticmethod
+    def _loaded(
+        begun: LoadedTurn, held: CachedState | None
+    ) -> tuple[AgentState | None, Baseline | None]:
+        """The turn's state and what its save compares with: the held copy when the
+        state service said it is current, else the loaded state."""
+        if begun.payload_omitted:
+            if held is None:  # never start from a fresh state over one that exists
+                raise errors.InternalError("the state service omitted a state this turn lacks")
+            return held.state, held.baseline
+        if begun.state is None:
+            return None, None
+        return begun.state, baseline_of(begun.state, begun.version)
 
     # ------------------------------------------------------------ entry points
 
@@ -195,11 +217,13 @@ class TurnRunner:
         if "\x00" in question:
             raise errors.InvalidInput(texts.QUESTION_HAS_NUL)
         self.leases.ensure_accepting()
+        held = self._held(user_id, conversation_id)
         # The question's record and the reply's (STREAMING until saved) are appended
         # when the turn starts: their ids are known before the loop runs.
         request = self._request(
             user_id,
             conversation_id,
+            cached_version=held.baseline.version if held else None,
             title=" ".join(question.split())[:40],
             new_records=(
                 NewRecord(RecordRole.USER, blocks=[TextBlock(question).to_json()]),
@@ -216,7 +240,8 @@ class TurnRunner:
                 retry = replace(request, guard=OpenCard(exc.message_id))
                 control, begun = await stack.enter_async_context(self.leases.turn(retry))
             conversation_id = begun.conversation_id
-            state = begun.state or AgentState(session_id=conversation_id, user_id=user_id)
+            loaded, baseline = self._loaded(begun, held)
+            state = loaded or AgentState(session_id=conversation_id, user_id=user_id)
             state_changed = state.shutdown_interrupted
             hints = self._recover_interrupted(state, control)
             writes: list[RecordWrite] = []
@@ -258,6 +283,7 @@ class TurnRunner:
                 writes,
                 emit,
                 question=(last, before) if before is not None else None,
+                baseline=baseline,
             )
         await self._finish(outcome, emit)
 
@@ -288,10 +314,12 @@ class TurnRunner:
         _check_id(message_id, "message_id")
         _check_id(conversation_id, "conversation_id")
         self.leases.ensure_accepting()
+        held = self._held(user_id, conversation_id)
         # The card's record must still await confirmation: a card is answered once.
         request = self._request(
             user_id,
             conversation_id,
+            cached_version=held.baseline.version if held else None,
             new_records=(NewRecord(RecordRole.ASSISTANT, status=RecordStatus.STREAMING),),
             guard=OpenCard(message_id),
         )
@@ -309,7 +337,7 @@ class TurnRunner:
                     ) from None
                 raise
             record = TurnRecord(begun.record_ids[0])
-            state = begun.state
+            state, baseline = self._loaded(begun, held)
             opened = cards.open_card(state) if state else None
             if state is None or opened is None or not opened.is_card(message_id):
                 # The record awaits confirmation but the state has no such card: refuse,
@@ -324,7 +352,9 @@ class TurnRunner:
                 # The reply record this turn opened says what happened.
                 record.add(TextBlock(texts.EXPIRED_CARD))
                 settled = cards.settle_expired(state, opened)
-                await self.saver.save(control, state, begun.version, record, settled)
+                await self.saver.save(
+                    control, state, begun.version, record, settled, baseline=baseline
+                )
                 raise errors.Conflict(
                     texts.CARD_EXPIRED.format(
                         message_id=message_id, expires_at=card.expires_at.isoformat()
@@ -346,6 +376,7 @@ class TurnRunner:
                 emit,
                 decision=decision,
                 card=(answered, opened.message),
+                baseline=baseline,
             )
         await self._finish(outcome, emit)
 
@@ -392,6 +423,7 @@ class TurnRunner:
         decision: Msg | None = None,
         card: tuple[cards.Card, Msg] | None = None,
         question: tuple[Msg, _Before] | None = None,
+        baseline: Baseline | None = None,
     ) -> Outcome:
         """Run the loop; save whatever it completed, whatever way it ends; return the outcome.
 
@@ -441,7 +473,15 @@ class TurnRunner:
         elif decision is not None:
             writes = []  # interrupted before every call was answered: the card stays open
         await self.saver.save(
-            control, state, version, record, writes, status=status, metadata=metadata, emit=emit
+            control,
+            state,
+            version,
+            record,
+            writes,
+            status=status,
+            metadata=metadata,
+            emit=emit,
+            baseline=baseline,
         )
         if failure is not None:
             await emit(Delta(DeltaKind.ERROR, metadata[ERROR_METADATA_KEY]))

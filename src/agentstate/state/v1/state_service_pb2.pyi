@@ -425,6 +425,7 @@ class UpsertStateRequest(_message.Message):
     EXPECTED_VERSION_FIELD_NUMBER: _builtins.int
     MESSAGE_WRITES_FIELD_NUMBER: _builtins.int
     COMPACTION_RECORDS_FIELD_NUMBER: _builtins.int
+    DELTA_FIELD_NUMBER: _builtins.int
     user_id: _builtins.str
     """The owner. Required."""
     conversation_id: _builtins.str
@@ -448,6 +449,13 @@ class UpsertStateRequest(_message.Message):
     def compaction_records(self) -> _containers.RepeatedCompositeFieldContainer[Global___CompactionRecord]:
         """Context compactions this state reflects, recorded in the same transaction."""
 
+    @_builtins.property
+    def delta(self) -> Global___StateDelta:
+        """Instead of `payload`: only what changed since `delta.base_version` (see
+        StateDelta). When set, `payload` must be empty and `expected_version`
+        absent (the delta carries its own compare-and-set). Added after v1.
+        """
+
     def __init__(
         self,
         *,
@@ -458,10 +466,11 @@ class UpsertStateRequest(_message.Message):
         expected_version: _builtins.int | None = ...,
         message_writes: _abc.Iterable[Global___MessageWrite] | None = ...,
         compaction_records: _abc.Iterable[Global___CompactionRecord] | None = ...,
+        delta: Global___StateDelta | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_expected_version", b"_expected_version", "expected_version", b"expected_version"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_expected_version", b"_expected_version", "delta", b"delta", "expected_version", b"expected_version"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_expected_version", b"_expected_version", "compaction_records", b"compaction_records", "conversation_id", b"conversation_id", "expected_version", b"expected_version", "message_writes", b"message_writes", "payload", b"payload", "state_key", b"state_key", "user_id", b"user_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_expected_version", b"_expected_version", "compaction_records", b"compaction_records", "conversation_id", b"conversation_id", "delta", b"delta", "expected_version", b"expected_version", "message_writes", b"message_writes", "payload", b"payload", "state_key", b"state_key", "user_id", b"user_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__expected_version: _TypeAlias = _typing.Literal["expected_version"]  # noqa: Y015
     _WhichOneofArgType__expected_version: _TypeAlias = _typing.Literal["_expected_version", b"_expected_version"]  # noqa: Y015
@@ -1471,6 +1480,7 @@ class BeginTurnRequest(_message.Message):
     NEW_MESSAGES_FIELD_NUMBER: _builtins.int
     REQUIRE_NONE_AWAITING_FIELD_NUMBER: _builtins.int
     REQUIRE_AWAITING_MESSAGE_ID_FIELD_NUMBER: _builtins.int
+    CACHED_VERSION_FIELD_NUMBER: _builtins.int
     user_id: _builtins.str
     """The owner. Required."""
     conversation_id: _builtins.str
@@ -1499,6 +1509,13 @@ class BeginTurnRequest(_message.Message):
     """Refuse unless this record awaits confirmation (answering a card: a
     card is answered exactly once).
     """
+    cached_version: _builtins.int
+    """The version of the state the caller already holds (for example the one
+    its previous EndTurn on this conversation saved). When the stored version
+    equals it, the response omits the payload (`payload_omitted`), so a
+    turn's start costs the same for a short and a long conversation. Absent
+    or different: the whole state is returned as usual. Added after v1.
+    """
     @_builtins.property
     def new_messages(self) -> _containers.RepeatedCompositeFieldContainer[Global___NewMessage]:
         """Records appended, in order, once everything else passed (for a chat turn:
@@ -1518,13 +1535,19 @@ class BeginTurnRequest(_message.Message):
         new_messages: _abc.Iterable[Global___NewMessage] | None = ...,
         require_none_awaiting: _builtins.bool = ...,
         require_awaiting_message_id: _builtins.str = ...,
+        cached_version: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["awaiting_confirm_guard", b"awaiting_confirm_guard", "require_awaiting_message_id", b"require_awaiting_message_id", "require_none_awaiting", b"require_none_awaiting"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_cached_version", b"_cached_version", "awaiting_confirm_guard", b"awaiting_confirm_guard", "cached_version", b"cached_version", "require_awaiting_message_id", b"require_awaiting_message_id", "require_none_awaiting", b"require_none_awaiting"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["awaiting_confirm_guard", b"awaiting_confirm_guard", "conversation_id", b"conversation_id", "holder", b"holder", "max_user_leases", b"max_user_leases", "new_messages", b"new_messages", "require_awaiting_message_id", b"require_awaiting_message_id", "require_none_awaiting", b"require_none_awaiting", "state_key", b"state_key", "title", b"title", "ttl_ms", b"ttl_ms", "user_id", b"user_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_cached_version", b"_cached_version", "awaiting_confirm_guard", b"awaiting_confirm_guard", "cached_version", b"cached_version", "conversation_id", b"conversation_id", "holder", b"holder", "max_user_leases", b"max_user_leases", "new_messages", b"new_messages", "require_awaiting_message_id", b"require_awaiting_message_id", "require_none_awaiting", b"require_none_awaiting", "state_key", b"state_key", "title", b"title", "ttl_ms", b"ttl_ms", "user_id", b"user_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__cached_version: _TypeAlias = _typing.Literal["cached_version"]  # noqa: Y015
+    _WhichOneofArgType__cached_version: _TypeAlias = _typing.Literal["_cached_version", b"_cached_version"]  # noqa: Y015
     _WhichOneofReturnType_awaiting_confirm_guard: _TypeAlias = _typing.Literal["require_none_awaiting", "require_awaiting_message_id"]  # noqa: Y015
     _WhichOneofArgType_awaiting_confirm_guard: _TypeAlias = _typing.Literal["awaiting_confirm_guard", b"awaiting_confirm_guard"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__cached_version) -> _WhichOneofReturnType__cached_version | None: ...
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType_awaiting_confirm_guard) -> _WhichOneofReturnType_awaiting_confirm_guard | None: ...
 
 Global___BeginTurnRequest: _TypeAlias = BeginTurnRequest  # noqa: Y015
@@ -1544,6 +1567,7 @@ class BeginTurnResponse(_message.Message):
     VERSION_FIELD_NUMBER: _builtins.int
     STATE_UPDATE_TIME_FIELD_NUMBER: _builtins.int
     MESSAGES_FIELD_NUMBER: _builtins.int
+    PAYLOAD_OMITTED_FIELD_NUMBER: _builtins.int
     conversation_created: _builtins.bool
     """True when this call created the conversation."""
     lapsed_task_id: _builtins.str
@@ -1559,6 +1583,11 @@ class BeginTurnResponse(_message.Message):
     version: _builtins.int
     """The stored version; 0 when there is no state yet (EndTurn with
     expected_version 0 then creates it).
+    """
+    payload_omitted: _builtins.bool
+    """True when the stored version equals BeginTurnRequest.cached_version: then
+    `payload` is empty and the caller's own copy of that version is current.
+    Added after v1.
     """
     @_builtins.property
     def conversation(self) -> Global___Conversation:
@@ -1588,10 +1617,11 @@ class BeginTurnResponse(_message.Message):
         version: _builtins.int = ...,
         state_update_time: _timestamp_pb2.Timestamp | None = ...,
         messages: _abc.Iterable[Global___MessageRecord] | None = ...,
+        payload_omitted: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["conversation", b"conversation", "lease", b"lease", "state_update_time", b"state_update_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation", b"conversation", "conversation_created", b"conversation_created", "interrupted_records", b"interrupted_records", "lapsed_task_id", b"lapsed_task_id", "lease", b"lease", "messages", b"messages", "payload", b"payload", "state_update_time", b"state_update_time", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation", b"conversation", "conversation_created", b"conversation_created", "interrupted_records", b"interrupted_records", "lapsed_task_id", b"lapsed_task_id", "lease", b"lease", "messages", b"messages", "payload", b"payload", "payload_omitted", b"payload_omitted", "state_update_time", b"state_update_time", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1611,6 +1641,7 @@ class EndTurnRequest(_message.Message):
     MESSAGE_WRITES_FIELD_NUMBER: _builtins.int
     COMPACTION_RECORDS_FIELD_NUMBER: _builtins.int
     TASK_ID_FIELD_NUMBER: _builtins.int
+    DELTA_FIELD_NUMBER: _builtins.int
     user_id: _builtins.str
     """The owner. Required."""
     conversation_id: _builtins.str
@@ -1633,6 +1664,13 @@ class EndTurnRequest(_message.Message):
     def compaction_records(self) -> _containers.RepeatedCompositeFieldContainer[Global___CompactionRecord]:
         """Context compactions this state reflects."""
 
+    @_builtins.property
+    def delta(self) -> Global___StateDelta:
+        """Instead of `payload`: only what the turn changed since `delta.base_version`
+        (see StateDelta). When set, `payload` must be empty and `expected_version`
+        absent. Added after v1.
+        """
+
     def __init__(
         self,
         *,
@@ -1644,10 +1682,11 @@ class EndTurnRequest(_message.Message):
         message_writes: _abc.Iterable[Global___MessageWrite] | None = ...,
         compaction_records: _abc.Iterable[Global___CompactionRecord] | None = ...,
         task_id: _builtins.str = ...,
+        delta: Global___StateDelta | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_expected_version", b"_expected_version", "expected_version", b"expected_version"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_expected_version", b"_expected_version", "delta", b"delta", "expected_version", b"expected_version"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_expected_version", b"_expected_version", "compaction_records", b"compaction_records", "conversation_id", b"conversation_id", "expected_version", b"expected_version", "message_writes", b"message_writes", "payload", b"payload", "state_key", b"state_key", "task_id", b"task_id", "user_id", b"user_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_expected_version", b"_expected_version", "compaction_records", b"compaction_records", "conversation_id", b"conversation_id", "delta", b"delta", "expected_version", b"expected_version", "message_writes", b"message_writes", "payload", b"payload", "state_key", b"state_key", "task_id", b"task_id", "user_id", b"user_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__expected_version: _TypeAlias = _typing.Literal["expected_version"]  # noqa: Y015
     _WhichOneofArgType__expected_version: _TypeAlias = _typing.Literal["_expected_version", b"_expected_version"]  # noqa: Y015
@@ -1696,6 +1735,95 @@ class EndTurnResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___EndTurnResponse: _TypeAlias = EndTurnResponse  # noqa: Y015
+
+@_typing.final
+class StateDelta(_message.Message):
+    """---------------------------------------------------------------------------
+    Delta saves (added after v1). A save can carry only what changed in the
+    state since the version the caller read, so its cost follows the change,
+    not the length of the conversation. Whole-state saves keep working.
+    ---------------------------------------------------------------------------
+
+    What changed in a state since `base_version`. The state is a JSON object
+    whose member "context" is an array (an AgentState's message list); every
+    other member is "the other fields". The service applies, in this order:
+      1. drop the first `drop_head` messages of the context;
+      2. when `replace_from` is set, remove the messages from that index on
+         (an index into the context after step 1);
+      3. append `messages`;
+      4. when `fields_json` is set, replace every member except "context" by
+         the members of `fields_json`.
+    The result is stored as version `base_version` + 1 and always has a
+    "context" array (an absent one counts as []). GetState then returns the
+    whole state, byte for byte what a whole-state save of the same JSON would
+    return. The bad-input rules of a whole payload apply to every part (no NUL
+    byte, valid JSON that PostgreSQL JSONB can hold, nesting at most 512 levels
+    counted from the state's top, so a message may nest 510), and the size limit
+    (STATE_MAX_PAYLOAD_BYTES) applies to the whole state after the change, as
+    GetState would return it. Errors: ABORTED when the stored version is not
+    `base_version` (with the current version, as UpsertState);
+    INVALID_ARGUMENT for a bad part, `drop_head` or `replace_from` beyond the
+    context's length, or `fields_json` naming "context"; FAILED_PRECONDITION
+    when the stored state's "context" is not an array (send the whole state);
+    RESOURCE_EXHAUSTED when the state after the change is over the limit.
+    Nothing changes on any error.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BASE_VERSION_FIELD_NUMBER: _builtins.int
+    DROP_HEAD_FIELD_NUMBER: _builtins.int
+    REPLACE_FROM_FIELD_NUMBER: _builtins.int
+    MESSAGES_FIELD_NUMBER: _builtins.int
+    FIELDS_JSON_FIELD_NUMBER: _builtins.int
+    base_version: _builtins.int
+    """The stored version this change applies to (compare-and-set). Required,
+    at least 1: a first save sends the whole state.
+    """
+    drop_head: _builtins.int
+    """How many messages to remove from the front of the context (a compaction
+    replacing early messages by a summary). 0: none.
+    """
+    replace_from: _builtins.int
+    """Keep only the first `replace_from` messages (after `drop_head`) before
+    appending `messages`: the messages from this index on are replaced (a
+    tool call whose state changed, trimmed tool results). Unset: keep every
+    message, `messages` are appended.
+    """
+    fields_json: _builtins.bytes
+    """When set: a UTF-8 JSON object holding every member of the state except
+    "context" (which it must not name); it replaces them all. Unset: they
+    stay as they are.
+    """
+    @_builtins.property
+    def messages(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bytes]:
+        """Messages appended to the context, in order: each one UTF-8 JSON value
+        (an AgentState message object).
+        """
+
+    def __init__(
+        self,
+        *,
+        base_version: _builtins.int = ...,
+        drop_head: _builtins.int = ...,
+        replace_from: _builtins.int | None = ...,
+        messages: _abc.Iterable[_builtins.bytes] | None = ...,
+        fields_json: _builtins.bytes | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_fields_json", b"_fields_json", "_replace_from", b"_replace_from", "fields_json", b"fields_json", "replace_from", b"replace_from"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_fields_json", b"_fields_json", "_replace_from", b"_replace_from", "base_version", b"base_version", "drop_head", b"drop_head", "fields_json", b"fields_json", "messages", b"messages", "replace_from", b"replace_from"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__fields_json: _TypeAlias = _typing.Literal["fields_json"]  # noqa: Y015
+    _WhichOneofArgType__fields_json: _TypeAlias = _typing.Literal["_fields_json", b"_fields_json"]  # noqa: Y015
+    _WhichOneofReturnType__replace_from: _TypeAlias = _typing.Literal["replace_from"]  # noqa: Y015
+    _WhichOneofArgType__replace_from: _TypeAlias = _typing.Literal["_replace_from", b"_replace_from"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__fields_json) -> _WhichOneofReturnType__fields_json | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__replace_from) -> _WhichOneofReturnType__replace_from | None: ...
+
+Global___StateDelta: _TypeAlias = StateDelta  # noqa: Y015
 
 @_typing.final
 class ChannelValue(_message.Message):

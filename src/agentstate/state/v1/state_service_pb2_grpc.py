@@ -204,6 +204,8 @@ class StateServiceServicer:
         cannot hold such as "\u0000" inside a string; a bad message write),
         RESOURCE_EXHAUSTED (payload larger than the configured limit),
         FAILED_PRECONDITION (a message write's `expected_status` did not match).
+        With `delta` instead of `payload` only the change is sent and stored
+        (see StateDelta for its own errors).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -372,7 +374,8 @@ class StateServiceServicer:
         the lease is free, and with or without expected_version. A lease that
         merely lapsed, with no other turn in between, still saves. On any error
         nothing is saved and the lease is kept (release it with ReleaseLease, or
-        let it lapse).
+        let it lapse). With `delta` instead of `payload` only what the turn
+        changed is sent and stored (see StateDelta).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -69,6 +69,8 @@ class StateServiceStub:
     cannot hold such as "\\u0000" inside a string; a bad message write),
     RESOURCE_EXHAUSTED (payload larger than the configured limit),
     FAILED_PRECONDITION (a message write's `expected_status` did not match).
+    With `delta` instead of `payload` only the change is sent and stored
+    (see StateDelta for its own errors).
     """
     CreateConversation: _grpc.UnaryUnaryMultiCallable[_state_service_pb2.CreateConversationRequest, _state_service_pb2.CreateConversationResponse]
     """CreateConversation makes a new conversation with a server-generated id.
@@ -166,7 +168,8 @@ class StateServiceStub:
     the lease is free, and with or without expected_version. A lease that
     merely lapsed, with no other turn in between, still saves. On any error
     nothing is saved and the lease is kept (release it with ReleaseLease, or
-    let it lapse).
+    let it lapse). With `delta` instead of `payload` only what the turn
+    changed is sent and stored (see StateDelta).
     """
     PutCheckpoint: _grpc.UnaryUnaryMultiCallable[_state_service_pb2.PutCheckpointRequest, _state_service_pb2.PutCheckpointResponse]
     """---- Checkpoints (issue 15): a graph runtime's history of a conversation ----
@@ -288,6 +291,8 @@ class StateServiceAsyncStub(StateServiceStub):
     cannot hold such as "\\u0000" inside a string; a bad message write),
     RESOURCE_EXHAUSTED (payload larger than the configured limit),
     FAILED_PRECONDITION (a message write's `expected_status` did not match).
+    With `delta` instead of `payload` only the change is sent and stored
+    (see StateDelta for its own errors).
     """
     CreateConversation: _aio.UnaryUnaryMultiCallable[_state_service_pb2.CreateConversationRequest, _state_service_pb2.CreateConversationResponse]  # type: ignore[assignment]
     """CreateConversation makes a new conversation with a server-generated id.
@@ -385,7 +390,8 @@ class StateServiceAsyncStub(StateServiceStub):
     the lease is free, and with or without expected_version. A lease that
     merely lapsed, with no other turn in between, still saves. On any error
     nothing is saved and the lease is kept (release it with ReleaseLease, or
-    let it lapse).
+    let it lapse). With `delta` instead of `payload` only what the turn
+    changed is sent and stored (see StateDelta).
     """
     PutCheckpoint: _aio.UnaryUnaryMultiCallable[_state_service_pb2.PutCheckpointRequest, _state_service_pb2.PutCheckpointResponse]  # type: ignore[assignment]
     """---- Checkpoints (issue 15): a graph runtime's history of a conversation ----
@@ -516,6 +522,8 @@ class StateServiceServicer(metaclass=_abc_1.ABCMeta):
         cannot hold such as "\\u0000" inside a string; a bad message write),
         RESOURCE_EXHAUSTED (payload larger than the configured limit),
         FAILED_PRECONDITION (a message write's `expected_status` did not match).
+        With `delta` instead of `payload` only the change is sent and stored
+        (see StateDelta for its own errors).
         """
 
     @_abc_1.abstractmethod
@@ -715,7 +723,8 @@ class StateServiceServicer(metaclass=_abc_1.ABCMeta):
         the lease is free, and with or without expected_version. A lease that
         merely lapsed, with no other turn in between, still saves. On any error
         nothing is saved and the lease is kept (release it with ReleaseLease, or
-        let it lapse).
+        let it lapse). With `delta` instead of `payload` only what the turn
+        changed is sent and stored (see StateDelta).
         """
 
     @_abc_1.abstractmethod

@@ -1,7 +1,8 @@
 """An in-memory store for demos and fast tests. Data dies with the process.
 
 It keeps the PostgreSQL store's rules, including which JSON PostgreSQL's JSONB
-rejects, so the shared behavioural suite holds for both. One asyncio lock
+rejects, and returns states as jsonb prints them (domain.jsonb_text), so the shared
+behavioural suite holds for both and GetState answers with the same bytes. One asyncio lock
 makes every operation atomic; each write validates everything before it
 changes anything, so a failed call leaves no trace.
 """
@@ -33,6 +34,7 @@ from agentstate.state_service.domain import (
     RequireAwaiting,
     RequireNoneAwaiting,
     ResolvedConversation,
+    StateDelta,
     StoredState,
     TurnStart,
     UpsertResult,
@@ -72,6 +74,35 @@ class _CheckpointRow:
 
 def _now() -> datetime:
     return datetime.now(UTC)
+
+
+def _apply_delta(stored: bytes, delta: StateDelta, max_state_bytes: int | None) -> bytes:
+    """The stored state (jsonb's text) after `delta`, refused as PostgreSQL's store
+    refuses it (see migration 10's agentstate_save_state)."""
+    state = d.parse_json(stored)
+    context = state.pop("context", [])
+    if not isinstance(context, list):
+        raise d.context_not_array()
+    if delta.drop_head > len(context):
+        raise d.delta_out_of_range("drop_head", delta.drop_head, len(context))
+    context = context[delta.drop_head :]
+    keep = len(context) if delta.replace_from is None else delta.replace_from
+    if keep > len(context):
+        raise d.delta_out_of_range("replace_from", keep, len(context))
+    added = []
+    for index, message in enumerate(delta.messages):
+        d.check_jsonb(message, object, f"delta.messages[{index}]")
+        added.append(d.parse_json(message))
+    if delta.fields_json is not None:
+        d.check_jsonb(delta.fields_json, dict, "delta.fields_json")
+        state = d.parse_json(delta.fields_json)
+        if "context" in state:
+            raise d.fields_name_context()
+    state["context"] = context[:keep] + added
+    text = d.jsonb_text(state)
+    if max_state_bytes is not None and len(text) > max_state_bytes:
+        raise d.state_too_large(len(text), max_state_bytes)
+    return text
 
 
 class MemoryStore(StateStore):
@@ -122,11 +153,13 @@ class MemoryStore(StateStore):
         user_id: str,
         conversation_id: int,
         state_key: str,
-        payload: bytes,
+        payload: bytes | None,
         expected_version: int | None,
         message_writes: Sequence[MessageWrite] = (),
         compactions: Sequence[Compaction] = (),
         task_id: int | None = None,
+        delta: StateDelta | None = None,
+        max_state_bytes: int | None = None,
     ) -> UpsertResult:
         # Validate everything, then apply: a failure leaves no trace.
         async with self._lock:
@@ -134,16 +167,25 @@ class MemoryStore(StateStore):
             if task_id is not None:
                 self._fence_turn(conversation_id, task_id)
             held = self._leases.get(conversation_id)
-            d.check_json_depth(payload, "payload")
-            d.check_jsonb(payload, dict, "payload")
             current = self._states.get((conversation_id, state_key))
             current_version = current.version if current else 0
-            if expected_version is not None and expected_version != current_version:
-                raise VersionConflict(expected_version, current_version)
+            if delta is None:
+                if payload is None:
+                    raise d.InvalidArgument("a save needs a payload or a delta")
+                d.check_json_depth(payload, "payload")
+                d.check_jsonb(payload, dict, "payload")
+                if expected_version is not None and expected_version != current_version:
+                    raise VersionConflict(expected_version, current_version)
+                stored = d.jsonb_text(d.parse_json(payload))
+            else:
+                d.check_state_delta(delta)
+                if delta.base_version != current_version or current is None:
+                    raise VersionConflict(delta.base_version, current_version)
+                stored = _apply_delta(current.payload, delta, max_state_bytes)
             staged = self._stage_messages(user_id, conversation_id, message_writes)
             # Everything is valid: apply.
             now = _now()
-            row = _StateRow(payload, current_version + 1, now)
+            row = _StateRow(stored, current_version + 1, now)
             self._states[(conversation_id, state_key)] = row
             records = self._messages.setdefault(conversation_id, {})
             for record in staged:
@@ -201,14 +243,19 @@ class MemoryStore(StateStore):
             for record in staged:
                 mine[record.message_id] = record
             row = self._states.get((cid, start.state_key))
+            omitted = row is not None and row.version == start.cached_version
+            state = None
+            if row is not None:
+                state = StoredState(b"" if omitted else row.payload, row.version, row.update_time)
             return BegunTurn(
                 conversation=self._conversations[cid],
                 conversation_created=conversation_id is None,
                 lease=lease,
                 lapsed_task_id=held.task_id if held is not None else None,
                 interrupted_records=interrupted,
-                state=StoredState(row.payload, row.version, row.update_time) if row else None,
+                state=state,
                 messages=staged,
+                payload_omitted=omitted,
             )
 
     def _stage_messages(

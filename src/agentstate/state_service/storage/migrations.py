@@ -902,6 +902,491 @@ BEGIN
 END $$;
 """,
     ),
+    Migration(
+        10,
+        "delta saves: context messages as rows, the rest of the state as one row",
+        """
+-- A state whose "context" is an array is stored split: each message of the
+-- context is a row here (its text as PostgreSQL's JSONB prints it), the rest
+-- of the state stays in t_agent_state.payload (without "context"). Positions
+-- are absolute: the context is [context_start, context_start + context_count),
+-- so dropping messages from the front (compaction) renumbers nothing.
+CREATE TABLE t_agent_state_message (
+    user_id    text NOT NULL,
+    session_id bigint NOT NULL,
+    state_key  text NOT NULL,
+    position   bigint NOT NULL,
+    message    text NOT NULL,
+    -- session_id first: the key stays small (no user_id in every entry) and serves
+    -- the cascade from t_conversation as well as reading a context in order.
+    PRIMARY KEY (session_id, state_key, position),
+    CONSTRAINT t_agent_state_message_conversation_fkey FOREIGN KEY (user_id, session_id)
+        REFERENCES t_conversation (user_id, id) ON DELETE CASCADE
+);
+-- Rows are appended and, on a compaction or a replaced tail, deleted: vacuum
+-- early, as for t_agent_state.
+ALTER TABLE t_agent_state_message SET (
+    autovacuum_vacuum_scale_factor = 0.02,
+    autovacuum_vacuum_threshold = 200,
+    autovacuum_vacuum_insert_scale_factor = 0.05
+);
+
+-- NULL context columns: payload holds the whole state (written before this
+-- migration and not split yet, or a state without a "context" array).
+-- context_bytes: the sum of the rows' octet lengths, so the size of the whole
+-- state is known without reading the rows. context_head / context_tail: the
+-- state's text before and after the context array (the rest's members in
+-- jsonb's order, "context" where that order puts it), made when the rest
+-- changes, so reading a state is one concatenation. NOT VALID: existing rows
+-- (all NULL) satisfy it; no scan under an exclusive lock.
+ALTER TABLE t_agent_state
+    ADD COLUMN context_start bigint,
+    ADD COLUMN context_count integer,
+    ADD COLUMN context_bytes bigint,
+    ADD COLUMN context_head text,
+    ADD COLUMN context_tail text,
+    ADD CONSTRAINT t_agent_state_context_check CHECK (
+        (context_start IS NULL AND context_count IS NULL AND context_bytes IS NULL
+         AND context_head IS NULL AND context_tail IS NULL)
+        OR (context_start >= 0 AND context_count >= 0 AND context_bytes >= 0
+            AND context_head IS NOT NULL AND context_tail IS NOT NULL
+            AND NOT payload ? 'context')) NOT VALID;
+
+-- The text around a state's context array, byte for byte what jsonb prints for
+-- the unsplit state: the rest's members in jsonb's key order (shorter keys
+-- first, then bytewise) with "context" where that order puts it.
+CREATE FUNCTION agentstate_state_frame(p_rest jsonb, OUT head text, OUT tail text)
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT '{' || coalesce(string_agg(part, ', ' ORDER BY n) FILTER (WHERE before), '')
+               || CASE WHEN bool_or(before) THEN ', ' ELSE '' END || '"context": ',
+           coalesce(', ' || string_agg(part, ', ' ORDER BY n) FILTER (WHERE NOT before), '')
+               || '}'
+    FROM (
+        SELECT e.n, to_jsonb(e.key)::text || ': ' || e.value::text AS part,
+               octet_length(e.key) < 7
+               OR (octet_length(e.key) = 7
+                   AND convert_to(e.key, 'UTF8') < convert_to('context', 'UTF8')) AS before
+        FROM jsonb_each(p_rest) WITH ORDINALITY AS e(key, value, n)
+    ) AS parts
+$$;
+
+-- The whole state's text from its rest and its context array's text.
+CREATE FUNCTION agentstate_state_text(p_rest jsonb, p_context text) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT f.head || p_context || f.tail FROM agentstate_state_frame(p_rest) AS f
+$$;
+
+-- Write a context's messages from index p_from on (positions p_start + p_from
+-- ...) and remove every row after them. Rows whose text is unchanged are left
+-- alone, so a whole-state save writes only the messages that changed. The
+-- caller holds the conversation's row lock. Returns the octet length of the
+-- rows it removed or replaced (what the tail weighed before).
+CREATE FUNCTION agentstate_write_context(
+    p_user_id text, p_session_id bigint, p_state_key text, p_start bigint, p_from bigint,
+    p_messages text[])
+RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_old bigint;
+    n integer := coalesce(array_length(p_messages, 1), 0);
+BEGIN
+    SELECT coalesce(sum(octet_length(message)), 0) INTO v_old FROM t_agent_state_message
+    WHERE user_id = p_user_id AND session_id = p_session_id AND state_key = p_state_key
+      AND position >= p_start + p_from;
+    IF n > 0 THEN
+        INSERT INTO t_agent_state_message AS m (user_id, session_id, state_key, position, message)
+        SELECT p_user_id, p_session_id, p_state_key, p_start + p_from + u.i - 1, u.message
+        FROM unnest(p_messages) WITH ORDINALITY AS u(message, i)
+        ON CONFLICT (session_id, state_key, position)
+        DO UPDATE SET message = EXCLUDED.message WHERE m.message <> EXCLUDED.message;
+    END IF;
+    IF v_old > 0 THEN
+        DELETE FROM t_agent_state_message
+        WHERE user_id = p_user_id AND session_id = p_session_id AND state_key = p_state_key
+          AND position >= p_start + p_from + n;
+    END IF;
+    RETURN v_old;
+END $$;
+
+-- Split a state stored whole into rows (the caller holds the conversation's row
+-- lock and the state row's). The version does not change: the state is the
+-- same. Returns the row after the split, or the row unchanged when its
+-- "context" is absent (an empty context, when p_absent_is_empty) or not an array.
+CREATE FUNCTION agentstate_split_state(s t_agent_state, p_absent_is_empty boolean)
+RETURNS t_agent_state
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_context jsonb := s.payload->'context';
+    v_messages text[];
+BEGIN
+    IF s.context_start IS NOT NULL THEN
+        RETURN s;
+    END IF;
+    IF v_context IS NULL AND p_absent_is_empty THEN
+        v_context := '[]';
+    ELSIF jsonb_typeof(v_context) IS DISTINCT FROM 'array' THEN
+        RETURN s;
+    END IF;
+    SELECT coalesce(array_agg(e.value::text ORDER BY e.i), '{}') INTO v_messages
+    FROM jsonb_array_elements(v_context) WITH ORDINALITY AS e(value, i);
+    PERFORM agentstate_write_context(s.user_id, s.session_id, s.state_key, 0, 0, v_messages);
+    UPDATE t_agent_state AS t
+    SET payload = t.payload - 'context', context_start = 0,
+        context_count = cardinality(v_messages),
+        context_bytes = (SELECT coalesce(sum(octet_length(m)), 0) FROM unnest(v_messages) AS m),
+        (context_head, context_tail) = (
+            SELECT f.head, f.tail FROM agentstate_state_frame(t.payload - 'context') AS f)
+    WHERE t.user_id = s.user_id AND t.session_id = s.session_id AND t.state_key = s.state_key
+    RETURNING * INTO s;
+    RETURN s;
+END $$;
+
+-- UpsertState and EndTurn. A whole payload (p_payload) or a delta (p_base_version
+-- set: p_drop_head, p_replace_from, p_messages, p_fields; see StateDelta in the
+-- contract), then the message writes and the compaction records, and for
+-- EndTurn (p_task_id set) the lease fence and release. One row per message
+-- written, in order (one row of NULL message columns when there are none), each
+-- carrying the state's result.
+DROP FUNCTION agentstate_save_state(
+    text, bigint, text, jsonb, bigint, bigint, text[], bigint[], text[], text[], text[], text[],
+    text[], bigint[], text[], integer);
+CREATE FUNCTION agentstate_save_state(
+    p_user_id text, p_conversation_id bigint, p_state_key text, p_payload jsonb,
+    p_expected_version bigint, p_task_id bigint,
+    p_kinds text[], p_message_ids bigint[], p_roles text[], p_statuses text[],
+    p_blocks text[], p_metadata text[], p_expected_statuses text[],
+    p_compactions bigint[], p_compaction_reasons text[], p_max_depth integer,
+    p_base_version bigint DEFAULT NULL, p_drop_head integer DEFAULT 0,
+    p_replace_from integer DEFAULT NULL, p_messages text[] DEFAULT NULL,
+    p_fields jsonb DEFAULT NULL, p_max_bytes bigint DEFAULT NULL)
+RETURNS TABLE (version bigint, state_update_time timestamptz, lease_released boolean,
+               message t_agent_message)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_state t_agent_state;
+    v_current bigint;
+    v_released boolean := false;
+    v_row t_agent_message;
+    v_written integer := 0;
+    v_rest jsonb;
+    v_start bigint;
+    v_count integer;
+    v_bytes bigint;
+    v_new text[];
+    v_new_bytes bigint;
+    v_size bigint;
+    v_from integer;
+    v_frame record;
+BEGIN
+    -- Set only for a large payload with many brackets (the store checks small ones):
+    -- is any value nested deeper than allowed?
+    IF p_max_depth IS NOT NULL
+       AND jsonb_path_exists(p_payload, format('strict $.**{%s}', p_max_depth + 1)::jsonpath)
+    THEN
+        PERFORM agentstate_refuse(jsonb_build_object('kind', 'too_deep', 'limit', p_max_depth));
+    END IF;
+    SELECT NULL::text AS head, NULL::text AS tail INTO v_frame;
+    PERFORM agentstate_touch_conversation(p_user_id, p_conversation_id);
+    IF p_task_id IS NOT NULL THEN
+        -- Fencing (migration 6): a turn whose lease another task took over never
+        -- writes again, whether or not the lease is free now.
+        PERFORM agentstate_fence_turn(p_user_id, p_conversation_id, p_task_id);
+    END IF;
+    -- FOR UPDATE: the batched split (agentstate_split_states) may hold it.
+    SELECT * INTO v_state FROM t_agent_state AS s
+    WHERE s.user_id = p_user_id AND s.session_id = p_conversation_id
+      AND s.state_key = p_state_key
+    FOR UPDATE;
+    v_current := coalesce(v_state.version, 0);
+    IF (p_base_version IS NOT NULL AND p_base_version <> v_current)
+       OR (p_base_version IS NULL AND p_expected_version IS NOT NULL
+           AND p_expected_version <> v_current) THEN
+        PERFORM agentstate_refuse(jsonb_build_object(
+            'kind', 'version_conflict', 'expected', coalesce(p_base_version, p_expected_version),
+            'current', v_current));
+    END IF;
+    IF p_base_version IS NULL THEN
+        -- A whole state. Its "context", when an array, goes to rows (positions kept,
+        -- unchanged rows not rewritten); otherwise the payload is kept whole.
+        v_start := coalesce(v_state.context_start, 0);
+        IF jsonb_typeof(p_payload->'context') = 'array' THEN
+            SELECT coalesce(array_agg(e.value::text ORDER BY e.i), '{}') INTO v_new
+            FROM jsonb_array_elements(p_payload->'context') WITH ORDINALITY AS e(value, i);
+            PERFORM agentstate_write_context(
+                p_user_id, p_conversation_id, p_state_key, v_start, 0, v_new);
+            v_rest := p_payload - 'context';
+            v_frame := agentstate_state_frame(v_rest);
+            v_count := cardinality(v_new);
+            SELECT coalesce(sum(octet_length(m)), 0) INTO v_bytes FROM unnest(v_new) AS m;
+        ELSE
+            IF v_state.context_start IS NOT NULL THEN
+                DELETE FROM t_agent_state_message AS m
+                WHERE m.user_id = p_user_id AND m.session_id = p_conversation_id
+                  AND m.state_key = p_state_key;
+            END IF;
+            v_rest := p_payload;
+            v_start := NULL;
+        END IF;
+    ELSE
+        -- A delta on the stored version (see StateDelta).
+        IF v_state.context_start IS NULL THEN
+            v_state := agentstate_split_state(v_state, true);
+            IF v_state.context_start IS NULL THEN
+                PERFORM agentstate_refuse(jsonb_build_object('kind', 'context_not_array'));
+            END IF;
+        END IF;
+        v_start := v_state.context_start;
+        v_count := v_state.context_count;
+        v_bytes := v_state.context_bytes;
+        v_rest := v_state.payload;
+        SELECT v_state.context_head AS head, v_state.context_tail AS tail INTO v_frame;
+        IF p_drop_head > v_count THEN
+            PERFORM agentstate_refuse(jsonb_build_object(
+                'kind', 'delta_range', 'field', 'drop_head', 'value', p_drop_head,
+                'length', v_count));
+        END IF;
+        IF p_drop_head > 0 THEN
+            WITH dropped AS (
+                DELETE FROM t_agent_state_message AS m
+                WHERE m.user_id = p_user_id AND m.session_id = p_conversation_id
+                  AND m.state_key = p_state_key AND m.position < v_start + p_drop_head
+                RETURNING octet_length(m.message) AS size)
+            SELECT v_bytes - coalesce(sum(size), 0) INTO v_bytes FROM dropped;
+            v_start := v_start + p_drop_head;
+            v_count := v_count - p_drop_head;
+        END IF;
+        v_from := coalesce(p_replace_from, v_count);
+        IF v_from > v_count THEN
+            PERFORM agentstate_refuse(jsonb_build_object(
+                'kind', 'delta_range', 'field', 'replace_from', 'value', v_from,
+                'length', v_count));
+        END IF;
+        -- Each message parsed (a bad one fails the statement: the store names it)
+        -- and kept as jsonb prints it.
+        SELECT coalesce(array_agg(u.m::jsonb::text ORDER BY u.i), '{}') INTO v_new
+        FROM unnest(p_messages) WITH ORDINALITY AS u(m, i);
+        SELECT coalesce(sum(octet_length(m)), 0) INTO v_new_bytes FROM unnest(v_new) AS m;
+        IF v_from = v_count THEN
+            -- Appending (the common turn): no row after the end to compare or remove.
+            INSERT INTO t_agent_state_message (user_id, session_id, state_key, position, message)
+            SELECT p_user_id, p_conversation_id, p_state_key, v_start + v_count + u.i - 1,
+                   u.message
+            FROM unnest(v_new) WITH ORDINALITY AS u(message, i);
+            v_bytes := v_bytes + v_new_bytes;
+        ELSE
+            v_bytes := v_bytes - agentstate_write_context(
+                p_user_id, p_conversation_id, p_state_key, v_start, v_from, v_new) + v_new_bytes;
+        END IF;
+        v_count := v_from + cardinality(v_new);
+        IF p_fields IS NOT NULL THEN
+            IF jsonb_typeof(p_fields) <> 'object' THEN
+                PERFORM agentstate_refuse(jsonb_build_object('kind', 'fields_not_object'));
+            END IF;
+            IF p_fields ? 'context' THEN
+                PERFORM agentstate_refuse(jsonb_build_object('kind', 'fields_name_context'));
+            END IF;
+            v_rest := p_fields;
+            v_frame := agentstate_state_frame(v_rest);
+        END IF;
+        IF p_max_bytes IS NOT NULL THEN
+            -- The size of the whole state as GetState returns it.
+            v_size := octet_length(v_frame.head) + octet_length(v_frame.tail)
+                      + CASE WHEN v_count = 0 THEN 2 ELSE v_bytes + 2 * v_count END;
+            IF v_size > p_max_bytes THEN
+                PERFORM agentstate_refuse(jsonb_build_object(
+                    'kind', 'too_large', 'size', v_size, 'limit', p_max_bytes));
+            END IF;
+        END IF;
+    END IF;
+    IF v_state.version IS NULL THEN
+        INSERT INTO t_agent_state AS s (user_id, session_id, state_key, payload, version,
+                                        context_start, context_count, context_bytes,
+                                        context_head, context_tail)
+        VALUES (p_user_id, p_conversation_id, p_state_key, v_rest, 1, v_start,
+                CASE WHEN v_start IS NULL THEN NULL ELSE v_count END,
+                CASE WHEN v_start IS NULL THEN NULL ELSE v_bytes END,
+                CASE WHEN v_start IS NULL THEN NULL ELSE v_frame.head END,
+                CASE WHEN v_start IS NULL THEN NULL ELSE v_frame.tail END)
+        RETURNING s.* INTO v_state;
+    ELSE
+        UPDATE t_agent_state AS s
+        SET payload = v_rest, version = s.version + 1, update_time = now(),
+            context_start = v_start,
+            context_count = CASE WHEN v_start IS NULL THEN NULL ELSE v_count END,
+            context_bytes = CASE WHEN v_start IS NULL THEN NULL ELSE v_bytes END,
+            context_head = CASE WHEN v_start IS NULL THEN NULL ELSE v_frame.head END,
+            context_tail = CASE WHEN v_start IS NULL THEN NULL ELSE v_frame.tail END
+        WHERE s.user_id = p_user_id AND s.session_id = p_conversation_id
+          AND s.state_key = p_state_key
+        RETURNING s.* INTO v_state;
+    END IF;
+    -- Compactions: five numbers each, flattened (see sql.py), and a reason.
+    INSERT INTO t_context_compaction (user_id, conversation_id, messages_before, messages_after,
+                                      tokens_before, tokens_after, summary_chars, reason)
+    SELECT p_user_id, p_conversation_id, p_compactions[i * 5 + 1], p_compactions[i * 5 + 2],
+           p_compactions[i * 5 + 3], p_compactions[i * 5 + 4], p_compactions[i * 5 + 5],
+           p_compaction_reasons[i + 1]
+    FROM generate_series(0, coalesce(array_length(p_compaction_reasons, 1), 0) - 1) AS i
+    ORDER BY i;
+    IF p_task_id IS NOT NULL THEN
+        DELETE FROM t_run_lease WHERE conversation_id = p_conversation_id AND task_id = p_task_id;
+        v_released := FOUND;
+    END IF;
+    FOR v_row IN
+        SELECT * FROM agentstate_write_messages(
+            p_user_id, p_conversation_id, p_kinds, p_message_ids, p_roles, p_statuses, p_blocks,
+            p_metadata, p_expected_statuses)
+    LOOP
+        v_written := v_written + 1;
+        RETURN QUERY SELECT v_state.version, v_state.update_time, v_released, v_row;
+    END LOOP;
+    IF v_written = 0 THEN
+        RETURN QUERY SELECT v_state.version, v_state.update_time, v_released,
+                            NULL::t_agent_message;
+    END IF;
+END $$;
+
+-- BeginTurn, as in migration 5, returning the whole state as text (assembled
+-- from its rows) and nothing when the caller already holds the stored version
+-- (p_cached_version).
+DROP FUNCTION agentstate_begin_turn(
+    text, bigint, text, text, text, integer, integer, boolean, bigint, text[], text[], text[],
+    text[]);
+CREATE FUNCTION agentstate_begin_turn(
+    p_user_id text, p_conversation_id bigint, p_title text, p_state_key text,
+    p_holder text, p_ttl_ms integer, p_max_user_leases integer,
+    p_require_none_awaiting boolean, p_require_awaiting_message_id bigint,
+    p_roles text[], p_statuses text[], p_blocks text[], p_metadata text[],
+    p_cached_version bigint DEFAULT NULL)
+RETURNS TABLE (conversation t_conversation, conversation_created boolean,
+               task_id bigint, expire_time timestamptz, stop_requested boolean,
+               lapsed_task_id bigint, interrupted_records integer,
+               payload text, version bigint, state_update_time timestamptz,
+               message_ids bigint[], message_time timestamptz, payload_omitted boolean)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_conversation t_conversation;
+    v_created boolean := p_conversation_id IS NULL;
+    v_lease record;
+    v_awaiting bigint;
+    v_status text;
+    v_interrupted integer;
+    v_ids bigint[];
+    n integer := coalesce(array_length(p_roles, 1), 0);
+BEGIN
+    IF v_created THEN
+        INSERT INTO t_conversation (user_id, title) VALUES (p_user_id, p_title)
+        RETURNING * INTO v_conversation;
+    ELSE
+        v_conversation := agentstate_touch_conversation(p_user_id, p_conversation_id);
+    END IF;
+    SELECT * INTO v_lease FROM agentstate_take_lease(
+        p_user_id, v_conversation.id, p_holder, p_ttl_ms, p_max_user_leases);
+    IF p_require_none_awaiting THEN
+        SELECT id INTO v_awaiting FROM t_agent_message
+        WHERE user_id = p_user_id AND conversation_id = v_conversation.id
+          AND status = 'AWAITING_CONFIRM'
+        ORDER BY id LIMIT 1;
+        IF FOUND THEN
+            PERFORM agentstate_refuse(jsonb_build_object(
+                'kind', 'card_pending', 'message_id', v_awaiting));
+        END IF;
+    ELSIF p_require_awaiting_message_id IS NOT NULL THEN
+        SELECT status INTO v_status FROM t_agent_message
+        WHERE user_id = p_user_id AND conversation_id = v_conversation.id
+          AND id = p_require_awaiting_message_id;
+        IF NOT FOUND THEN
+            PERFORM agentstate_refuse(jsonb_build_object(
+                'kind', 'not_found', 'missing', 'message',
+                'message_id', p_require_awaiting_message_id,
+                'conversation_id', v_conversation.id));
+        ELSIF v_status <> 'AWAITING_CONFIRM' THEN
+            PERFORM agentstate_refuse(jsonb_build_object(
+                'kind', 'not_awaiting', 'message_id', p_require_awaiting_message_id,
+                'status', v_status));
+        END IF;
+    END IF;
+    -- Holding the lease means no turn runs: a record still STREAMING is a dead turn's.
+    UPDATE t_agent_message SET status = 'INTERRUPTED', update_time = now()
+    WHERE user_id = p_user_id AND conversation_id = v_conversation.id AND status = 'STREAMING';
+    GET DIAGNOSTICS v_interrupted = ROW_COUNT;
+    SELECT array_agg(m.id ORDER BY m.ordinality) INTO v_ids FROM agentstate_write_messages(
+        p_user_id, v_conversation.id, array_fill('insert'::text, ARRAY[n]),
+        array_fill(NULL::bigint, ARRAY[n]), p_roles, p_statuses, p_blocks, p_metadata,
+        array_fill(NULL::text, ARRAY[n])) WITH ORDINALITY AS m;
+    RETURN QUERY
+    SELECT v_conversation, v_created, v_lease.task_id, v_lease.expire_time,
+           v_lease.stop_requested, v_lease.lapsed_task_id, v_interrupted,
+           -- As sql.SELECT_STATE: written out, not a function, so it is planned once.
+           CASE WHEN s.version = p_cached_version THEN NULL
+                WHEN s.context_start IS NULL THEN s.payload::text
+                ELSE s.context_head || (
+                    SELECT coalesce(
+                        '[' || string_agg(m.message, ', ' ORDER BY m.position) || ']', '[]')
+                    FROM t_agent_state_message AS m
+                    WHERE m.session_id = s.session_id AND m.state_key = s.state_key
+                      AND m.user_id = s.user_id) || s.context_tail END,
+           s.version, s.update_time, coalesce(v_ids, '{}'), now(),
+           coalesce(s.version = p_cached_version, false)
+    FROM (SELECT 1) AS one
+    LEFT JOIN t_agent_state AS s
+      ON s.user_id = p_user_id AND s.session_id = v_conversation.id
+     AND s.state_key = p_state_key;
+END $$;
+""",
+    ),
+    Migration(
+        11,
+        "delta saves: split the states stored whole, in batches, online",
+        """
+-- Split up to p_batch states stored whole whose "context" is an array, after the
+-- key (p_user_id, p_session_id, p_state_key) (NULLs: from the start), in key
+-- order. Each call is one short transaction: it takes the conversation's row
+-- lock as every writer does (NO KEY UPDATE, so the order is the writers' and a
+-- delete waits for it or it skips), skipping rows someone holds, so it runs
+-- beside live traffic. The state's version and JSON do not change. Returns how
+-- many it split and the last key it looked at (NULL when it reached the end).
+CREATE FUNCTION agentstate_split_states(
+    p_batch integer, p_user_id text, p_session_id bigint, p_state_key text,
+    OUT split integer, OUT skipped integer,
+    OUT last_user_id text, OUT last_session_id bigint, OUT last_state_key text)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_state t_agent_state;
+    v_seen integer := 0;
+BEGIN
+    split := 0;
+    skipped := 0;
+    FOR v_state IN
+        SELECT s.* FROM t_agent_state AS s
+        JOIN t_conversation AS c ON c.user_id = s.user_id AND c.id = s.session_id
+        WHERE s.context_start IS NULL
+          AND (p_user_id IS NULL
+               OR (s.user_id, s.session_id, s.state_key) > (p_user_id, p_session_id, p_state_key))
+        ORDER BY s.user_id, s.session_id, s.state_key
+        LIMIT p_batch
+        FOR NO KEY UPDATE OF c, s SKIP LOCKED
+    LOOP
+        v_seen := v_seen + 1;
+        last_user_id := v_state.user_id;
+        last_session_id := v_state.session_id;
+        last_state_key := v_state.state_key;
+        IF (agentstate_split_state(v_state, false)).context_start IS NULL THEN
+            skipped := skipped + 1;  -- no "context" array: stays whole
+        ELSE
+            split := split + 1;
+        END IF;
+    END LOOP;
+    IF v_seen < p_batch THEN
+        last_user_id := NULL;
+        last_session_id := NULL;
+        last_state_key := NULL;
+    END IF;
+END $$;
+""",
+    ),
 ]
 
 

@@ -10,6 +10,7 @@ no-resurrection and atomic delete hold across replicas.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
@@ -44,6 +45,7 @@ from agentstate.state_service.domain import (
     RequireAwaiting,
     RequireNoneAwaiting,
     ResolvedConversation,
+    StateDelta,
     StoredState,
     StoreError,
     StoreUnavailable,
@@ -126,6 +128,14 @@ class _BigintArrayDumper(Dumper):
 
 class _RawJsonbLoader(Loader):
     """Return jsonb columns as the UTF-8 bytes PostgreSQL sends, undecoded."""
+
+    def load(self, data: Buffer) -> bytes:
+        return bytes(data)
+
+
+class _RawTextLoader(Loader):
+    """Text columns as undecoded UTF-8 bytes: registered only on the cursors that read
+    a state's payload (assembled as text, see migration 10)."""
 
     def load(self, data: Buffer) -> bytes:
         return bytes(data)
@@ -268,6 +278,14 @@ def _check_write_json(write: MessageWrite, where: str) -> None:
             d.check_jsonb(data, kind, f"{where}.{field}")
 
 
+def _check_delta_json(delta: StateDelta) -> None:
+    """InvalidArgument naming the first part of a delta PostgreSQL refuses."""
+    for index, message in enumerate(delta.messages):
+        d.check_jsonb(message, object, f"delta.messages[{index}]")
+    if delta.fields_json is not None:
+        d.check_jsonb(delta.fields_json, dict, "delta.fields_json")
+
+
 def _where(index: Any, batch: str | None) -> str:
     """How an error names the write it is about: "message" or "message_writes[2]"."""
     return "message" if batch is None else f"{batch}[{index}]"
@@ -291,6 +309,18 @@ def _refusal(detail: dict[str, Any], batch: str | None) -> d.StateServiceError:
         )
     if kind == "too_deep":
         return d.too_deep("payload", int(detail["limit"]))
+    if kind == "delta_range":
+        return d.delta_out_of_range(
+            str(detail["field"]), int(detail["value"]), int(detail["length"])
+        )
+    if kind == "context_not_array":
+        return d.context_not_array()
+    if kind == "fields_not_object":
+        return InvalidArgument("delta.fields_json must be a JSON object")
+    if kind == "fields_name_context":
+        return d.fields_name_context()
+    if kind == "too_large":
+        return d.state_too_large(int(detail["size"]), int(detail["limit"]))
     if kind == "version_conflict":
         return VersionConflict(int(detail["expected"]), int(detail["current"]))
     if kind == "status_mismatch":
@@ -458,6 +488,7 @@ class PostgresStore(StateStore):
         batch: str | None = None,
         writes: Sequence[MessageWrite] = (),
         json_param: str = "",
+        delta: StateDelta | None = None,
     ) -> AsyncIterator[Conn]:
         """A pooled connection. Refusals become domain errors, outages StoreUnavailable,
         data the database cannot take InvalidArgument naming the message write it was in
@@ -478,6 +509,8 @@ class PostgresStore(StateStore):
             if isinstance(exc, psycopg.DataError | psycopg.errors.CheckViolation):
                 for index, write in enumerate(writes):  # the error path: find the culprit
                     _check_write_json(write, _where(index, batch))
+                if delta is not None:
+                    _check_delta_json(delta)
                 if json_param:
                     raise InvalidArgument(
                         f"{json_param} is not JSON that PostgreSQL can store: {pg_reason(exc)}"
@@ -494,11 +527,17 @@ class PostgresStore(StateStore):
         batch: str | None = None,
         writes: Sequence[MessageWrite] = (),
         json_param: str = "",
+        delta: StateDelta | None = None,
+        raw_text: bool = False,
         binary: bool = False,
     ) -> list[Row]:
-        """Run one statement: one round trip, its own transaction."""
-        async with self._connection(batch, writes, json_param) as conn:
-            cur = await conn.execute(statement, params, binary=binary)
+        """Run one statement: one round trip, its own transaction. `raw_text`: text
+        columns come back as undecoded bytes (a state's payload)."""
+        async with self._connection(batch, writes, json_param, delta) as conn:
+            cur = conn.cursor()
+            if raw_text:
+                cur.adapters.register_loader("text", _RawTextLoader)
+            await cur.execute(statement, params, binary=binary)
             return await cur.fetchall()
 
     # ------------------------------------------------------------------ state
@@ -507,6 +546,7 @@ class PostgresStore(StateStore):
         rows = await self._rows(
             sql.SELECT_STATE,
             {"user_id": user_id, "conversation_id": conversation_id, "state_key": state_key},
+            raw_text=True,
         )
         if not rows:
             raise d.conversation_not_found(conversation_id)
@@ -523,31 +563,59 @@ class PostgresStore(StateStore):
         user_id: str,
         conversation_id: int,
         state_key: str,
-        payload: bytes,
+        payload: bytes | None,
         expected_version: int | None,
         message_writes: Sequence[MessageWrite] = (),
         compactions: Sequence[Compaction] = (),
         task_id: int | None = None,
+        delta: StateDelta | None = None,
+        max_state_bytes: int | None = None,
     ) -> UpsertResult:
-        params = {
+        params: dict[str, Any] = {
             "user_id": user_id,
             "conversation_id": conversation_id,
             "state_key": state_key,
-            "payload": RawJson(payload),
-            "expected_version": expected_version,
             "task_id": task_id,
-            "max_depth": _depth_to_check_in_database(payload),
             **_write_arrays(message_writes),
             **_compaction_arrays(compactions),
         }
-        # The payload is the one JSON parsed at bind time: a data error is about it
-        # (message JSON is parsed inside the function and refused by index).
+        if delta is None:
+            if payload is None:
+                raise InvalidArgument("a save needs a payload or a delta")
+            params |= {
+                "payload": RawJson(payload),
+                "expected_version": expected_version,
+                "max_depth": _depth_to_check_in_database(payload),
+                "base_version": None,
+                "drop_head": 0,
+                "replace_from": None,
+                "delta_messages": None,
+                "fields": None,
+                "max_bytes": None,
+            }
+        else:
+            d.check_state_delta(delta)
+            params |= {
+                "payload": None,
+                "expected_version": None,
+                "max_depth": None,
+                "base_version": delta.base_version,
+                "drop_head": delta.drop_head,
+                "replace_from": delta.replace_from,
+                "delta_messages": TextArray(delta.messages),
+                "fields": None if delta.fields_json is None else RawJson(delta.fields_json),
+                "max_bytes": max_state_bytes,
+            }
+        # The payload (or the delta's fields) is the one JSON parsed at bind time: a
+        # data error is about it (message JSON is parsed inside the function and
+        # refused by index; the delta's parts are named on the error path).
         rows = await self._rows(
             sql.SAVE_STATE,
             params,
             batch="message_writes",
             writes=message_writes,
-            json_param="payload",
+            json_param="payload" if delta is None else "",
+            delta=delta,
         )
         first = rows[0]
         return UpsertResult(
@@ -577,17 +645,18 @@ class PostgresStore(StateStore):
             "statuses": TextArray([m.status.value for m in start.new_messages]),
             "blocks": TextArray([m.blocks_json for m in start.new_messages]),
             "metadata": TextArray([m.metadata_json for m in start.new_messages]),
+            "cached_version": start.cached_version,
         }
         (row,) = await self._rows(
-            sql.BEGIN_TURN, params, batch="new_messages", writes=start.new_messages
+            sql.BEGIN_TURN, params, batch="new_messages", writes=start.new_messages, raw_text=True
         )
         conversation = Conversation(
             conversation_id=int(row["conversation_id"]),
             user_id=user_id,
-            title=row["title"],
+            title=bytes(row["title"]).decode(),  # text columns are raw on this cursor
             create_time=row["create_time"],
             update_time=row["update_time"],
-            external_key=row["external_key"] or "",
+            external_key=bytes(row["external_key"]).decode() if row["external_key"] else "",
         )
         lease = Lease(
             task_id=int(row["task_id"]),
@@ -598,8 +667,10 @@ class PostgresStore(StateStore):
             stop_requested=bool(row["stop_requested"]),
         )
         state = None
+        omitted = bool(row["payload_omitted"])
         if row["version"] is not None:
-            state = StoredState(row["payload"], int(row["version"]), row["state_update_time"])
+            payload = b"" if omitted else row["payload"]
+            state = StoredState(payload, int(row["version"]), row["state_update_time"])
         # The appended records are what was sent, with the ids and time they were given.
         messages = [
             MessageRecord(
@@ -624,7 +695,37 @@ class PostgresStore(StateStore):
             interrupted_records=int(row["interrupted_records"]),
             state=state,
             messages=messages,
+            payload_omitted=omitted,
         )
+
+    async def split_whole_states(self, *, batch_size: int = 200, pause: float = 0.0) -> int:
+        """The online migration of migration 11: split every state stored whole (whose
+        "context" is an array) into rows, `batch_size` per transaction, beside live
+        traffic (rows a writer holds are skipped and picked up by the next pass; any
+        save splits its state too). Returns how many it split."""
+        total = 0
+        while True:
+            key: tuple[str | None, int | None, str | None] = (None, None, None)
+            while True:
+                (row,) = await self._rows(
+                    sql.SPLIT_STATES,
+                    {
+                        "batch": batch_size,
+                        "user_id": key[0],
+                        "session_id": key[1],
+                        "state_key": key[2],
+                    },
+                )
+                total += int(row["split"])
+                if row["last_user_id"] is None:
+                    break
+                key = (row["last_user_id"], int(row["last_session_id"]), row["last_state_key"])
+                if pause:
+                    await asyncio.sleep(pause)
+            (left,) = await self._rows(sql.COUNT_UNSPLIT_STATES, {})
+            if int(left["unsplit"]) == 0:
+                return total
+            await asyncio.sleep(max(pause, 0.05))  # a writer held some: another pass
 
     # ---------------------------------------------------------- conversations
 

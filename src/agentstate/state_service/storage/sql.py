@@ -66,9 +66,19 @@ RETURNING {_CONVERSATION_COLUMNS}
 
 # ----------------------------------------------------------------------- state
 
-# No row: no such conversation. A row with a NULL version: no state yet.
+# No row: no such conversation. A row with a NULL version: no state yet. The
+# payload is text (read as raw bytes): a split state is assembled from its rows
+# (migration 10), byte for byte what jsonb prints for the same state stored whole.
 SELECT_STATE: Final = """
-SELECT s.payload, s.version, s.update_time
+SELECT CASE
+           WHEN s.context_start IS NULL THEN s.payload::text
+           -- Written out rather than a SQL function (which is planned on every call).
+           ELSE s.context_head || (
+               SELECT coalesce('[' || string_agg(m.message, ', ' ORDER BY m.position) || ']', '[]')
+               FROM t_agent_state_message AS m
+               WHERE m.session_id = s.session_id AND m.state_key = s.state_key
+                 AND m.user_id = s.user_id) || s.context_tail
+       END AS payload, s.version, s.update_time
 FROM t_conversation AS c
 LEFT JOIN t_agent_state AS s
   ON s.user_id = c.user_id AND s.session_id = c.id AND s.state_key = %(state_key)s
@@ -96,7 +106,10 @@ FROM agentstate_save_state(
     p_expected_version => %(expected_version)s::bigint, p_task_id => %(task_id)s::bigint,
     {_WRITES},
     p_compactions => %(compactions)s::bigint[], p_compaction_reasons => %(reasons)s::text[],
-    p_max_depth => %(max_depth)s::integer
+    p_max_depth => %(max_depth)s::integer,
+    p_base_version => %(base_version)s::bigint, p_drop_head => %(drop_head)s::integer,
+    p_replace_from => %(replace_from)s::integer, p_messages => %(delta_messages)s::text[],
+    p_fields => %(fields)s::jsonb, p_max_bytes => %(max_bytes)s::bigint
 ) AS r
 """
 
@@ -106,7 +119,7 @@ SELECT (r.conversation).id AS conversation_id, (r.conversation).title,
        (r.conversation).external_key,
        r.conversation_created, r.task_id, r.expire_time, r.stop_requested, r.lapsed_task_id,
        r.interrupted_records, r.payload, r.version, r.state_update_time,
-       r.message_ids, r.message_time
+       r.message_ids, r.message_time, r.payload_omitted
 FROM agentstate_begin_turn(
     p_user_id => %(user_id)s, p_conversation_id => %(conversation_id)s::bigint,
     p_title => %(title)s, p_state_key => %(state_key)s, p_holder => %(holder)s,
@@ -114,8 +127,22 @@ FROM agentstate_begin_turn(
     p_require_none_awaiting => %(require_none_awaiting)s::boolean,
     p_require_awaiting_message_id => %(require_awaiting_message_id)s::bigint,
     p_roles => %(roles)s::text[], p_statuses => %(statuses)s::text[],
-    p_blocks => %(blocks)s::text[], p_metadata => %(metadata)s::text[]
+    p_blocks => %(blocks)s::text[], p_metadata => %(metadata)s::text[],
+    p_cached_version => %(cached_version)s::bigint
 ) AS r
+"""
+
+# One batch of the online split of states stored whole (migration 11).
+SPLIT_STATES: Final = """
+SELECT split, skipped, last_user_id, last_session_id, last_state_key
+FROM agentstate_split_states(%(batch)s::integer, %(user_id)s::text, %(session_id)s::bigint,
+                             %(state_key)s::text)
+"""
+
+# States stored whole that a split would still turn into rows.
+COUNT_UNSPLIT_STATES: Final = """
+SELECT count(*) AS unsplit FROM t_agent_state
+WHERE context_start IS NULL AND jsonb_typeof(payload -> 'context') = 'array'
 """
 
 # -------------------------------------------------------------------- messages
