@@ -13,7 +13,7 @@ import asyncio
 import json
 import os
 import sys
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine
 from typing import Any
 
 os.environ.setdefault("OPENAI_AGENTS_DISABLE_TRACING", "1")  # no exporter, no network
@@ -165,7 +165,11 @@ async def adk_turn(address: str, user: str, session_id: str, question: str) -> A
         return {"output": replies[-1]}
 
 
-COMMANDS = {"openai-add": openai_add, "openai-turn": openai_turn, "adk-turn": adk_turn}
+COMMANDS: dict[str, Callable[..., Coroutine[Any, Any, Any]]] = {
+    "openai-add": openai_add,
+    "openai-turn": openai_turn,
+    "adk-turn": adk_turn,
+}
 
 
 def main() -> None:

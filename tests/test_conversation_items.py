@@ -226,7 +226,7 @@ async def test_append_event_scopes_and_revision(
             state_key="adk.session",
             state_delta_json=b'{"count": 1, "temp:scratch": "x", "keep": "a"}',
             app_name=app,
-            app_state_delta_json=b'{"motd": "hi", "temp:t": 1}',
+            app_state_delta_json=b'{"motd": "hi"}',
             user_state_delta_json=b'{"name": "Ann"}',
         )
     )
@@ -239,7 +239,7 @@ async def test_append_event_scopes_and_revision(
             state_key="adk.session",
             state_delta_json=b'{"count": 2, "keep": null}',
             app_name=app,
-            user_state_delta_json=b'{"temp:only": 1}',
+            user_state_delta_json=b"{}",
         )
     )
     assert second.revision == 2 and not second.HasField("item") and second.state_version == 2
@@ -249,7 +249,7 @@ async def test_append_event_scopes_and_revision(
     )
     assert json.loads(scoped.app_state.payload) == {"motd": "hi"}
     assert json.loads(scoped.user_state.payload) == {"name": "Ann"}
-    assert scoped.user_state.version == 1  # a delta of temp: keys only writes nothing
+    assert scoped.user_state.version == 1  # an empty delta writes nothing
     other = await state_stub.GetScopedState(
         pb.GetScopedStateRequest(user_id=other_user_id, app_name=app)
     )

@@ -60,8 +60,9 @@ async def test_same_results_as_sqlite_session(client: AsyncStateClient, user_id:
         ("get", None),
     ]
     for step, (op, arg) in enumerate(steps):
-        results = []
-        for session in (theirs, ours):
+        results: list[Any] = []
+        sessions: tuple[Any, Any] = (theirs, ours)
+        for session in sessions:
             if op == "get":
                 results.append(await session.get_items(arg))
             elif op == "add":
@@ -107,7 +108,7 @@ async def test_bad_input(client: AsyncStateClient, user_id: str) -> None:
             AgentStateSession(bad, client=client, user_id=user_id)
     with pytest.raises(ValueError, match="user_id"):
         AgentStateSession("s", client=client, user_id="")
-    session = AgentStateSession("bad-items", client=client, user_id=user_id)
+    session: Any = AgentStateSession("bad-items", client=client, user_id=user_id)
     await session.add_items([_item(0)])
     # As json.dumps in SQLiteSession: TypeError for a value JSON cannot hold; nothing stored.
     with pytest.raises(TypeError):
@@ -146,14 +147,24 @@ async def test_add_items_from_two_processes_lose_nothing(
     items each, one call per item."""
     session_id = f"shared-{uuid.uuid4()}"
     procs = [
-        _worker(state_process_address, "openai-add", state_process_address, user_id, session_id, "40", tag)
+        _worker(
+            state_process_address,
+            "openai-add",
+            state_process_address,
+            user_id,
+            session_id,
+            "40",
+            tag,
+        )
         for tag in ("a", "b")
     ]
     for proc in procs:
         assert _result(proc) == {"added": 40}
     async with AsyncStateClient.connect(state_process_address) as client:
-        items = await AgentStateSession(session_id, client=client, user_id=user_id).get_items()
-    contents = [item["content"] for item in items]  # type: ignore[index, typeddict-item]
+        items: list[Any] = await AgentStateSession(
+            session_id, client=client, user_id=user_id
+        ).get_items()
+    contents = [item["content"] for item in items]
     assert len(contents) == 80
     for tag in ("a", "b"):
         assert [c for c in contents if c.startswith(tag)] == [f"{tag}-{n}" for n in range(40)]
@@ -185,6 +196,8 @@ async def test_runner_two_turns_in_two_processes(state_process_address: str, use
     )
     assert second["output"] == "turn 2; first question: Where is order 88235?"
     async with AsyncStateClient.connect(state_process_address) as client:
-        items = await AgentStateSession(session_id, client=client, user_id=user_id).get_items()
-    roles = [item.get("role") for item in items]  # type: ignore[union-attr]
+        items: list[Any] = await AgentStateSession(
+            session_id, client=client, user_id=user_id
+        ).get_items()
+    roles = [item.get("role") for item in items]
     assert roles == ["user", "assistant", "user", "assistant"]

@@ -239,7 +239,11 @@ async def test_go_reads_an_openai_agents_session(
         conversation_id = await session.conversation_id()
     # Not subprocess.run in this loop's thread: nothing here serves it, but keep it off-loop.
     out = await asyncio.to_thread(
-        run_client, client, "session_items", state_process_address, user_id,
+        run_client,
+        client,
+        "session_items",
+        state_process_address,
+        user_id,
         session_key("support-42"),
     )
     assert out["conversation_id"] == conversation_id

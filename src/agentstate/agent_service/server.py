@@ -104,7 +104,9 @@ class AgentServiceApp:
                 *service_config.channel_options(),
             ],
         )
-        state = StateClient(self._channel, timeout_seconds=settings.state_timeout_seconds)
+        state = StateClient.on_channel(
+            self._channel, timeout_seconds=settings.state_timeout_seconds
+        )
         await profile.open()
         self._profile_open = True
         model = self._model or build_model(settings, profile)

@@ -22,6 +22,7 @@ from agentstate.agent_service.context.rag_history import (
     HistoryRecord,
     rag_history,
 )
+from agentstate.agent_service.error_reasons import agent_error_detail
 from agentstate.agent_service.events import (
     CallStatus,
     Cancelled,
@@ -36,9 +37,9 @@ from agentstate.agent_service.events import (
     ToolStatus,
     TurnEvent,
 )
-from agentstate.agent_service.records import Conversation, MessageRecord, RecordRole, RecordStatus
 from agentstate.agent_service.runtime import TurnRunner
 from agentstate.agent_service.state_client import StateClient
+from agentstate.client.types import Conversation, MessageRecord, RecordRole, RecordStatus
 from agentstate.common import error_details
 from agentstate.state.v1 import state_service_pb2 as spb
 
@@ -167,7 +168,7 @@ async def _abort(context: Context, error: errors.AgentError) -> NoReturn:
         (_STATUS_CODES[k] for k in type(error).__mro__ if k in _STATUS_CODES),
         grpc.StatusCode.INTERNAL,
     )
-    detail = error_details.agent_error_detail(error, code)
+    detail = agent_error_detail(error, code)
     await error_details.abort(context, code, str(error), detail)
 
 

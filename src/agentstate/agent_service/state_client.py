@@ -1,9 +1,9 @@
-"""The state client: the only way the agent service reaches session state, and the
-one place that speaks the StateService contract.
+"""The runtime's StatePort (agent_service/runtime/port.py) over agentstate.client.
 
-It turns the runtime's types (agent_service.records) into protobuf and back, and the
-state service's statuses into the runtime's errors (agent_service.errors), so
-nothing above it knows gRPC or protobuf.
+A thin adapter: the public AsyncStateClient speaks the contract; this decodes the
+AgentState, records the runtime's spans and metrics, and turns the client's exceptions
+into the runtime's errors (agent_service.errors), keeping the client error as the cause
+so the agent's own statuses carry the state service's ErrorInfo through.
 """
 
 from __future__ import annotations
@@ -11,35 +11,25 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable, Coroutine, Sequence
-from datetime import UTC, datetime
 from typing import Any, ParamSpec, TypeVar
 
 import grpc
-import orjson
-from google.protobuf.timestamp_pb2 import Timestamp
 
 from agentstate.agent_service import errors
 from agentstate.agent_service.agent_state import AgentState
-from agentstate.agent_service.records import (
-    BegunTurn,
+from agentstate.agent_service.records import EndedTurn, LoadedState, LoadedTurn
+from agentstate.client import AsyncStateClient, CardPending, NotFound, StateError
+from agentstate.client.types import (
     CompactionNote,
     Conversation,
     Deleted,
-    EndedTurn,
     LeaseInfo,
-    LoadedState,
     MessageRecord,
-    NewRecord,
-    NoOpenCard,
-    OpenCard,
     Page,
-    RecordRole,
-    RecordStatus,
     RecordUpdate,
     RecordWrite,
     TurnRequest,
 )
-from agentstate.common.grpc_metadata import trailer
 from agentstate.common.state_metrics import (
     LOAD_DURATION,
     PAYLOAD_SIZE,
@@ -47,8 +37,6 @@ from agentstate.common.state_metrics import (
     VERSION_CONFLICTS,
 )
 from agentstate.common.telemetry import tracer
-from agentstate.state.v1 import state_service_pb2 as pb
-from agentstate.state.v1 import state_service_pb2_grpc as pb_grpc
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -64,82 +52,26 @@ _ERRORS: dict[grpc.StatusCode, type[errors.AgentError]] = {
 }
 
 
+def agent_error(exc: StateError) -> errors.AgentError:
+    """The runtime's error for a failed state call (by status code, as before the client)."""
+    kind = _ERRORS.get(exc.code, errors.InternalError)
+    detail = exc.message
+    if kind is errors.Unavailable:
+        detail = f"state service unavailable: {detail}"
+    if isinstance(exc, CardPending) and exc.awaiting_message_id:
+        return errors.CardPending(detail, exc.awaiting_message_id)
+    return kind(detail)
+
+
 def _translated(call: Callable[P, Coroutine[Any, Any, R]]) -> Callable[P, Coroutine[Any, Any, R]]:
     @functools.wraps(call)
     async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         try:
             return await call(*args, **kwargs)
-        except grpc.aio.AioRpcError as exc:
-            kind = _ERRORS.get(exc.code(), errors.InternalError)
-            detail = exc.details() or exc.code().name
-            if kind is errors.Unavailable:
-                detail = f"state service unavailable: {detail}"
-            awaiting = trailer(exc, "agentstate-awaiting-message")
-            if kind is errors.Conflict and awaiting:
-                raise errors.CardPending(detail, awaiting) from exc
-            raise kind(detail) from exc
+        except StateError as exc:
+            raise agent_error(exc) from exc
 
     return wrapper
-
-
-_ROLES = {
-    RecordRole.USER: pb.MESSAGE_ROLE_USER,
-    RecordRole.ASSISTANT: pb.MESSAGE_ROLE_ASSISTANT,
-}
-_STATUSES = {
-    RecordStatus.NORMAL: pb.MESSAGE_STATUS_NORMAL,
-    RecordStatus.AWAITING_CONFIRM: pb.MESSAGE_STATUS_AWAITING_CONFIRM,
-    RecordStatus.INTERRUPTED: pb.MESSAGE_STATUS_INTERRUPTED,
-    RecordStatus.ERROR: pb.MESSAGE_STATUS_ERROR,
-    RecordStatus.STREAMING: pb.MESSAGE_STATUS_STREAMING,
-}
-
-
-def _json(value: Any) -> bytes:
-    return orjson.dumps(value)
-
-
-def _status(status: RecordStatus | None) -> pb.MessageStatus.ValueType:
-    return pb.MESSAGE_STATUS_UNSPECIFIED if status is None else _STATUSES[status]
-
-
-def new_message_pb(record: NewRecord) -> pb.NewMessage:
-    return pb.NewMessage(
-        role=_ROLES[record.role],
-        blocks_json=_json(record.blocks),
-        status=_STATUSES[record.status],
-        metadata_json=_json(record.metadata),
-    )
-
-
-def message_update_pb(update: RecordUpdate) -> pb.MessageUpdate:
-    message = pb.MessageUpdate(
-        message_id=update.message_id,
-        status=_status(update.status),
-        expected_status=_status(update.expected_status),
-    )
-    if update.blocks is not None:
-        message.blocks_json = _json(update.blocks)
-    if update.metadata is not None:
-        message.metadata_json = _json(update.metadata)
-    return message
-
-
-def message_write_pb(write: RecordWrite) -> pb.MessageWrite:
-    if isinstance(write, NewRecord):
-        return pb.MessageWrite(insert=new_message_pb(write))
-    return pb.MessageWrite(update=message_update_pb(write))
-
-
-def compaction_pb(note: CompactionNote) -> pb.CompactionRecord:
-    return pb.CompactionRecord(
-        messages_before=note.messages_before,
-        messages_after=note.messages_after,
-        tokens_before=note.tokens_before,
-        tokens_after=note.tokens_after,
-        summary_chars=note.summary_chars,
-        reason=note.reason,
-    )
 
 
 def _decode_state(payload: bytes, conversation_id: str) -> AgentState:
@@ -151,52 +83,16 @@ def _decode_state(payload: bytes, conversation_id: str) -> AgentState:
         ) from exc
 
 
-def _time(value: Timestamp) -> datetime:
-    return value.ToDatetime(tzinfo=UTC)
-
-
-def conversation_of(message: pb.Conversation) -> Conversation:
-    return Conversation(
-        conversation_id=message.conversation_id,
-        title=message.title,
-        create_time=_time(message.create_time),
-        update_time=_time(message.update_time),
-    )
-
-
-_ROLE_OF = {v: k for k, v in _ROLES.items()}
-_STATUS_OF = {v: k for k, v in _STATUSES.items()}
-
-
-def record_of(message: pb.MessageRecord) -> MessageRecord:
-    return MessageRecord(
-        message_id=message.message_id,
-        conversation_id=message.conversation_id,
-        role=_ROLE_OF[message.role],
-        blocks_json=message.blocks_json,
-        status=_STATUS_OF[message.status],
-        metadata_json=message.metadata_json,
-        create_time=_time(message.create_time),
-        update_time=_time(message.update_time),
-    )
-
-
-def lease_of(message: pb.Lease) -> LeaseInfo:
-    return LeaseInfo(
-        task_id=message.task_id,
-        conversation_id=message.conversation_id,
-        stop_requested=message.stop_requested,
-        expire_time=_time(message.expire_time),
-    )
-
-
 class StateClient:
-    """The agent's StatePort over gRPC (see agent_service/runtime/port.py), plus the
-    conversation and record reads the agent's own API passes through."""
+    """The agent's StatePort, plus the conversation and record reads the agent's own API
+    passes through, over an AsyncStateClient."""
 
-    def __init__(self, channel: grpc.aio.Channel, *, timeout_seconds: float = 10.0) -> None:
-        self._stub = pb_grpc.StateServiceStub(channel)
-        self._timeout = timeout_seconds
+    def __init__(self, client: AsyncStateClient) -> None:
+        self.client = client
+
+    @classmethod
+    def on_channel(cls, channel: grpc.aio.Channel, *, timeout_seconds: float = 10.0) -> StateClient:
+        return cls(AsyncStateClient(channel, timeout_seconds=timeout_seconds))
 
     # -------------------------------------------------------- conversations
 
@@ -204,39 +100,19 @@ class StateClient:
     async def list_conversations(
         self, user_id: str, page_size: int, page_token: str
     ) -> Page[Conversation]:
-        response = await self._stub.ListConversations(
-            pb.ListConversationsRequest(
-                user_id=user_id, page_size=page_size, page_token=page_token
-            ),
-            timeout=self._timeout,
+        return await self.client.list_conversations(
+            user_id, page_size=page_size, page_token=page_token
         )
-        return Page([conversation_of(c) for c in response.conversations], response.next_page_token)
 
     @_translated
     async def rename_conversation(
         self, user_id: str, conversation_id: str, title: str
     ) -> Conversation:
-        response = await self._stub.RenameConversation(
-            pb.RenameConversationRequest(
-                user_id=user_id, conversation_id=conversation_id, title=title
-            ),
-            timeout=self._timeout,
-        )
-        return conversation_of(response.conversation)
+        return await self.client.rename_conversation(user_id, conversation_id, title)
 
     @_translated
     async def delete_conversations(self, user_id: str, conversation_ids: Sequence[str]) -> Deleted:
-        response = await self._stub.BatchDeleteConversations(
-            pb.BatchDeleteConversationsRequest(
-                user_id=user_id, conversation_ids=list(conversation_ids)
-            ),
-            timeout=self._timeout,
-        )
-        return Deleted(
-            conversations=int(response.conversations_deleted),
-            messages=int(response.messages_deleted),
-            states=int(response.states_deleted),
-        )
+        return await self.client.delete_conversations(user_id, conversation_ids)
 
     # ---------------------------------------------------------------- state
 
@@ -250,29 +126,25 @@ class StateClient:
             outcome = "error"
             try:
                 try:
-                    response = await self._stub.GetState(
-                        pb.GetStateRequest(user_id=user_id, conversation_id=conversation_id),
-                        timeout=self._timeout,
-                    )
-                except grpc.aio.AioRpcError as exc:
-                    no_state = trailer(exc, "agentstate-missing") == "state"
-                    if exc.code() == grpc.StatusCode.NOT_FOUND and no_state:
+                    snapshot = await self.client.get_state(user_id, conversation_id)
+                except NotFound as exc:
+                    if exc.missing == "state":
                         outcome = "not_found"
                         span.set_attribute("agentstate.state.version_read", 0)
                         return LoadedState(None, 0)
                     raise
-                state = _decode_state(response.payload, conversation_id)
+                state = _decode_state(snapshot.payload, conversation_id)
                 outcome = "ok"
-                size = len(response.payload)
+                size = len(snapshot.payload)
                 span.set_attributes(
                     {
                         "agentstate.state.payload_bytes": size,
                         "agentstate.state.message_count": len(state.context),
-                        "agentstate.state.version_read": int(response.version),
+                        "agentstate.state.version_read": snapshot.version,
                     }
                 )
                 PAYLOAD_SIZE.record(size, {"side": "client", "op": "load"})
-                return LoadedState(state, int(response.version))
+                return LoadedState(state, snapshot.version)
             finally:
                 span.set_attribute("agentstate.state.outcome", outcome)
                 LOAD_DURATION.record(
@@ -282,24 +154,10 @@ class StateClient:
     # ---------------------------------------------------------------- turns
 
     @_translated
-    async def begin_turn(self, request: TurnRequest) -> BegunTurn:
+    async def begin_turn(self, request: TurnRequest) -> LoadedTurn:
         """Start a turn in one call: (create the conversation,) take the lease, check the
         card guard, append the turn's records, load the state. Any failure raises and
         changes nothing: a turn never starts from a fresh state because a load failed."""
-        guard = request.guard
-        message = pb.BeginTurnRequest(
-            user_id=request.user_id,
-            conversation_id=request.conversation_id,
-            title=request.title,
-            holder=request.holder,
-            ttl_ms=request.ttl_ms,
-            max_user_leases=request.max_user_leases,
-            new_messages=[new_message_pb(r) for r in request.new_records],
-        )
-        if isinstance(guard, NoOpenCard):
-            message.require_none_awaiting = True
-        elif isinstance(guard, OpenCard):
-            message.require_awaiting_message_id = guard.message_id
         with tracer().start_as_current_span("state.load") as span:
             span.set_attribute("agentstate.state.rpc", "BeginTurn")
             if request.conversation_id:
@@ -307,14 +165,12 @@ class StateClient:
             started = time.perf_counter()
             outcome = "error"
             try:
-                response: pb.BeginTurnResponse = await self._stub.BeginTurn(
-                    message, timeout=self._timeout
-                )
-                conversation_id = response.conversation.conversation_id
+                begun = await self.client.begin_turn(request)
+                conversation_id = begun.conversation_id
                 state = None
-                if response.version:
-                    state = _decode_state(response.payload, conversation_id)
-                    size = len(response.payload)
+                if begun.state is not None:
+                    state = _decode_state(begun.state.payload, conversation_id)
+                    size = len(begun.state.payload)
                     span.set_attributes(
                         {
                             "agentstate.state.payload_bytes": size,
@@ -326,18 +182,18 @@ class StateClient:
                 span.set_attributes(
                     {
                         "agentstate.conversation_id": conversation_id,
-                        "agentstate.state.version_read": int(response.version),
+                        "agentstate.state.version_read": begun.version,
                     }
                 )
-                return BegunTurn(
+                return LoadedTurn(
                     conversation_id=conversation_id,
-                    conversation_created=response.conversation_created,
-                    task_id=response.lease.task_id,
-                    lapsed_task_id=response.lapsed_task_id,
-                    interrupted_records=response.interrupted_records,
+                    conversation_created=begun.conversation_created,
+                    task_id=begun.task_id,
+                    lapsed_task_id=begun.lapsed_task_id,
+                    interrupted_records=begun.interrupted_records,
                     state=state,
-                    version=int(response.version),
-                    record_ids=[m.message_id for m in response.messages],
+                    version=begun.version,
+                    record_ids=[r.message_id for r in begun.records],
                 )
             finally:
                 span.set_attribute("agentstate.state.outcome", outcome)
@@ -376,23 +232,20 @@ class StateClient:
             started = time.perf_counter()
             outcome = "error"
             try:
-                response: pb.EndTurnResponse = await self._stub.EndTurn(
-                    pb.EndTurnRequest(
-                        user_id=user_id,
-                        conversation_id=conversation_id,
-                        task_id=task_id,
-                        payload=payload,
-                        expected_version=expected_version,
-                        message_writes=[message_write_pb(w) for w in writes],
-                        compaction_records=[compaction_pb(c) for c in compactions],
-                    ),
-                    timeout=self._timeout,
+                saved = await self.client.end_turn(
+                    user_id,
+                    conversation_id,
+                    task_id,
+                    payload=payload,
+                    expected_version=expected_version,
+                    writes=writes,
+                    compactions=compactions,
                 )
                 outcome = "ok"
-                span.set_attribute("agentstate.state.version_written", int(response.version))
-                return EndedTurn(int(response.version), response.lease_released)
-            except grpc.aio.AioRpcError as exc:
-                if exc.code() == grpc.StatusCode.ABORTED:
+                span.set_attribute("agentstate.state.version_written", saved.version)
+                return EndedTurn(saved.version, saved.lease_released)
+            except StateError as exc:
+                if exc.code == grpc.StatusCode.ABORTED:
                     outcome = "version_conflict"
                     VERSION_CONFLICTS.add(1, {"side": "client"})
                 raise
@@ -408,12 +261,7 @@ class StateClient:
     async def update_message(
         self, user_id: str, conversation_id: str, update: RecordUpdate
     ) -> None:
-        await self._stub.UpdateMessage(
-            pb.UpdateMessageRequest(
-                user_id=user_id, conversation_id=conversation_id, update=message_update_pb(update)
-            ),
-            timeout=self._timeout,
-        )
+        await self.client.update_message(user_id, conversation_id, update)
 
     @_translated
     async def list_messages(
@@ -424,38 +272,24 @@ class StateClient:
         page_token: str,
         newest_first: bool = False,
     ) -> Page[MessageRecord]:
-        response = await self._stub.ListMessages(
-            pb.ListMessagesRequest(
-                user_id=user_id,
-                conversation_id=conversation_id,
-                page_size=page_size,
-                page_token=page_token,
-                newest_first=newest_first,
-            ),
-            timeout=self._timeout,
+        return await self.client.list_messages(
+            user_id,
+            conversation_id,
+            page_size=page_size,
+            page_token=page_token,
+            newest_first=newest_first,
         )
-        return Page([record_of(m) for m in response.messages], response.next_page_token)
 
     # --------------------------------------------------------------- leases
 
     @_translated
     async def renew_lease(self, user_id: str, task_id: str, ttl_ms: int) -> LeaseInfo:
-        response = await self._stub.RenewLease(
-            pb.RenewLeaseRequest(user_id=user_id, task_id=task_id, ttl_ms=ttl_ms),
-            timeout=self._timeout,
-        )
-        return lease_of(response.lease)
+        return await self.client.renew_lease(user_id, task_id, ttl_ms)
 
     @_translated
     async def release_lease(self, user_id: str, task_id: str) -> bool:
-        response = await self._stub.ReleaseLease(
-            pb.ReleaseLeaseRequest(user_id=user_id, task_id=task_id), timeout=self._timeout
-        )
-        return bool(response.released)
+        return await self.client.release_lease(user_id, task_id)
 
     @_translated
     async def request_stop(self, user_id: str, task_id: str) -> LeaseInfo:
-        response = await self._stub.RequestStop(
-            pb.RequestStopRequest(user_id=user_id, task_id=task_id), timeout=self._timeout
-        )
-        return lease_of(response.lease)
+        return await self.client.request_stop(user_id, task_id)

@@ -23,6 +23,7 @@ MAX_ID = 2**63 - 1
 MIN_LEASE_TTL_MS = 100
 MAX_LEASE_TTL_MS = 3_600_000
 MAX_HOLDER_CHARS = 200
+MAX_EXTERNAL_KEY_CHARS = 256
 
 _STATE_KEY_RE = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
 _DECIMAL_ID_RE = re.compile(r"[1-9][0-9]{0,18}")
@@ -72,6 +73,10 @@ class PayloadTooLarge(ResourceExhausted):
 
 class FailedPrecondition(StateServiceError):
     pass
+
+
+class AlreadyExists(StateServiceError):
+    """A conversation of this user already has the requested external key."""
 
 
 class StoreError(StateServiceError):
@@ -166,6 +171,13 @@ class Conversation:
     title: str
     create_time: datetime
     update_time: datetime
+    external_key: str = ""  # caller-chosen, unique per user; "" = none
+
+
+@dataclass(frozen=True)
+class ResolvedConversation:
+    conversation: Conversation
+    created: bool
 
 
 @dataclass(frozen=True)
@@ -348,6 +360,22 @@ def normalize_title(title: str, *, default: str | None = None) -> str:
     if len(cleaned) > MAX_TITLE_CHARS:
         raise InvalidArgument(f"title is longer than {MAX_TITLE_CHARS} characters")
     return cleaned
+
+
+def validate_external_key(key: str, what: str = "external_key") -> str:
+    if not key:
+        raise InvalidArgument(f"{what} must not be empty")
+    if len(key) > MAX_EXTERNAL_KEY_CHARS:
+        raise InvalidArgument(f"{what} is over {MAX_EXTERNAL_KEY_CHARS} characters")
+    return check_no_nul(key, what)
+
+
+def external_key_taken(key: str) -> AlreadyExists:
+    return AlreadyExists(f"another conversation of this user already has external_key {key!r}")
+
+
+def external_key_not_found(key: str) -> NotFound:
+    return NotFound(f"no conversation of this user has external_key {key!r}")
 
 
 def check_no_nul(text: str, what: str) -> str:
@@ -623,6 +651,14 @@ def check_item_json(item: bytes, max_bytes: int, what: str) -> bytes:
     check_json_depth(item, what)
     check_jsonb(item, dict, what)
     return item
+
+
+def state_delta(delta: bytes, max_bytes: int, what: str) -> bytes | None:
+    """A state delta checked as an item is; None when empty."""
+    if not delta:
+        return None
+    check_item_json(delta, max_bytes, what)
+    return None if json.loads(delta) == {} else delta
 
 
 def without_temp_keys(delta: bytes, max_bytes: int, what: str) -> bytes | None:

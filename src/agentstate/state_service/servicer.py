@@ -25,6 +25,7 @@ from agentstate.common.state_metrics import (
 from agentstate.state.v1 import state_service_pb2 as pb
 from agentstate.state.v1 import state_service_pb2_grpc as pb_grpc
 from agentstate.state_service import domain as d
+from agentstate.state_service.error_reasons import state_error_detail
 from agentstate.state_service.storage.base import StateStore
 
 log = logging.getLogger(__name__)
@@ -40,6 +41,7 @@ _STATUS_CODES: dict[type, grpc.StatusCode] = {
     d.PayloadTooLarge: grpc.StatusCode.RESOURCE_EXHAUSTED,
     d.ResourceExhausted: grpc.StatusCode.RESOURCE_EXHAUSTED,
     d.FailedPrecondition: grpc.StatusCode.FAILED_PRECONDITION,
+    d.AlreadyExists: grpc.StatusCode.ALREADY_EXISTS,
     d.StoreUnavailable: grpc.StatusCode.UNAVAILABLE,
     d.StoreError: grpc.StatusCode.INTERNAL,
 }
@@ -116,7 +118,7 @@ def _grpc_errors(handler: Handler[Request, Response]) -> Handler[Request, Respon
                     _UNAVAILABLE_LOG.take_skipped(),
                 )
             # The trailers stay for existing clients; the ErrorInfo detail says the same.
-            detail = error_details.state_error_detail(exc, handler.__name__)
+            detail = state_error_detail(exc, handler.__name__)
             await error_details.abort(context, code, str(exc), detail, trailers)
 
     return wrapper
@@ -164,6 +166,7 @@ def conversation_to_pb(conversation: d.Conversation) -> pb.Conversation:
         title=conversation.title,
         create_time=_timestamp(conversation.create_time),
         update_time=_timestamp(conversation.update_time),
+        external_key=conversation.external_key,
     )
 
 
@@ -424,8 +427,25 @@ class StateServicer(pb_grpc.StateServiceServicer):
         conversation = await self._store.create_conversation(
             user_id=d.validate_user_id(request.user_id),
             title=d.normalize_title(request.title, default=d.DEFAULT_TITLE),
+            external_key=(
+                d.validate_external_key(request.external_key) if request.external_key else ""
+            ),
         )
         return pb.CreateConversationResponse(conversation=conversation_to_pb(conversation))
+
+    @_grpc_errors
+    async def ResolveConversation(
+        self, request: pb.ResolveConversationRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.ResolveConversationResponse:
+        resolved = await self._store.resolve_conversation(
+            user_id=d.validate_user_id(request.user_id),
+            external_key=d.validate_external_key(request.external_key),
+            create_if_missing=request.create_if_missing,
+            title=d.normalize_title(request.title, default=d.DEFAULT_TITLE),
+        )
+        return pb.ResolveConversationResponse(
+            conversation=conversation_to_pb(resolved.conversation), created=resolved.created
+        )
 
     @_grpc_errors
     async def GetConversation(
@@ -709,8 +729,9 @@ class StateServicer(pb_grpc.StateServiceServicer):
         user_id = d.validate_user_id(request.user_id)
         conversation_id = d.parse_id(request.conversation_id, "conversation_id")
         limit = self._max_payload_bytes
-        app_delta = d.without_temp_keys(request.app_state_delta_json, limit, "app_state_delta")
-        user_delta = d.without_temp_keys(request.user_state_delta_json, limit, "user_state_delta")
+        # Only the conversation delta carries ADK's prefixes; the scoped ones are stored as given.
+        app_delta = d.state_delta(request.app_state_delta_json, limit, "app_state_delta")
+        user_delta = d.state_delta(request.user_state_delta_json, limit, "user_state_delta")
         event = d.EventAppend(
             item=self._new_item(request.item, "item") if request.HasField("item") else None,
             expected_revision=_expected_revision(request),

@@ -23,8 +23,8 @@ from agentstate.agent_service.agent_state import (
     ToolResultState,
     ToolUseBlock,
 )
-from agentstate.agent_service.records import RecordStatus, RecordUpdate, RecordWrite
 from agentstate.agent_service.runtime import texts
+from agentstate.client.types import RecordStatus, RecordUpdate, RecordWrite
 
 CARD_METADATA_KEY = "confirm"
 # On the confirmation message (never in the model context): [{call_id, approved}].

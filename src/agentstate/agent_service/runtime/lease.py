@@ -17,11 +17,12 @@ from dataclasses import dataclass
 from opentelemetry import trace
 
 from agentstate.agent_service import errors
-from agentstate.agent_service.records import BegunTurn, TurnRequest
+from agentstate.agent_service.records import LoadedTurn
 from agentstate.agent_service.runtime import texts
 from agentstate.agent_service.runtime.port import StatePort
 from agentstate.agent_service.telemetry import LEASE_CONFLICTS
 from agentstate.agent_service.turns import TurnControl, TurnRegistry
+from agentstate.client.types import TurnRequest
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +46,7 @@ class TurnLeases:
             raise errors.Unavailable(texts.DRAINING)
 
     @contextlib.asynccontextmanager
-    async def turn(self, request: TurnRequest) -> AsyncIterator[tuple[TurnControl, BegunTurn]]:
+    async def turn(self, request: TurnRequest) -> AsyncIterator[tuple[TurnControl, LoadedTurn]]:
         """Start the turn (one state call: lease, records, state) and hold its lease."""
         self.ensure_accepting()
         try:

@@ -17,10 +17,10 @@ from agentstate.agent_service import errors
 from agentstate.agent_service.agent_state import AgentState, Block
 from agentstate.agent_service.context.manager import CompactionDone, ContextManager
 from agentstate.agent_service.events import Delta, DeltaKind, Emit
-from agentstate.agent_service.records import CompactionNote, RecordStatus, RecordUpdate, RecordWrite
 from agentstate.agent_service.runtime import texts
 from agentstate.agent_service.runtime.port import StatePort
 from agentstate.agent_service.turns import TurnControl
+from agentstate.client.types import CompactionNote, RecordStatus, RecordUpdate, RecordWrite
 
 
 @dataclass

@@ -10,12 +10,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from agentstate.agent_service.records import (
-    BegunTurn,
+from agentstate.agent_service.records import EndedTurn, LoadedState, LoadedTurn
+from agentstate.client.types import (
     CompactionNote,
-    EndedTurn,
     LeaseInfo,
-    LoadedState,
     RecordUpdate,
     RecordWrite,
     TurnRequest,
@@ -23,7 +21,7 @@ from agentstate.agent_service.records import (
 
 
 class StatePort(Protocol):
-    async def begin_turn(self, request: TurnRequest) -> BegunTurn:
+    async def begin_turn(self, request: TurnRequest) -> LoadedTurn:
         """Start a turn in one call: (create the conversation,) take the lease, check the
         card guard, append the turn's records, load the state. Raises and changes
         nothing on failure; errors.CardPending names an open card."""

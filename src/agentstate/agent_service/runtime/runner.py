@@ -38,15 +38,6 @@ from agentstate.agent_service.events import (
 )
 from agentstate.agent_service.middleware import DEFAULT_MIDDLEWARES, ContextMiddleware
 from agentstate.agent_service.model.base import ChatModel, ModelError
-from agentstate.agent_service.records import (
-    NewRecord,
-    NoOpenCard,
-    OpenCard,
-    RecordRole,
-    RecordStatus,
-    RecordWrite,
-    TurnRequest,
-)
 from agentstate.agent_service.runtime import cards, texts
 from agentstate.agent_service.runtime.cards import CardStatus
 from agentstate.agent_service.runtime.lease import LeaseSettings, TurnLeases
@@ -56,6 +47,15 @@ from agentstate.agent_service.runtime.port import StatePort
 from agentstate.agent_service.telemetry import CONFIRMATIONS, RUNNING_TURNS, user_attribute
 from agentstate.agent_service.tools.registry import ToolRegistry
 from agentstate.agent_service.turns import TurnControl, TurnRegistry, TurnStopped
+from agentstate.client.types import (
+    NewRecord,
+    NoOpenCard,
+    OpenCard,
+    RecordRole,
+    RecordStatus,
+    RecordWrite,
+    TurnRequest,
+)
 from agentstate.common.telemetry import tracer
 
 log = logging.getLogger(__name__)

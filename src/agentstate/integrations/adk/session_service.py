@@ -18,15 +18,16 @@ its events and state in one transaction; a late append is SessionNotFoundError.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
 
+from google.adk.errors._stale_session_error import StaleSessionError
 from google.adk.errors.already_exists_error import AlreadyExistsError
 from google.adk.errors.session_not_found_error import SessionNotFoundError
-from google.adk.errors._stale_session_error import StaleSessionError
 from google.adk.events.event import Event
 from google.adk.sessions import _session_util
 from google.adk.sessions.base_session_service import (
@@ -171,9 +172,7 @@ class AgentStateSessionService(BaseSessionService):
             # so a session built from both is never newer than its marker says.
             events, revision, update_time = await self._events(user_id, conversation_id, config)
             session_state = _object(
-                await self._client.find_state(
-                    user_id, conversation_id, state_key=SESSION_STATE_KEY
-                )
+                await self._client.find_state(user_id, conversation_id, state_key=SESSION_STATE_KEY)
             )
         except NotFound:
             return None  # deleted meanwhile
@@ -197,9 +196,7 @@ class AgentStateSessionService(BaseSessionService):
         if config.after_timestamp is not None:
             min_time = datetime.fromtimestamp(config.after_timestamp, UTC)
         if config.num_recent_events == 0:
-            page = await self._client.list_items(
-                user_id, conversation_id, last_n=0, page_size=1
-            )
+            page = await self._client.list_items(user_id, conversation_id, last_n=0, page_size=1)
             return [], page.revision, page.update_time
         events: list[Event] = []
         token = ""
@@ -270,10 +267,8 @@ class AgentStateSessionService(BaseSessionService):
         found = await self._conversation(app_name, user_id, session_id, create=False)
         if found is None:
             return
-        try:
+        with contextlib.suppress(NotFound):  # deleted meanwhile
             await self._client.delete_conversation(user_id, found[0].conversation_id)
-        except NotFound:
-            pass  # deleted meanwhile
 
     async def get_user_state(self, *, app_name: str, user_id: str) -> dict[str, Any]:
         _check_names(app_name, user_id)

@@ -112,12 +112,17 @@ class Conversation(_message.Message):
     TITLE_FIELD_NUMBER: _builtins.int
     CREATE_TIME_FIELD_NUMBER: _builtins.int
     UPDATE_TIME_FIELD_NUMBER: _builtins.int
+    EXTERNAL_KEY_FIELD_NUMBER: _builtins.int
     conversation_id: _builtins.str
     """Server-generated 64-bit id as a decimal string."""
     user_id: _builtins.str
     """The owner."""
     title: _builtins.str
     """A human-readable title (1..200 characters)."""
+    external_key: _builtins.str
+    """The caller-chosen key of the conversation, unique per user (see
+    ResolveConversation); empty when it has none.
+    """
     @_builtins.property
     def create_time(self) -> _timestamp_pb2.Timestamp:
         """When it was created."""
@@ -134,10 +139,11 @@ class Conversation(_message.Message):
         title: _builtins.str = ...,
         create_time: _timestamp_pb2.Timestamp | None = ...,
         update_time: _timestamp_pb2.Timestamp | None = ...,
+        external_key: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "update_time", b"update_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "create_time", b"create_time", "title", b"title", "update_time", b"update_time", "user_id", b"user_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "create_time", b"create_time", "external_key", b"external_key", "title", b"title", "update_time", b"update_time", "user_id", b"user_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -533,19 +539,26 @@ class CreateConversationRequest(_message.Message):
 
     USER_ID_FIELD_NUMBER: _builtins.int
     TITLE_FIELD_NUMBER: _builtins.int
+    EXTERNAL_KEY_FIELD_NUMBER: _builtins.int
     user_id: _builtins.str
     """The owner. Required."""
     title: _builtins.str
     """1..200 characters; empty means "New conversation"."""
+    external_key: _builtins.str
+    """Optional caller-chosen key, unique per user (1..256 characters, no NUL;
+    empty: none). ALREADY_EXISTS when another conversation of this user has
+    it. See ResolveConversation.
+    """
     def __init__(
         self,
         *,
         user_id: _builtins.str = ...,
         title: _builtins.str = ...,
+        external_key: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["title", b"title", "user_id", b"user_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["external_key", b"external_key", "title", b"title", "user_id", b"user_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -2109,7 +2122,9 @@ class AppendEventRequest(_message.Message):
     "agent_state". 1..64 characters of [A-Za-z0-9_.:-].
     """
     state_delta_json: _builtins.bytes
-    """A UTF-8 JSON object merged into the conversation's state; empty: none."""
+    """A UTF-8 JSON object merged into the conversation's state, without its
+    keys that start with "temp:"; empty: none.
+    """
     app_name: _builtins.str
     """The application of the scoped deltas (as GetScopedStateRequest).
     Required when either of them is not empty.
@@ -2176,3 +2191,69 @@ class AppendEventResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___AppendEventResponse: _TypeAlias = AppendEventResponse  # noqa: Y015
+
+@_typing.final
+class ResolveConversationRequest(_message.Message):
+    """Request for ResolveConversation."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    USER_ID_FIELD_NUMBER: _builtins.int
+    EXTERNAL_KEY_FIELD_NUMBER: _builtins.int
+    CREATE_IF_MISSING_FIELD_NUMBER: _builtins.int
+    TITLE_FIELD_NUMBER: _builtins.int
+    user_id: _builtins.str
+    """The owner. Required."""
+    external_key: _builtins.str
+    """The caller-chosen key (for example a LangGraph thread id), unique per
+    user: 1..256 characters, no NUL. Required.
+    """
+    create_if_missing: _builtins.bool
+    """True: create the conversation when the key is not taken. False: NOT_FOUND."""
+    title: _builtins.str
+    """Title of a created conversation (as CreateConversation: 1..200
+    characters; empty means "New conversation"). Ignored when it exists.
+    """
+    def __init__(
+        self,
+        *,
+        user_id: _builtins.str = ...,
+        external_key: _builtins.str = ...,
+        create_if_missing: _builtins.bool = ...,
+        title: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["create_if_missing", b"create_if_missing", "external_key", b"external_key", "title", b"title", "user_id", b"user_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ResolveConversationRequest: _TypeAlias = ResolveConversationRequest  # noqa: Y015
+
+@_typing.final
+class ResolveConversationResponse(_message.Message):
+    """Response of ResolveConversation."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONVERSATION_FIELD_NUMBER: _builtins.int
+    CREATED_FIELD_NUMBER: _builtins.int
+    created: _builtins.bool
+    """True when this call created it."""
+    @_builtins.property
+    def conversation(self) -> Global___Conversation:
+        """The conversation with that key."""
+
+    def __init__(
+        self,
+        *,
+        conversation: Global___Conversation | None = ...,
+        created: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["conversation", b"conversation"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation", b"conversation", "created", b"created"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ResolveConversationResponse: _TypeAlias = ResolveConversationResponse  # noqa: Y015

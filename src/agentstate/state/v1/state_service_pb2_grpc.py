@@ -161,6 +161,11 @@ class StateServiceStub:
                 request_serializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.AppendEventRequest.SerializeToString,
                 response_deserializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.AppendEventResponse.FromString,
                 _registered_method=True)
+        self.ResolveConversation = channel.unary_unary(
+                '/agentstate.state.v1.StateService/ResolveConversation',
+                request_serializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.ResolveConversationRequest.SerializeToString,
+                response_deserializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.ResolveConversationResponse.FromString,
+                _registered_method=True)
 
 
 class StateServiceServicer:
@@ -428,9 +433,29 @@ class StateServiceServicer:
         `state_delta` into the conversation's state under `state_key`,
         `app_state_delta` into the app-scoped and `user_state_delta` into the
         user-scoped state (each a top-level merge: a key in the delta replaces
-        the stored key, JSON null included). Keys starting with "temp:" are
-        never stored. Errors: as AppendItems, plus INVALID_ARGUMENT for a delta
+        the stored key, JSON null included). Keys of `state_delta` starting with
+        "temp:" are never stored (the scoped deltas' keys carry no prefix). Errors: as AppendItems, plus INVALID_ARGUMENT for a delta
         that is not a JSON object or an app/user delta without `app_name`.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ResolveConversation(self, request, context):
+        """---- Conversation keys (added with the Python client, for framework
+        adapters whose thread/session ids are chosen by the caller) ----
+
+        ResolveConversation finds the user's conversation with `external_key`
+        and, when there is none and `create_if_missing` is set, creates it in ONE
+        statement: two callers resolving the same new key at once get the same
+        conversation (`created` is true for exactly one of them).
+
+        Errors: NOT_FOUND (`agentstate-missing` = "conversation") when absent and
+        `create_if_missing` is false; INVALID_ARGUMENT for an empty key, a key
+        over 256 characters or one containing NUL. DeleteConversation deletes the
+        key with the conversation: resolving it again with `create_if_missing`
+        makes a new conversation with a new id, and writes to the old id stay
+        NOT_FOUND.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -563,6 +588,11 @@ def add_StateServiceServicer_to_server(servicer, server):
                     servicer.AppendEvent,
                     request_deserializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.AppendEventRequest.FromString,
                     response_serializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.AppendEventResponse.SerializeToString,
+            ),
+            'ResolveConversation': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResolveConversation,
+                    request_deserializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.ResolveConversationRequest.FromString,
+                    response_serializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.ResolveConversationResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1242,6 +1272,33 @@ class StateService:
             '/agentstate.state.v1.StateService/AppendEvent',
             agentstate_dot_state_dot_v1_dot_state__service__pb2.AppendEventRequest.SerializeToString,
             agentstate_dot_state_dot_v1_dot_state__service__pb2.AppendEventResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResolveConversation(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agentstate.state.v1.StateService/ResolveConversation',
+            agentstate_dot_state_dot_v1_dot_state__service__pb2.ResolveConversationRequest.SerializeToString,
+            agentstate_dot_state_dot_v1_dot_state__service__pb2.ResolveConversationResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -213,9 +213,25 @@ class StateServiceStub:
     `state_delta` into the conversation's state under `state_key`,
     `app_state_delta` into the app-scoped and `user_state_delta` into the
     user-scoped state (each a top-level merge: a key in the delta replaces
-    the stored key, JSON null included). Keys starting with "temp:" are
-    never stored. Errors: as AppendItems, plus INVALID_ARGUMENT for a delta
+    the stored key, JSON null included). Keys of `state_delta` starting with
+    "temp:" are never stored (the scoped deltas' keys carry no prefix). Errors: as AppendItems, plus INVALID_ARGUMENT for a delta
     that is not a JSON object or an app/user delta without `app_name`.
+    """
+    ResolveConversation: _grpc.UnaryUnaryMultiCallable[_state_service_pb2.ResolveConversationRequest, _state_service_pb2.ResolveConversationResponse]
+    """---- Conversation keys (added with the Python client, for framework
+    adapters whose thread/session ids are chosen by the caller) ----
+
+    ResolveConversation finds the user's conversation with `external_key`
+    and, when there is none and `create_if_missing` is set, creates it in ONE
+    statement: two callers resolving the same new key at once get the same
+    conversation (`created` is true for exactly one of them).
+
+    Errors: NOT_FOUND (`agentstate-missing` = "conversation") when absent and
+    `create_if_missing` is false; INVALID_ARGUMENT for an empty key, a key
+    over 256 characters or one containing NUL. DeleteConversation deletes the
+    key with the conversation: resolving it again with `create_if_missing`
+    makes a new conversation with a new id, and writes to the old id stay
+    NOT_FOUND.
     """
 
 @_typing.type_check_only
@@ -386,9 +402,25 @@ class StateServiceAsyncStub(StateServiceStub):
     `state_delta` into the conversation's state under `state_key`,
     `app_state_delta` into the app-scoped and `user_state_delta` into the
     user-scoped state (each a top-level merge: a key in the delta replaces
-    the stored key, JSON null included). Keys starting with "temp:" are
-    never stored. Errors: as AppendItems, plus INVALID_ARGUMENT for a delta
+    the stored key, JSON null included). Keys of `state_delta` starting with
+    "temp:" are never stored (the scoped deltas' keys carry no prefix). Errors: as AppendItems, plus INVALID_ARGUMENT for a delta
     that is not a JSON object or an app/user delta without `app_name`.
+    """
+    ResolveConversation: _aio.UnaryUnaryMultiCallable[_state_service_pb2.ResolveConversationRequest, _state_service_pb2.ResolveConversationResponse]  # type: ignore[assignment]
+    """---- Conversation keys (added with the Python client, for framework
+    adapters whose thread/session ids are chosen by the caller) ----
+
+    ResolveConversation finds the user's conversation with `external_key`
+    and, when there is none and `create_if_missing` is set, creates it in ONE
+    statement: two callers resolving the same new key at once get the same
+    conversation (`created` is true for exactly one of them).
+
+    Errors: NOT_FOUND (`agentstate-missing` = "conversation") when absent and
+    `create_if_missing` is false; INVALID_ARGUMENT for an empty key, a key
+    over 256 characters or one containing NUL. DeleteConversation deletes the
+    key with the conversation: resolving it again with `create_if_missing`
+    makes a new conversation with a new id, and writes to the old id stay
+    NOT_FOUND.
     """
 
 class StateServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -706,9 +738,31 @@ class StateServiceServicer(metaclass=_abc_1.ABCMeta):
         `state_delta` into the conversation's state under `state_key`,
         `app_state_delta` into the app-scoped and `user_state_delta` into the
         user-scoped state (each a top-level merge: a key in the delta replaces
-        the stored key, JSON null included). Keys starting with "temp:" are
-        never stored. Errors: as AppendItems, plus INVALID_ARGUMENT for a delta
+        the stored key, JSON null included). Keys of `state_delta` starting with
+        "temp:" are never stored (the scoped deltas' keys carry no prefix). Errors: as AppendItems, plus INVALID_ARGUMENT for a delta
         that is not a JSON object or an app/user delta without `app_name`.
+        """
+
+    @_abc_1.abstractmethod
+    def ResolveConversation(
+        self,
+        request: _state_service_pb2.ResolveConversationRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_state_service_pb2.ResolveConversationResponse, _abc.Awaitable[_state_service_pb2.ResolveConversationResponse]]:
+        """---- Conversation keys (added with the Python client, for framework
+        adapters whose thread/session ids are chosen by the caller) ----
+
+        ResolveConversation finds the user's conversation with `external_key`
+        and, when there is none and `create_if_missing` is set, creates it in ONE
+        statement: two callers resolving the same new key at once get the same
+        conversation (`created` is true for exactly one of them).
+
+        Errors: NOT_FOUND (`agentstate-missing` = "conversation") when absent and
+        `create_if_missing` is false; INVALID_ARGUMENT for an empty key, a key
+        over 256 characters or one containing NUL. DeleteConversation deletes the
+        key with the conversation: resolving it again with `create_if_missing`
+        makes a new conversation with a new id, and writes to the old id stay
+        NOT_FOUND.
         """
 
 def add_StateServiceServicer_to_server(servicer: StateServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

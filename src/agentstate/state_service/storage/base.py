@@ -32,6 +32,7 @@ from agentstate.state_service.domain import (
     NewMessage,
     Page,
     PoppedItem,
+    ResolvedConversation,
     ScopedStates,
     StoredState,
     TurnStart,
@@ -87,7 +88,17 @@ class StateStore(abc.ABC):
     # ---------------------------------------------------------- conversations
 
     @abc.abstractmethod
-    async def create_conversation(self, *, user_id: str, title: str) -> Conversation: ...
+    async def create_conversation(
+        self, *, user_id: str, title: str, external_key: str = ""
+    ) -> Conversation:
+        """AlreadyExists when `external_key` ("" = none) is another conversation's."""
+
+    @abc.abstractmethod
+    async def resolve_conversation(
+        self, *, user_id: str, external_key: str, create_if_missing: bool, title: str
+    ) -> ResolvedConversation:
+        """The user's conversation with `external_key`; created (atomically: concurrent
+        callers get one conversation) when absent and `create_if_missing`, else NotFound."""
 
     @abc.abstractmethod
     async def get_conversation(self, *, user_id: str, conversation_id: int) -> Conversation: ...

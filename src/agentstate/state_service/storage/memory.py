@@ -32,6 +32,7 @@ from agentstate.state_service.domain import (
     Page,
     RequireAwaiting,
     RequireNoneAwaiting,
+    ResolvedConversation,
     StoredState,
     TurnStart,
     UpsertResult,
@@ -85,6 +86,7 @@ class MemoryStore(StateStore):
         self._item_revisions: dict[int, int] = {}
         # (app_name, user_id) -> scoped state; user_id "" is the app-scoped one.
         self._scoped: dict[tuple[str, str], _StateRow] = {}
+        self._keys: dict[tuple[str, str], int] = {}  # (user, external key) -> conversation
 
     def _conversation(self, user_id: str, conversation_id: int) -> Conversation:
         conversation = self._conversations.get(conversation_id)
@@ -263,12 +265,32 @@ class MemoryStore(StateStore):
 
     # ---------------------------------------------------------- conversations
 
-    async def create_conversation(self, *, user_id: str, title: str) -> Conversation:
+    async def create_conversation(
+        self, *, user_id: str, title: str, external_key: str = ""
+    ) -> Conversation:
         async with self._lock:
-            now = _now()
-            conversation = Conversation(self._ids.next_id(), user_id, title, now, now)
-            self._conversations[conversation.conversation_id] = conversation
-            return conversation
+            if external_key and (user_id, external_key) in self._keys:
+                raise d.external_key_taken(external_key)
+            return self._create(user_id, title, external_key)
+
+    def _create(self, user_id: str, title: str, external_key: str) -> Conversation:
+        now = _now()
+        conversation = Conversation(self._ids.next_id(), user_id, title, now, now, external_key)
+        self._conversations[conversation.conversation_id] = conversation
+        if external_key:
+            self._keys[(user_id, external_key)] = conversation.conversation_id
+        return conversation
+
+    async def resolve_conversation(
+        self, *, user_id: str, external_key: str, create_if_missing: bool, title: str
+    ) -> ResolvedConversation:
+        async with self._lock:
+            existing = self._keys.get((user_id, external_key))
+            if existing is not None:
+                return ResolvedConversation(self._conversations[existing], created=False)
+            if not create_if_missing:
+                raise d.external_key_not_found(external_key)
+            return ResolvedConversation(self._create(user_id, title, external_key), created=True)
 
     async def get_conversation(self, *, user_id: str, conversation_id: int) -> Conversation:
         async with self._lock:
@@ -329,7 +351,9 @@ class MemoryStore(StateStore):
         """Delete conversations known to exist, with everything that hangs off them."""
         messages = states = 0
         for conversation_id in wanted:
-            del self._conversations[conversation_id]
+            gone = self._conversations.pop(conversation_id)
+            if gone.external_key:
+                del self._keys[(gone.user_id, gone.external_key)]
             self._leases.pop(conversation_id, None)
             self._last_task.pop(conversation_id, None)
             self._compactions.pop(conversation_id, None)
@@ -546,7 +570,7 @@ class MemoryStore(StateStore):
                 if min_item_time is None or i.item_time >= min_item_time
             ]
             if last_n is not None:
-                selected = selected[len(selected) - last_n :] if last_n else []
+                selected = selected[-last_n:] if last_n else []
             if after_seq is not None:
                 selected = [i for i in selected if i.seq > after_seq]
             items = selected[:page_size]

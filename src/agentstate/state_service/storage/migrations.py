@@ -635,6 +635,18 @@ END $$;
 """,
     ),
     Migration(
+        7,
+        "conversation keys chosen by callers (ResolveConversation)",
+        """
+-- NULL: no key. Unique per user; NULLs never conflict, so keyless conversations
+-- are unaffected. The key goes with the row on delete: resolving it afterwards
+-- creates a new conversation with a new id.
+ALTER TABLE t_conversation ADD COLUMN external_key text;
+ALTER TABLE t_conversation ADD CONSTRAINT t_conversation_external_key_key
+    UNIQUE (user_id, external_key);
+""",
+    ),
+    Migration(
         9,
         "conversation items and app-/user-scoped state (agent framework sessions)",
         """

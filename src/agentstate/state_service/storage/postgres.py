@@ -43,6 +43,7 @@ from agentstate.state_service.domain import (
     Page,
     RequireAwaiting,
     RequireNoneAwaiting,
+    ResolvedConversation,
     StoredState,
     StoreError,
     StoreUnavailable,
@@ -146,6 +147,7 @@ def _conversation(row: Row) -> Conversation:
         title=row["title"],
         create_time=row["create_time"],
         update_time=row["update_time"],
+        external_key=row["external_key"] or "",
     )
 
 
@@ -497,6 +499,7 @@ class PostgresStore(StateStore):
             title=row["title"],
             create_time=row["create_time"],
             update_time=row["update_time"],
+            external_key=row["external_key"] or "",
         )
         lease = Lease(
             task_id=int(row["task_id"]),
@@ -537,9 +540,32 @@ class PostgresStore(StateStore):
 
     # ---------------------------------------------------------- conversations
 
-    async def create_conversation(self, *, user_id: str, title: str) -> Conversation:
-        (row,) = await self._rows(sql.INSERT_CONVERSATION, {"user_id": user_id, "title": title})
-        return _conversation(row)
+    async def create_conversation(
+        self, *, user_id: str, title: str, external_key: str = ""
+    ) -> Conversation:
+        rows = await self._rows(
+            sql.INSERT_CONVERSATION,
+            {"user_id": user_id, "title": title, "external_key": external_key},
+        )
+        if not rows:
+            raise d.external_key_taken(external_key)
+        return _conversation(rows[0])
+
+    async def resolve_conversation(
+        self, *, user_id: str, external_key: str, create_if_missing: bool, title: str
+    ) -> ResolvedConversation:
+        rows = await self._rows(
+            sql.RESOLVE_CONVERSATION,
+            {
+                "user_id": user_id,
+                "external_key": external_key,
+                "create_if_missing": create_if_missing,
+                "title": title,
+            },
+        )
+        if not rows:
+            raise d.external_key_not_found(external_key)
+        return ResolvedConversation(_conversation(rows[0]), created=bool(rows[0]["created"]))
 
     async def get_conversation(self, *, user_id: str, conversation_id: int) -> Conversation:
         rows = await self._rows(

@@ -13,11 +13,36 @@ from typing import Final
 
 # --------------------------------------------------------------- conversations
 
-_CONVERSATION_COLUMNS = "id, user_id, title, create_time, update_time"
+_CONVERSATION_COLUMNS = "id, user_id, title, create_time, update_time, external_key"
 
+# No row: the external key is another conversation's (NULL keys never conflict).
 INSERT_CONVERSATION: Final = f"""
-INSERT INTO t_conversation (user_id, title) VALUES (%(user_id)s, %(title)s)
+INSERT INTO t_conversation (user_id, title, external_key)
+VALUES (%(user_id)s, %(title)s, NULLIF(%(external_key)s, ''))
+ON CONFLICT (user_id, external_key) DO NOTHING
 RETURNING {_CONVERSATION_COLUMNS}
+"""
+
+# ResolveConversation in one statement. The usual case reads the existing row. When
+# it is absent, two callers may insert at once: the loser's ON CONFLICT waits for the
+# winner and then takes its row (DO UPDATE, unlike DO NOTHING, returns a row committed
+# after this statement's snapshot). `created` is true only for a fresh insert
+# (xmax = 0). No row: absent and create_if_missing false.
+RESOLVE_CONVERSATION: Final = f"""
+WITH existing AS (
+    SELECT {_CONVERSATION_COLUMNS}, false AS created
+    FROM t_conversation
+    WHERE user_id = %(user_id)s AND external_key = %(external_key)s
+), inserted AS (
+    INSERT INTO t_conversation (user_id, title, external_key)
+    SELECT %(user_id)s, %(title)s, %(external_key)s
+    WHERE %(create_if_missing)s AND NOT EXISTS (SELECT 1 FROM existing)
+    ON CONFLICT (user_id, external_key) DO UPDATE SET external_key = EXCLUDED.external_key
+    RETURNING {_CONVERSATION_COLUMNS}, (xmax = 0) AS created
+)
+SELECT * FROM existing
+UNION ALL
+SELECT * FROM inserted
 """
 
 SELECT_CONVERSATION: Final = f"""
@@ -78,6 +103,7 @@ FROM agentstate_save_state(
 BEGIN_TURN: Final = """
 SELECT (r.conversation).id AS conversation_id, (r.conversation).title,
        (r.conversation).create_time, (r.conversation).update_time,
+       (r.conversation).external_key,
        r.conversation_created, r.task_id, r.expire_time, r.stop_requested, r.lapsed_task_id,
        r.interrupted_records, r.payload, r.version, r.state_update_time,
        r.message_ids, r.message_time

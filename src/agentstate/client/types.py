@@ -1,0 +1,269 @@
+"""The state service's concepts as plain Python types: what callers send and get back.
+
+No protobuf here; agentstate.client.convert translates. State payloads are UTF-8 JSON
+bytes (the service never interprets them beyond "a JSON object").
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Generic, TypeVar
+
+JSON = dict[str, Any]
+
+
+class RecordRole(enum.StrEnum):
+    USER = "USER"
+    ASSISTANT = "ASSISTANT"
+
+
+class RecordStatus(enum.StrEnum):
+    NORMAL = "NORMAL"
+    AWAITING_CONFIRM = "AWAITING_CONFIRM"
+    INTERRUPTED = "INTERRUPTED"
+    ERROR = "ERROR"
+    STREAMING = "STREAMING"
+
+
+@dataclass(frozen=True)
+class NewRecord:
+    """A message record to append."""
+
+    role: RecordRole
+    blocks: list[JSON] = field(default_factory=list)
+    status: RecordStatus = RecordStatus.NORMAL
+    metadata: JSON = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RecordUpdate:
+    """A change to a record; None leaves a field as it is. With `expected_status` it
+    applies only if the record still has that status (else MessageStatusMismatch)."""
+
+    message_id: str
+    status: RecordStatus | None = None
+    blocks: list[JSON] | None = None
+    metadata: JSON | None = None
+    expected_status: RecordStatus | None = None
+
+
+RecordWrite = NewRecord | RecordUpdate
+
+
+@dataclass(frozen=True)
+class CompactionNote:
+    """The audit record of one context compaction, saved with the state."""
+
+    messages_before: int
+    messages_after: int
+    tokens_before: int
+    tokens_after: int
+    summary_chars: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class Compaction:
+    """A stored compaction note (ListCompactions)."""
+
+    compaction_id: str
+    note: CompactionNote
+    create_time: datetime | None
+
+
+@dataclass(frozen=True)
+class NoOpenCard:
+    """Start only if no record of the conversation awaits confirmation."""
+
+
+@dataclass(frozen=True)
+class OpenCard:
+    """Start only if this record awaits confirmation (answering it)."""
+
+    message_id: str
+
+
+CardGuard = NoOpenCard | OpenCard
+
+
+@dataclass(frozen=True)
+class TurnRequest:
+    """What starting a turn takes. conversation_id "" creates a conversation."""
+
+    user_id: str
+    conversation_id: str
+    holder: str
+    ttl_ms: int
+    max_user_leases: int = 0
+    title: str = ""
+    new_records: tuple[NewRecord, ...] = ()
+    guard: CardGuard | None = None
+    state_key: str = ""
+
+
+@dataclass(frozen=True)
+class StateSnapshot:
+    """A stored state: the whole payload (UTF-8 JSON object) and its version (>= 1)."""
+
+    payload: bytes
+    version: int
+    update_time: datetime
+
+
+@dataclass(frozen=True)
+class LeaseInfo:
+    task_id: str
+    conversation_id: str
+    stop_requested: bool
+    expire_time: datetime
+    holder: str = ""
+
+
+@dataclass(frozen=True)
+class AcquiredLease:
+    lease: LeaseInfo
+    lapsed_task_id: str  # "" unless this lease replaced one that lapsed unreleased
+
+
+@dataclass(frozen=True)
+class Conversation:
+    conversation_id: str
+    title: str
+    create_time: datetime
+    update_time: datetime
+    user_id: str = ""
+    external_key: str = ""  # "" = none (see resolve_conversation)
+
+
+@dataclass(frozen=True)
+class ResolvedConversation:
+    conversation: Conversation
+    created: bool  # True when this call created it
+
+
+@dataclass(frozen=True)
+class MessageRecord:
+    message_id: str
+    conversation_id: str
+    role: RecordRole
+    blocks_json: bytes
+    status: RecordStatus
+    metadata_json: bytes
+    create_time: datetime
+    update_time: datetime
+
+
+@dataclass(frozen=True)
+class BegunTurn:
+    conversation: Conversation
+    conversation_created: bool
+    lease: LeaseInfo
+    lapsed_task_id: str  # "" unless this lease replaced one that lapsed unreleased
+    interrupted_records: int  # records of a dead turn now marked INTERRUPTED
+    state: StateSnapshot | None  # None: no state saved yet
+    records: list[MessageRecord]  # the appended `new_records`, in order
+
+    @property
+    def conversation_id(self) -> str:
+        return self.conversation.conversation_id
+
+    @property
+    def task_id(self) -> str:
+        return self.lease.task_id
+
+    @property
+    def version(self) -> int:
+        """The version to pass as EndTurn's expected_version (0: no state yet)."""
+        return self.state.version if self.state is not None else 0
+
+
+@dataclass(frozen=True)
+class SavedState:
+    """The outcome of UpsertState / EndTurn."""
+
+    version: int
+    update_time: datetime
+    records: list[MessageRecord]  # written by `writes`, in order
+    lease_released: bool = False  # EndTurn only
+
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Page(Generic[T]):
+    items: list[T]
+    next_page_token: str  # "" on the last page
+
+
+@dataclass(frozen=True)
+class Deleted:
+    conversations: int
+    messages: int
+    states: int
+
+
+# ------------------------------------------- conversation items, scoped state
+
+
+@dataclass(frozen=True)
+class NewItem:
+    """An item to append: a JSON object (UTF-8 bytes, or a mapping that is serialised)
+    and the caller's time for it (None: the time of the append)."""
+
+    item: bytes | dict[str, Any]
+    item_time: datetime | None = None
+
+
+@dataclass(frozen=True)
+class Item:
+    """One item of a conversation's ordered item list."""
+
+    conversation_id: str
+    seq: int  # larger for a later append, never reused
+    item_json: bytes
+    item_time: datetime
+    create_time: datetime
+
+
+@dataclass(frozen=True)
+class AppendedItems:
+    items: list[Item]
+    revision: int  # the conversation's item revision after the append
+
+
+@dataclass(frozen=True)
+class ItemsPage:
+    items: list[Item]  # oldest first
+    next_page_token: str  # "" on the last page
+    revision: int  # the item revision when the page was read
+    update_time: datetime  # when the conversation last changed
+
+
+@dataclass(frozen=True)
+class PoppedItem:
+    item: Item | None  # None: the list was empty
+    revision: int
+
+
+@dataclass(frozen=True)
+class ClearedItems:
+    deleted: int
+    revision: int
+
+
+@dataclass(frozen=True)
+class ScopedStates:
+    """An application's app-scoped state and one user's user-scoped state in it."""
+
+    app: StateSnapshot | None  # None: never written
+    user: StateSnapshot | None
+
+
+@dataclass(frozen=True)
+class AppendedEvent:
+    item: Item | None  # None when no item was appended
+    revision: int  # the item revision after the call
+    state_version: int  # the conversation state's version under the state key (0: none)
