@@ -12,6 +12,7 @@ from typing import Any, TypeAlias
 import grpc
 from google.protobuf.timestamp_pb2 import Timestamp
 
+from agentstate.client import NewItem, StateClient, VersionConflict
 from agentstate.common.grpc_metadata import trailer
 from agentstate.state.v1 import state_service_pb2 as pb
 from agentstate.state.v1 import state_service_pb2_grpc as pb_grpc
@@ -299,3 +300,47 @@ async def test_append_event_scopes_and_revision(
     await expect_rpc_error(
         state_stub.GetScopedState(pb.GetScopedStateRequest(user_id=user_id)), INVALID, "app_name"
     )
+
+
+async def test_sync_client_items_and_event(state_address: str, user_id: str) -> None:
+    """The blocking client has the same calls (run off the loop serving them)."""
+
+    def scenario() -> tuple[Any, ...]:
+        with StateClient.connect(state_address) as state:
+            cid = state.create_conversation(user_id, "sync").conversation_id
+            appended = state.append_items(
+                user_id, cid, [NewItem({"n": 1}), NewItem(b'{"n": 2}')], expected_revision=0
+            )
+            event = state.append_event(
+                user_id,
+                cid,
+                item=NewItem({"n": 3}),
+                expected_revision=appended.revision,
+                state_key="s",
+                state_delta={"a": 1, "temp:b": 2},
+                app_name="sync-app",
+                user_state_delta={"u": 1},
+            )
+            try:
+                state.pop_item(user_id, cid, expected_revision=0)
+            except VersionConflict as exc:
+                conflict = exc.current_version
+            page = state.list_items(user_id, cid, last_n=2)
+            popped = state.pop_item(user_id, cid)
+            cleared = state.clear_items(user_id, cid)
+            scoped = state.get_scoped_state(user_id, "sync-app")
+            stored = state.get_state(user_id, cid, state_key="s")
+            return appended, event, conflict, page, popped, cleared, scoped, stored
+
+    appended, event, conflict, page, popped, cleared, scoped, stored = await asyncio.to_thread(
+        scenario
+    )
+    assert [i.seq for i in appended.items] == [1, 2] and appended.revision == 2
+    assert event.revision == 3 and event.item.seq == 3 and event.state_version == 1
+    assert conflict == 3
+    assert [json.loads(i.item_json)["n"] for i in page.items] == [2, 3] and page.revision == 3
+    assert popped.item is not None and json.loads(popped.item.item_json) == {"n": 3}
+    assert cleared.deleted == 2 and cleared.revision == 5
+    assert scoped.app is None and scoped.user is not None
+    assert json.loads(scoped.user.payload) == {"u": 1}
+    assert json.loads(stored.payload) == {"a": 1}

@@ -29,8 +29,14 @@ from agentstate.integrations.openai_agents import AgentStateSession
 class OfflineModel(Model):
     """Says how many questions it has seen so far (the session's history) and the first."""
 
-    async def get_response(self, *args: Any, **kwargs: Any) -> ModelResponse:
-        items = args[1] if isinstance(args[1], list) else [{"role": "user", "content": args[1]}]
+    async def get_response(
+        self,
+        system_instructions: str | None,
+        input: str | list[Any],
+        *args: Any,
+        **kwargs: Any,
+    ) -> ModelResponse:
+        items = input if isinstance(input, list) else [{"role": "user", "content": input}]
         questions = [i["content"] for i in items if i.get("role") == "user"]
         text = f"You have asked {len(questions)} question(s); the first was {questions[0]!r}."
         message = ResponseOutputMessage(
