@@ -9,11 +9,8 @@ ADK's errors.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import uuid
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pydantic
@@ -32,7 +29,6 @@ from agentstate.client.aio import AsyncStateClient
 from agentstate.client.errors import NotFound
 from agentstate.integrations.adk import SESSION_STATE_KEY, AgentStateSessionService, session_key
 
-ROOT = Path(__file__).resolve().parent.parent
 T0 = 1_760_000_000.0
 
 
@@ -214,39 +210,21 @@ async def test_bad_input(client: AsyncStateClient, user_id: str, app: str) -> No
     assert got is not None and isinstance(got.state["when"], str)
 
 
-def _adk_turn(address: str, user: str, session_id: str, question: str) -> Any:
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "tests.framework_fakes",
-            "adk-turn",
-            address,
-            user,
-            session_id,
-            question,
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
 async def test_runner_two_turns_with_session_state(
-    state_process_address: str, user_id: str
+    state_process_address: str, user_id: str, app: str
 ) -> None:
+    """ADK's Runner, two turns, each with a fresh client, service and runner, on a state
+    service process: the second turn's model sees the first; state persists across."""
+    from tests.adk_fakes import adk_turn
+
     session_id = f"runner-{uuid.uuid4()}"
-    first = _adk_turn(state_process_address, user_id, session_id, "Where is order 88235?")
-    assert first["output"] == "turn 1; first question: Where is order 88235?"
-    second = _adk_turn(state_process_address, user_id, session_id, "Cancel it")
-    assert second["output"] == "turn 2; first question: Where is order 88235?"
+    first = await adk_turn(state_process_address, app, user_id, session_id, "Where is 88235?")
+    assert first["output"] == "turn 1; first question: Where is 88235?"
+    second = await adk_turn(state_process_address, app, user_id, session_id, "Cancel it")
+    assert second["output"] == "turn 2; first question: Where is 88235?"
     async with AsyncStateClient.connect(state_process_address) as client:
         service = AgentStateSessionService(client)
-        session = await service.get_session(app_name="shop", user_id=user_id, session_id=session_id)
+        session = await service.get_session(app_name=app, user_id=user_id, session_id=session_id)
         assert session is not None
         assert session.state["user:turns"] == 2
         assert session.state["topic"] == "orders"

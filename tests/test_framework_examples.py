@@ -1,25 +1,19 @@
 """The framework examples under src/agentstate/examples/frameworks run as documented
-(docs/frameworks/), against a state service process, offline."""
+(docs/frameworks/) against a state service process, offline (their `main`, in-process:
+the frameworks are already imported here)."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
+import pytest
+
+from agentstate.examples.frameworks import adk_session_service, openai_agents_session
 
 
-def test_framework_examples_run(state_process_address: str) -> None:
-    examples = ["openai_agents_session", "adk_session_service"]
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-m", f"agentstate.examples.frameworks.{name}", state_process_address],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for name in examples
-    ]
-    for name, proc in zip(examples, procs, strict=True):
-        out, err = proc.communicate(timeout=120)
-        assert proc.returncode == 0, f"{name}: {err}"
-        # The second turn's model saw the first turn, from a fresh client and session.
-        assert "You have asked 2 question(s); the first was 'Where is order 88235?'" in out, out
+@pytest.mark.parametrize("example", [openai_agents_session, adk_session_service])
+async def test_framework_example_runs(
+    example: object, state_process_address: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    await example.main(state_process_address)  # type: ignore[attr-defined]
+    out = capsys.readouterr().out
+    # The second turn's model saw the first turn, from a fresh client and session.
+    assert "You have asked 2 question(s); the first was 'Where is order 88235?'" in out, out

@@ -124,18 +124,19 @@ async def test_bad_input(client: AsyncStateClient, user_id: str) -> None:
     assert await stranger.get_items() == []
 
 
-def _worker(address: str, *args: str) -> subprocess.Popen[str]:
+def _worker(*args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "tests.framework_fakes", *args],
+        [sys.executable, "-m", "tests.framework_workers", *args],
         cwd=ROOT,
+        stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
 
 
-def _result(proc: subprocess.Popen[str]) -> Any:
-    out, err = proc.communicate(timeout=120)
+def _result(proc: subprocess.Popen[str], stdin: str = "") -> Any:
+    out, err = proc.communicate(stdin, timeout=120)
     assert proc.returncode == 0, err
     return json.loads(out.strip().splitlines()[-1])
 
@@ -143,56 +144,38 @@ def _result(proc: subprocess.Popen[str]) -> Any:
 async def test_add_items_from_two_processes_lose_nothing(
     state_process_address: str, user_id: str
 ) -> None:
-    """Both processes start the session at once (the first access races too) and add 40
-    items each, one call per item."""
+    """Two processes start the session at once (the first access races too) and then add
+    30 items each at the same time, one call per item."""
     session_id = f"shared-{uuid.uuid4()}"
     procs = [
-        _worker(
-            state_process_address,
-            "openai-add",
-            state_process_address,
-            user_id,
-            session_id,
-            "40",
-            tag,
-        )
+        _worker("openai-add", state_process_address, user_id, session_id, "30", tag)
         for tag in ("a", "b")
     ]
+    for proc in procs:  # both imported, connected and holding a session object
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
     for proc in procs:
-        assert _result(proc) == {"added": 40}
+        assert _result(proc, "go\n") == {"added": 30}
     async with AsyncStateClient.connect(state_process_address) as client:
-        items: list[Any] = await AgentStateSession(
-            session_id, client=client, user_id=user_id
-        ).get_items()
+        session = AgentStateSession(session_id, client=client, user_id=user_id)
+        items: list[Any] = await session.get_items()
+        conversation_id = await session.conversation_id()
+        resolved = await client.resolve_conversation(user_id, session_key(session_id))
+    assert resolved.conversation.conversation_id == conversation_id and not resolved.created
     contents = [item["content"] for item in items]
-    assert len(contents) == 80
+    assert len(contents) == 60
     for tag in ("a", "b"):
-        assert [c for c in contents if c.startswith(tag)] == [f"{tag}-{n}" for n in range(40)]
+        assert [c for c in contents if c.startswith(tag)] == [f"{tag}-{n}" for n in range(30)]
 
 
 async def test_runner_two_turns_in_two_processes(state_process_address: str, user_id: str) -> None:
+    """Runner.run in this process, then in another one: the second sees the first turn."""
+    from tests.openai_fakes import openai_turn
+
     session_id = f"runner-{uuid.uuid4()}"
-    first = _result(
-        _worker(
-            state_process_address,
-            "openai-turn",
-            state_process_address,
-            user_id,
-            session_id,
-            "Where is order 88235?",
-        )
-    )
+    first = await openai_turn(state_process_address, user_id, session_id, "Where is order 88235?")
     assert first["output"] == "turn 1; first question: Where is order 88235?"
-    # Another process, after the first exited: the model sees the whole history.
     second = _result(
-        _worker(
-            state_process_address,
-            "openai-turn",
-            state_process_address,
-            user_id,
-            session_id,
-            "Cancel it",
-        )
+        _worker("openai-turn", state_process_address, user_id, session_id, "Cancel it")
     )
     assert second["output"] == "turn 2; first question: Where is order 88235?"
     async with AsyncStateClient.connect(state_process_address) as client:
