@@ -17,6 +17,8 @@ from agentstate.common.grpc_metadata import trailer
 from agentstate.state.v1 import state_service_pb2 as pb
 from agentstate.state.v1 import state_service_pb2_grpc as pb_grpc
 from agentstate.state_service.servicer import CURRENT_VERSION_TRAILER
+from agentstate.state_service.storage.base import StateStore
+from agentstate.state_service.storage.postgres import PostgresStore
 from tests.conftest import TEST_MAX_PAYLOAD_BYTES
 from tests.helpers import expect_rpc_error, new_conversation
 
@@ -179,7 +181,9 @@ async def test_items_bad_input(state_stub: Stub, user_id: str, other_user_id: st
     assert (await _list(state_stub, user_id, cid)).items == []  # nothing was stored
 
 
-async def test_items_and_state_go_with_the_conversation(state_stub: Stub, user_id: str) -> None:
+async def test_items_and_state_go_with_the_conversation(
+    state_stub: Stub, store: StateStore, user_id: str
+) -> None:
     cid = await new_conversation(state_stub, user_id)
     await state_stub.AppendEvent(
         pb.AppendEventRequest(
@@ -194,6 +198,13 @@ async def test_items_and_state_go_with_the_conversation(state_stub: Stub, user_i
         pb.DeleteConversationRequest(user_id=user_id, conversation_id=cid)
     )
     assert deleted.states_deleted == 1
+    if isinstance(store, PostgresStore):  # the rows are gone, in the delete's transaction
+        async with store.pool.connection() as conn:
+            cur = await conn.execute(
+                "SELECT count(*) AS n FROM t_conversation_item WHERE conversation_id = %s",
+                (int(cid),),
+            )
+            assert (await cur.fetchone()) == {"n": 0}
     # A late write finds no conversation: nothing comes back.
     await expect_rpc_error(
         state_stub.AppendItems(
