@@ -44,7 +44,7 @@ from agentstate.client.types import Conversation, NewItem, StateSnapshot
 
 KEY_PREFIX = "adk:"
 SESSION_STATE_KEY = "adk.session"  # the conversation state holding session-scoped state
-PAGE_SIZE = 10_000
+PAGE_SIZE = 1000  # items per ListItems page (a page must fit one gRPC message)
 MAX_KEY_CHARS = 256
 STALE_SESSION_MESSAGE = (
     "The session has been modified in storage since it was loaded. "

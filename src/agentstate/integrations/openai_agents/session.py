@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
 KEY_PREFIX = "openai:"
 MAX_SESSION_ID_CHARS = 256 - len(KEY_PREFIX)  # external keys are at most 256 characters
-PAGE_SIZE = 10_000  # ListItems' largest page
+PAGE_SIZE = 1000  # items per ListItems page (a page must fit one gRPC message)
 
 
 def session_key(session_id: str) -> str:
