@@ -84,6 +84,15 @@ async def test_session_settings_limit(client: AsyncStateClient, user_id: str) ->
     assert len(await session.get_items(4)) == 4
 
 
+async def test_long_session_pages(client: AsyncStateClient, user_id: str) -> None:
+    """More items than one AppendItems call or one ListItems page hold."""
+    session = AgentStateSession("long", client=client, user_id=user_id)
+    items = [_item(n) for n in range(1205)]
+    await session.add_items(items)
+    assert await session.get_items() == items
+    assert await session.get_items(1001) == items[-1001:]
+
+
 async def test_items_go_with_the_conversation(client: AsyncStateClient, user_id: str) -> None:
     session = AgentStateSession("deleted", client=client, user_id=user_id)
     await session.add_items([_item(1), _item(2)])

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 
 KEY_PREFIX = "openai:"
 MAX_SESSION_ID_CHARS = 256 - len(KEY_PREFIX)  # external keys are at most 256 characters
+MAX_ITEMS_PER_CALL = 1000  # AppendItems' limit
 PAGE_SIZE = 1000  # items per ListItems page (a page must fit one gRPC message)
 
 
@@ -119,13 +120,19 @@ class AgentStateSession(SessionABC):
                 return found
 
     async def add_items(self, items: list[TResponseInputItem]) -> None:
-        """Append `items` in one transaction. TypeError / ValueError for an item that is not
-        JSON (as json.dumps raises them), before anything is stored."""
+        """Append `items` in one transaction (up to 1000 items). TypeError / ValueError for
+        an item that is not JSON (as json.dumps raises them), before anything is stored."""
         if not items:
             return
         # allow_nan=False: NaN is not JSON, and a reader in another language could not
         # parse it back.
         encoded = [NewItem(json.dumps(item, allow_nan=False).encode()) for item in items]
+        # AppendItems takes up to 1000 items: a larger batch (never one turn's worth) is
+        # several transactions, each in order.
+        for start in range(0, len(encoded), MAX_ITEMS_PER_CALL):
+            await self._append(encoded[start : start + MAX_ITEMS_PER_CALL])
+
+    async def _append(self, encoded: list[NewItem]) -> None:
         for attempt in range(2):
             conversation_id = await self.conversation_id()
             assert conversation_id is not None
