@@ -46,6 +46,7 @@ KEY_PREFIX = "adk:"
 SESSION_STATE_KEY = "adk.session"  # the conversation state holding session-scoped state
 PAGE_SIZE = 1000  # items per ListItems page (a page must fit one gRPC message)
 MAX_KEY_CHARS = 256
+MAX_CACHED_IDS = 10_000
 STALE_SESSION_MESSAGE = (
     "The session has been modified in storage since it was loaded. "
     "Please reload the session before appending more events."
@@ -71,6 +72,9 @@ class AgentStateSessionService(BaseSessionService):
 
     def __init__(self, client: AsyncStateClient) -> None:
         self._client = client
+        # (app, user, session id) -> conversation id, so that an event is one call. Ids are
+        # never reused: a deleted session's entry only ever leads to NOT_FOUND.
+        self._ids: dict[tuple[str, str, str], str] = {}
 
     # ------------------------------------------------------------ lookups
 
@@ -93,6 +97,9 @@ class AgentStateSessionService(BaseSessionService):
             return None
         except InvalidArgument as exc:
             raise ValueError(exc.message) from exc
+        if len(self._ids) >= MAX_CACHED_IDS:
+            self._ids.clear()
+        self._ids[(app_name, user_id, session_id)] = resolved.conversation.conversation_id
         return resolved.conversation, resolved.created
 
     async def _scoped(self, app_name: str, user_id: str) -> dict[str, Any]:
@@ -265,6 +272,7 @@ class AgentStateSessionService(BaseSessionService):
         session that does not exist is not an error (as ADK's own services)."""
         session_id = session_id.strip() if session_id else session_id
         found = await self._conversation(app_name, user_id, session_id, create=False)
+        self._ids.pop((app_name, user_id, session_id), None)
         if found is None:
             return
         with contextlib.suppress(NotFound):  # deleted meanwhile
@@ -281,17 +289,20 @@ class AgentStateSessionService(BaseSessionService):
         # As the base class: temp: state reaches this invocation's session object only.
         self._apply_temp_state(session, event)
         event = self._trim_temp_delta_state(event)
-        found = await self._conversation(
-            session.app_name, session.user_id, session.id, create=False
-        )
-        if found is None:
-            raise SessionNotFoundError(f"Session {session.id} not found.")
+        conversation_id = self._ids.get((session.app_name, session.user_id, session.id))
+        if conversation_id is None:
+            found = await self._conversation(
+                session.app_name, session.user_id, session.id, create=False
+            )
+            if found is None:
+                raise SessionNotFoundError(f"Session {session.id} not found.")
+            conversation_id = found[0].conversation_id
         deltas = _session_util.extract_json_safe_state_delta(event.actions.state_delta or {})
         marker = session._storage_update_marker
         try:
             appended = await self._client.append_event(
                 session.user_id,
-                found[0].conversation_id,
+                conversation_id,
                 item=NewItem(
                     event.model_dump_json(exclude_none=True).encode(),
                     item_time=datetime.fromtimestamp(event.timestamp, UTC),
@@ -306,6 +317,7 @@ class AgentStateSessionService(BaseSessionService):
         except VersionConflict as exc:
             raise StaleSessionError(STALE_SESSION_MESSAGE) from exc
         except NotFound as exc:
+            self._ids.pop((session.app_name, session.user_id, session.id), None)
             raise SessionNotFoundError(f"Session {session.id} not found.") from exc
         except (InvalidArgument, PayloadTooLarge) as exc:
             raise ValueError(f"event refused by the state service: {exc.message}") from exc
