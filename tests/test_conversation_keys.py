@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -18,9 +19,9 @@ from agentstate.state_service.storage.base import StateStore
 
 
 @pytest.fixture
-async def client(state_address: str) -> AsyncStateClient:
+async def client(state_address: str) -> AsyncIterator[AsyncStateClient]:
     async with AsyncStateClient.connect(state_address) as client:
-        yield client  # type: ignore[misc]
+        yield client
 
 
 async def test_resolve_creates_once_then_finds(

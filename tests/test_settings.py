@@ -10,6 +10,7 @@ from pydantic import ValidationError
 
 from agentstate.agent_service.config import AgentServiceSettings
 from agentstate.agent_service.model.openai_compat import OpenAISettings
+from agentstate.client import ClientSettings
 from agentstate.common.config import ConfigError, EnvSettings
 from agentstate.common.telemetry import LoggingSettings
 from agentstate.examples.order_demo.profile import OrderDemoSettings
@@ -23,6 +24,7 @@ TABLES: dict[str, list[type[EnvSettings]]] = {
     "Agent service": [AgentServiceSettings, OpenAISettings],
     "Both services": [LoggingSettings],
     "Order demo profile": [OrderDemoSettings],
+    "Python client": [ClientSettings],
 }
 SETTINGS_CLASSES = [cls for classes in TABLES.values() for cls in classes]
 

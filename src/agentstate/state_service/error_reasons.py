@@ -27,7 +27,7 @@ _STATE_REASONS: dict[type[d.StateServiceError], str] = {
     d.PayloadTooLarge: "PAYLOAD_TOO_LARGE",
     d.ResourceExhausted: "LIMIT_REACHED",  # a user's concurrent leases
     d.LeaseHeld: "LEASE_HELD",  # another turn holds the conversation's lease
-    d.LeaseLost: "LEASE_LOST",  # released, or lapsed and taken over
+    d.LeaseLost: "LEASE_LOST",  # released, or taken over by another task (fenced)
     d.CardPending: "CARD_PENDING",  # a card awaits an answer
     d.FailedPrecondition: "FAILED_PRECONDITION",
     d.StoreUnavailable: "STORE_UNAVAILABLE",
