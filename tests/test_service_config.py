@@ -35,6 +35,8 @@ READS = {
         "ListMessages",
         "GetMessage",
         "ListCompactions",
+        "ListItems",
+        "GetScopedState",
     },
     "agentstate.agent.v1.AgentService": {"ListConversations", "ListMessages", "GetRagHistory"},
 }
