@@ -7,6 +7,7 @@ items go with the conversation; bad input gets the SDK's errors, not gRPC's.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -144,8 +145,8 @@ def _worker(*args: str) -> subprocess.Popen[str]:
     )
 
 
-def _result(proc: subprocess.Popen[str], stdin: str = "") -> Any:
-    out, err = proc.communicate(stdin, timeout=120)
+def _result(proc: subprocess.Popen[str]) -> Any:
+    out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err
     return json.loads(out.strip().splitlines()[-1])
 
@@ -153,19 +154,20 @@ def _result(proc: subprocess.Popen[str], stdin: str = "") -> Any:
 async def test_add_items_from_two_processes_lose_nothing(
     state_process_address: str, user_id: str
 ) -> None:
-    """Two processes start the session at once (the first access races too) and then add
-    30 items each at the same time, one call per item."""
+    """This process and a worker process each hold a session object of the same new
+    session and add 30 items at the same time, one call per item (the first access races
+    too: neither has resolved the conversation before the go)."""
     session_id = f"shared-{uuid.uuid4()}"
-    procs = [
-        _worker("openai-add", state_process_address, user_id, session_id, "30", tag)
-        for tag in ("a", "b")
-    ]
-    for proc in procs:  # both imported, connected and holding a session object
-        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
-    for proc in procs:
-        assert _result(proc, "go\n") == {"added": 30}
+    worker = _worker("openai-add", state_process_address, user_id, session_id, "30", "b")
+    assert worker.stdout is not None and worker.stdout.readline().strip() == "ready"
     async with AsyncStateClient.connect(state_process_address) as client:
         session = AgentStateSession(session_id, client=client, user_id=user_id)
+        assert worker.stdin is not None
+        worker.stdin.write("go\n")
+        worker.stdin.flush()
+        for n in range(30):
+            await session.add_items([{"role": "user", "content": f"a-{n}"}])
+        assert await asyncio.to_thread(_result, worker) == {"added": 30}
         items: list[Any] = await session.get_items()
         conversation_id = await session.conversation_id()
         resolved = await client.resolve_conversation(user_id, session_key(session_id))
