@@ -25,7 +25,7 @@ import grpc
 
 from agentstate.agent.v1 import agent_service_pb2 as pb
 from agentstate.agent.v1 import agent_service_pb2_grpc as pb_grpc
-from agentstate.agent_service.servicer import USER_ID_METADATA_KEY
+from agentstate.agent_service.auth import USER_ID_METADATA_KEY
 from agentstate.dev.processes import ServiceProcess
 from tests.telemetry_tools import OtlpReceiver
 
@@ -90,6 +90,7 @@ def main() -> None:
             {
                 **otel,
                 "AGENT_LISTEN_ADDRESS": "127.0.0.1:0",
+                "AGENT_AUTH_MODE": "dev-header",
                 "AGENT_STATE_ADDRESS": state.wait_ready(),
                 "AGENT_PROFILE": "order_demo",
             },

@@ -17,13 +17,14 @@ import grpc
 from agentstate.agent.v1 import agent_service_pb2 as pb
 from agentstate.agent.v1 import agent_service_pb2_grpc as pb_grpc
 from agentstate.agent_service.agent_state import AgentState, Msg
+from agentstate.agent_service.auth import USER_ID_METADATA_KEY
 from agentstate.agent_service.config import AgentServiceSettings
 from agentstate.agent_service.middleware import ContextMiddleware
 from agentstate.agent_service.model.base import ChatModel, ModelEvent, ModelRequest
 from agentstate.agent_service.profile import Profile
 from agentstate.agent_service.server import AgentServiceApp
-from agentstate.agent_service.servicer import USER_ID_METADATA_KEY
 from agentstate.agent_service.tools.registry import Tool
+from agentstate.common import error_details
 from agentstate.examples.order_demo import OrderDemoProfile, OrderDemoSettings
 from agentstate.examples.order_demo.model import ScriptedOrderModel
 from agentstate.state.v1 import state_service_pb2 as spb
@@ -67,6 +68,7 @@ class Turn:
     events: list[pb.TurnEvent] = field(default_factory=list)
     code: grpc.StatusCode = grpc.StatusCode.OK
     details: str = ""
+    error_info: Any = None  # the status's google.rpc.ErrorInfo, if any
 
     def kinds(self) -> list[str]:
         return [str(e.WhichOneof("event")) for e in self.events]
@@ -100,6 +102,7 @@ async def collect(call: Any, turn: Turn | None = None) -> Turn:
     except grpc.aio.AioRpcError as exc:
         turn.code = exc.code()
         turn.details = exc.details() or ""
+        turn.error_info = error_details.error_info(exc)
     return turn
 
 
@@ -184,6 +187,7 @@ class Stack:
             "state_timeout_seconds": 5,
             "lease_renew_seconds": 0.2,
             "shutdown_grace_seconds": 1,
+            "auth_mode": "dev-header",  # tests name their users in the bare header
         }
         self.agent_settings = AgentServiceSettings(**{**defaults, **agent_overrides})
         self.state_app: StateServiceApp | None = None

@@ -193,6 +193,7 @@ def agent_process_address(state_process_address: str, orders_database_url: str) 
         "agentstate.agent_service",
         {
             "AGENT_LISTEN_ADDRESS": "127.0.0.1:0",
+            "AGENT_AUTH_MODE": "dev-header",
             "AGENT_STATE_ADDRESS": state_process_address,
             "AGENT_PROFILE": "order_demo",
             "ORDERS_DATABASE_URL": orders_database_url,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -33,7 +34,12 @@ class FailingModel(RecordingModel):
     async def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]:
         if len(self.requests) + 1 >= self.fail_from:
             self.requests.append(request)
-            raise ModelError("HTTP 503 from the provider")
+            raise ModelError(
+                "model endpoint http://10.0.0.7/v1 returned HTTP 503 (check OPENAI_BASE_URL)",
+                public="the model endpoint returned HTTP 503",
+                cause="http_503",
+                attempts=3,
+            )
         async for event in super().stream(request):
             yield event
 
@@ -42,17 +48,27 @@ async def test_model_failure_keeps_what_the_turn_completed(stack: Stack, user_id
     client = await stack.start_agent(model=FailingModel(fail_from=2))
     turn = await client.chat(user_id, STATUS)
     assert turn.code == grpc.StatusCode.UNAVAILABLE
-    assert "the model failed: HTTP 503" in turn.details
+    # What happened, without the endpoint or setting names: those are for operators.
+    assert turn.details == "the model failed: the model endpoint returned HTTP 503"
+    info = turn.error_info
+    assert info is not None and info.reason == "MODEL_FAILED"
+    assert info.metadata["cause"] == "http_503" and info.metadata["attempts"] == "3"
+    assert "http://10.0.0.7/v1" in info.metadata["detail"]
     assert [(b.tool_name, b.status) for b in turn.of("block")][-1] == (
         "query_order",
         pb.TOOL_CALL_STATUS_SUCCEEDED,
     )
     assert turn.of("message")[-1].type == pb.MESSAGE_TYPE_ERROR
+    assert turn.of("message")[-1].delta == "模型服务出错，这一轮没有完成，请稍后重试。"
     state, version = await stack.reader.state(user_id, turn.meta.conversation_id)
     assert version == 1  # the finished tool cycle was saved, not lost
     assert [r.name for r in _results(state)] == ["query_order"]
     records = await stack.reader.records(user_id, turn.meta.conversation_id)
     assert records[-1].status == spb.MESSAGE_STATUS_ERROR
+    # The page shows why, and the call that did run, settled.
+    assert json.loads(records[-1].metadata_json)["error"] == turn.of("message")[-1].delta
+    [call] = [b for b in json.loads(records[-1].blocks_json) if b["type"] == "tool_use"]
+    assert (call["name"], call["outcome"]) == ("query_order", "finished")
 
 
 async def test_tool_errors_and_bad_calls_reach_the_model_not_the_user(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from decimal import Decimal
 from typing import Any
 
@@ -83,6 +84,10 @@ async def test_state_service_down_then_back(stack: Stack, user_id: str) -> None:
     turn = await client.chat(user_id, "那88240呢？", conversation_id)
     assert turn.code == grpc.StatusCode.UNAVAILABLE, turn.details
     assert "state service unavailable" in turn.details
+    # The state service's address is for operators: ErrorInfo, not the message.
+    port = stack.state_address.rsplit(":", 1)[1]
+    assert port not in turn.details
+    assert port in turn.error_info.metadata["detail"]
     assert turn.events == []
     await stack.start_state()
     after, version_after = await stack.reader.state(user_id, conversation_id)
@@ -162,6 +167,17 @@ async def test_expired_card(database_url: str, orders_database_url: str, user_id
         assert isinstance(last, ToolResultBlock) and last.state.value == "interrupted"
         records = await stack.reader.records(user_id, conversation_id)
         assert records[1].status == spb.MESSAGE_STATUS_NORMAL
+        # The card's record says what became of each call (issue 14).
+        outcomes = [
+            (b["name"], b.get("outcome"))
+            for b in json.loads(records[1].blocks_json)
+            if b["type"] == "tool_use"
+        ]
+        assert outcomes == [
+            ("load_skill", "finished"),
+            ("query_order", "finished"),
+            ("cancel_order", "expired"),
+        ]
         # Nothing ran, and the conversation is free again.
         assert await stack.orders.refunds(user_id, "88235") == []
         again = await client.chat(user_id, "我的订单88235现在什么状态？", conversation_id)

@@ -213,6 +213,9 @@ async def test_size_guard_refuses_and_keeps_previous_state(
         assert version_after == version and after.to_json() == before.to_json()
         records = await stack.reader.records(user_id, conversation_id)
         assert records[-1].status == spb.MESSAGE_STATUS_ERROR
+        # The page shows why (the same sentence the ERROR event carried).
+        shown = json.loads(records[-1].metadata_json)["error"]
+        assert shown == turn.of("message")[-1].delta and "新的会话" in shown
     finally:
         await stack.close()
 
@@ -367,12 +370,13 @@ def test_rag_history_rules() -> None:
         ("assistant", "a1"),
         ("user", "q2"),
         ("assistant", "a2 见和。"),
-        ("user", "q3"),
+        # q3's answer never completed: q3 is not history (asked again, it would
+        # otherwise be there twice in a row).
         ("user", "q4"),
         ("assistant", "a4"),
     ]
     last_two = rag_history(records, turns=2)
-    assert [m.text for m in last_two] == ["q3", "q4", "a4"]
+    assert [m.text for m in last_two] == ["q2", "a2 见和。", "q4", "a4"]
     assert rag_history([_rec("assistant", "only me")], turns=8) == []
     assert strip_citations("结论[^12] 如下[3]【45】。") == "结论 如下。"
 
@@ -393,9 +397,16 @@ async def test_rag_history_rpc(stack: Stack, user_id: str) -> None:
         pb.GetRagHistoryRequest(conversation_id=conversation_id), metadata=metadata(user_id)
     )
     assert len(everything.messages) == 4
+    # The paging rule of every list RPC: above the maximum is the maximum (50).
+    capped = await client.stub.GetRagHistory(
+        pb.GetRagHistoryRequest(conversation_id=conversation_id, turns=99),
+        metadata=metadata(user_id),
+    )
+    assert capped.messages == everything.messages
     with pytest.raises(grpc.aio.AioRpcError) as bad:
         await client.stub.GetRagHistory(
-            pb.GetRagHistoryRequest(conversation_id=conversation_id, turns=99),
+            pb.GetRagHistoryRequest(conversation_id=conversation_id, turns=-1),
             metadata=metadata(user_id),
         )
     assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "turns must not be negative" in (bad.value.details() or "")

@@ -122,7 +122,7 @@ async def test_failed_preconditions_say_which(state_stub: Stub, user_id: str) ->
 
     lease = (await state_stub.AcquireLease(acquire(cid))).lease
     held = await failure(state_stub.AcquireLease(acquire(cid)), grpc.StatusCode.FAILED_PRECONDITION)
-    assert error_info(held) == ("LEASE_HELD", {})
+    assert error_info(held) == ("LEASE_HELD", {"holder": "replica-a"})  # for operators
     other = await new_conversation(state_stub, user_id)
     limited = await failure(
         state_stub.AcquireLease(acquire(other, limit=1)), grpc.StatusCode.RESOURCE_EXHAUSTED
@@ -203,7 +203,9 @@ async def test_agent_statuses_carry_details(stack: Stack, user_id: str) -> None:
         stub.ListConversations(apb.ListConversationsRequest(), metadata=metadata(user_id)),
         grpc.StatusCode.UNAVAILABLE,
     )
-    assert error_info(down) == ("UNAVAILABLE", {})
+    reason, details = error_info(down)
+    assert reason == "UNAVAILABLE" and list(details) == ["detail"]  # gRPC's words, for operators
+    assert "unavailable" in down.details() and stack.state_address not in down.details()
 
 
 async def _drain(call: Any) -> None:
@@ -226,7 +228,7 @@ async def test_turn_rpcs_say_which_precondition(state_stub: Stub, user_id: str) 
     )
     cid, card_id = first.conversation.conversation_id, first.messages[0].message_id
     held = await failure(state_stub.BeginTurn(begin(cid)), grpc.StatusCode.FAILED_PRECONDITION)
-    assert error_info(held) == ("LEASE_HELD", {})
+    assert error_info(held) == ("LEASE_HELD", {"holder": "replica-1"})  # for operators
     await state_stub.ReleaseLease(
         pb.ReleaseLeaseRequest(user_id=user_id, task_id=first.lease.task_id)
     )

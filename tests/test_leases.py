@@ -7,6 +7,7 @@ from typing import TypeAlias
 
 import grpc
 
+from agentstate.common import error_details
 from agentstate.state.v1 import state_service_pb2 as pb
 from agentstate.state.v1 import state_service_pb2_grpc as pb_grpc
 from tests.helpers import expect_rpc_error, new_conversation, user_text
@@ -27,10 +28,17 @@ async def test_one_lease_per_conversation(state_stub: Stub, user_id: str) -> Non
     cid = await new_conversation(state_stub, user_id)
     lease = (await state_stub.AcquireLease(_acquire(user_id, cid))).lease
     assert lease.task_id.isdigit() and lease.holder == "replica-a" and not lease.stop_requested
-    await expect_rpc_error(
+    held = await expect_rpc_error(
         state_stub.AcquireLease(_acquire(user_id, cid, holder="replica-b")),
         HELD,
-        f"has a running turn (task {lease.task_id}, held by replica-a",
+        f"has a running turn (task {lease.task_id}, until ",
+    )
+    # Which replica runs it is for operators: ErrorInfo, not the message (issue 14).
+    assert "replica-a" not in (held.details() or "")
+    info = error_details.error_info(held)
+    assert info is not None and (info.reason, info.metadata["holder"]) == (
+        "LEASE_HELD",
+        "replica-a",
     )
     released = await state_stub.ReleaseLease(
         pb.ReleaseLeaseRequest(user_id=user_id, task_id=lease.task_id)

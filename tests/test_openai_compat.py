@@ -58,6 +58,9 @@ class Reply:
     body: JSON | None = None  # a JSON body instead of a stream
     headers: dict[str, str] = field(default_factory=dict)
     stall_seconds: float = 0.0  # wait this long before answering
+    raw: bytes | None = None  # a body sent as is, with `content_type`
+    content_type: str = "application/json"
+    hang_after: int | None = None  # send this many events, then never another
 
 
 @dataclass
@@ -77,6 +80,8 @@ class FakeChatServer:
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
         self.port = 0
+        self.hanging = asyncio.Event()  # a reply is hanging now
+        self.hung_up: list[float] = []  # when the client closed a hanging request
 
     @property
     def base_url(self) -> str:
@@ -107,6 +112,12 @@ class FakeChatServer:
             self._writers.discard(writer)
             writer.close()
 
+    async def _hang(self, reader: asyncio.StreamReader) -> None:
+        """Send nothing more; note when the client gives up and closes the connection."""
+        self.hanging.set()
+        await reader.read(1)  # returns b"" when the client closes
+        self.hung_up.append(time.monotonic())
+
     async def _one_exchange(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> bool:
@@ -132,9 +143,22 @@ class FakeChatServer:
             reply = Reply(status=500, body={"error": {"message": "no reply scripted"}})
         if reply.stall_seconds:
             await asyncio.sleep(reply.stall_seconds)
+        if reply.hang_after == 0:
+            await self._hang(reader)  # not even the status line
+            return False
 
         extra = "".join(f"{name}: {value}\r\n" for name, value in reply.headers.items())
         status_line = f"HTTP/1.1 {reply.status} {'OK' if reply.status == 200 else 'Error'}\r\n"
+        if reply.raw is not None:
+            writer.write(
+                (
+                    f"{status_line}Content-Type: {reply.content_type}\r\n"
+                    f"Content-Length: {len(reply.raw)}\r\n{extra}\r\n"
+                ).encode()
+                + reply.raw
+            )
+            await writer.drain()
+            return True
         if reply.body is not None:
             payload = json.dumps(reply.body).encode()
             writer.write(
@@ -152,11 +176,16 @@ class FakeChatServer:
                 f"Transfer-Encoding: chunked\r\nCache-Control: no-cache\r\n{extra}\r\n"
             ).encode()
         )
-        for data in reply.events:
+        for index, data in enumerate(reply.events):
+            if index == reply.hang_after:
+                break
             event = f"data: {data}\n\n".encode()
             # One HTTP chunk per event, like a real server flushing as tokens arrive.
             writer.write(f"{len(event):x}\r\n".encode() + event + b"\r\n")
             await writer.drain()
+        if reply.hang_after is not None:
+            await self._hang(reader)
+            return False
         writer.write(b"0\r\n\r\n")
         await writer.drain()
         return True
@@ -691,3 +720,107 @@ def test_missing_api_key_is_a_config_error(env: dict[str, str]) -> None:
 def test_bad_numbers_are_config_errors(name: str, value: str) -> None:
     with pytest.raises(ConfigError, match=name):
         OpenAISettings.from_env({"OPENAI_API_KEY": "sk-x", name: value})
+
+
+# ------------------------------------- a 200 that is not what was asked for (issue 14)
+
+COMPLETION_BODY: JSON = {
+    "id": "chatcmpl-x",
+    "object": "chat.completion",
+    "created": CREATED,
+    "model": "gpt-4o-mini",
+    "choices": [
+        {
+            "index": 0,
+            "message": {"role": "assistant", "content": "a whole answer"},
+            "finish_reason": "stop",
+        }
+    ],
+}
+
+
+@pytest.mark.parametrize(
+    ("reply", "cause"),
+    [
+        # A provider that ignored stream=true and sent the whole completion as JSON.
+        (Reply(body=COMPLETION_BODY), "bad_response"),
+        (Reply(raw=b'{"choices": [ {"delta": ', content_type="application/json"), "bad_response"),
+        (Reply(raw=b"", content_type="text/event-stream"), "empty_response"),
+        (Reply(raw=b"<html>upstream error</html>", content_type="text/html"), "empty_response"),
+        (Reply(events=[]), "empty_response"),  # an event stream with no event at all
+    ],
+    ids=["json-completion", "invalid-json", "empty-body", "html", "no-events"],
+)
+async def test_http_200_that_is_not_a_stream_is_a_model_error(
+    server: FakeChatServer, model: OpenAICompatModel, reply: Reply, cause: str
+) -> None:
+    server.script(reply)
+
+    with pytest.raises(ModelError) as caught:
+        await collect(model, ask())
+
+    assert caught.value.cause == cause
+    assert caught.value.attempts == 1
+    assert server.base_url in str(caught.value)  # the operator's account names the endpoint
+    assert server.base_url not in caught.value.public
+
+
+async def test_caller_texts_name_no_endpoint_model_or_setting(server: FakeChatServer) -> None:
+    server.script(
+        Reply(status=401, body={"error": {"message": "Incorrect API key provided: sk-t***"}}),
+        Reply(status=503, body={"error": {"message": "busy"}}, headers={"retry-after-ms": "1"}),
+        Reply(status=503, body={"error": {"message": "busy"}}, headers={"retry-after-ms": "1"}),
+        Reply(stall_seconds=0.3, events=["[DONE]"]),
+        Reply(stall_seconds=0.3, events=["[DONE]"]),
+    )
+    chat = OpenAICompatModel(settings_for(server.base_url, max_retries=1, timeout_seconds=0.2))
+    refused = f"http://127.0.0.1:{free_port()}/v1"
+    unreachable = OpenAICompatModel(settings_for(refused, max_retries=0))
+    errors: list[ModelError] = []
+    try:
+        for each in (chat, chat, chat, unreachable):
+            with pytest.raises(ModelError) as caught:
+                await collect(each, ask())
+            errors.append(caught.value)
+    finally:
+        await chat.aclose()
+        await unreachable.aclose()
+
+    assert [(e.cause, e.attempts) for e in errors] == [
+        ("http_401", 1),
+        ("http_503", 2),  # retried once, as OPENAI_MAX_RETRIES says
+        ("timeout", 2),
+        ("connection", 1),
+    ]
+    for error in errors:
+        for internal in (server.base_url, refused, "127.0.0.1", "gpt-4o-mini", "OPENAI_"):
+            assert internal not in error.public, error.public
+    assert "OPENAI_API_KEY" in str(errors[0])  # the operator is told what to check
+
+
+@pytest.mark.parametrize("hang_after", [0, 2], ids=["before-answering", "mid-stream"])
+async def test_cancelling_a_hung_call_closes_its_http_request(
+    server: FakeChatServer, model: OpenAICompatModel, hang_after: int
+) -> None:
+    server.script(text_stream("部分", "回答", "永远不会到") if hang_after else Reply())
+    server.replies[0].hang_after = hang_after
+    seen: list[ModelEvent] = []
+
+    async def consume() -> None:
+        async for event in model.stream(ask()):
+            seen.append(event)
+
+    call = asyncio.create_task(consume())
+    await asyncio.wait_for(server.hanging.wait(), 5)
+    await asyncio.sleep(0.1)  # the first events are read
+    cancelled = time.monotonic()
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    for _ in range(100):
+        if server.hung_up:
+            break
+        await asyncio.sleep(0.01)
+    assert server.hung_up, "the HTTP request was left open"
+    assert server.hung_up[0] - cancelled < 1.0
+    assert seen == ([TextDelta("部分")] if hang_after else [])

@@ -16,6 +16,7 @@ import pytest
 from agentstate.common.embedded_postgres import EmbeddedPostgres
 from agentstate.state.v1 import state_service_pb2 as pb
 from agentstate.state.v1 import state_service_pb2_grpc as pb_grpc
+from agentstate.state_service import domain as d
 from agentstate.state_service.domain import (
     LeaseHeld,
     MessageRole,
@@ -23,6 +24,7 @@ from agentstate.state_service.domain import (
     NotFound,
     TurnStart,
 )
+from agentstate.state_service.storage import migrations
 from agentstate.state_service.storage.migrations import MIGRATIONS, apply_migrations
 from agentstate.state_service.storage.postgres import BigintArray, PostgresStore, TextArray
 from tests.conftest import create_database, start_state_server
@@ -301,3 +303,63 @@ async def test_array_parameters_round_trip(pg_store: PostgresStore) -> None:
     assert row is not None
     assert row["t"] == [t.decode() if isinstance(t, bytes) else t for t in texts]
     assert row["b"] == [1, None, 2**62]
+
+
+async def test_migration_6_fences_turns_that_began_before_it(
+    postgres: EmbeddedPostgres, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rolling upgrade: turns begun under migration 5 end under 6. A late save still
+    lands when nobody took the lease over, and is fenced when somebody did since."""
+    dsn = create_database(postgres, f"fence_{uuid.uuid4().hex[:8]}")
+    async with await psycopg.AsyncConnection.connect(dsn) as conn:
+        monkeypatch.setattr(migrations, "MIGRATIONS", [m for m in MIGRATIONS if m.version < 6])
+        await apply_migrations(conn)
+        monkeypatch.undo()
+    store = PostgresStore(dsn, max_size=2, migrate=False)  # an old replica
+    await store.open()
+    try:
+        start = TurnStart(holder="old", ttl_ms=100)
+        kept = await store.begin_turn(user_id="u", conversation_id=None, start=start)
+        taken = await store.begin_turn(user_id="u", conversation_id=None, start=start)
+    finally:
+        await store.close()
+    # The old replica's turns are running (their leases held) when the new schema lands.
+    async with await psycopg.AsyncConnection.connect(dsn) as conn:
+        await apply_migrations(conn)
+    store = PostgresStore(dsn, max_size=2)
+    await store.open()
+    try:
+        await asyncio.sleep(0.25)  # both leases lapse
+        newer = await store.begin_turn(
+            user_id="u",
+            conversation_id=taken.conversation.conversation_id,
+            start=TurnStart(holder="new", ttl_ms=60_000),
+        )
+        await store.save_state(
+            user_id="u",
+            conversation_id=taken.conversation.conversation_id,
+            state_key="agent_state",
+            payload=b'{"by": "newer"}',
+            expected_version=None,
+            task_id=newer.lease.task_id,
+        )
+        with pytest.raises(d.LeaseLost):
+            await store.save_state(
+                user_id="u",
+                conversation_id=taken.conversation.conversation_id,
+                state_key="agent_state",
+                payload=b'{"by": "late"}',
+                expected_version=None,
+                task_id=taken.lease.task_id,
+            )
+        saved = await store.save_state(
+            user_id="u",
+            conversation_id=kept.conversation.conversation_id,
+            state_key="agent_state",
+            payload=b'{"by": "old"}',
+            expected_version=None,
+            task_id=kept.lease.task_id,
+        )
+        assert saved.version == 1 and saved.lease_released
+    finally:
+        await store.close()

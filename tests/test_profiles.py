@@ -117,6 +117,7 @@ def test_a_module_path_profile_serves(database_url: str, user_id: str) -> None:
         "agentstate.agent_service",
         {
             "AGENT_LISTEN_ADDRESS": "127.0.0.1:0",
+            "AGENT_AUTH_MODE": "dev-header",
             "AGENT_STATE_ADDRESS": state.wait_ready(),
             "AGENT_PROFILE": "agentstate.examples.order_demo:create_profile",
             "ORDERS_DATABASE_URL": "",

@@ -41,7 +41,11 @@ def addresses() -> Iterator[tuple[str, str]]:
     state_address = state.wait_ready()
     agent = ServiceProcess(
         "agentstate.agent_service",
-        {"AGENT_LISTEN_ADDRESS": "127.0.0.1:0", "AGENT_STATE_ADDRESS": state_address},
+        {
+            "AGENT_LISTEN_ADDRESS": "127.0.0.1:0",
+            "AGENT_AUTH_MODE": "dev-header",
+            "AGENT_STATE_ADDRESS": state_address,
+        },
     )
     try:
         yield state_address, agent.wait_ready()

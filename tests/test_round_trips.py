@@ -292,3 +292,73 @@ async def test_chat_and_confirm_make_two_state_calls_each(
     )
     assert "已经帮你取消了" in approved.reply
     assert seen == {name: ["BeginTurn", "EndTurn"] for name in seen}
+
+
+async def test_every_checkpoint_rpc_is_one_statement(
+    counted: tuple[Stub, StatementCounter], user_id: str
+) -> None:
+    stub, statements = counted
+    cid = await new_conversation(stub, user_id)
+    target = await new_conversation(stub, user_id)
+    ids: dict[str, Any] = {"user_id": user_id, "conversation_id": cid}
+    value = pb.ChannelValue(channel="messages", version="1", value_type="msgpack", value=b"\x90")
+
+    def put(checkpoint_id: str, head: str) -> Awaitable[Any]:
+        return stub.PutCheckpoint(
+            pb.PutCheckpointRequest(
+                **ids,
+                checkpoint_id=checkpoint_id,
+                parent_checkpoint_id=head,
+                checkpoint=b"cp",
+                metadata_json=b'{"run_id": "r1", "step": 0}',
+                channel_versions={"messages": "1"},
+                new_channel_values=[value],
+                expected_head_checkpoint_id=head,
+            )
+        )
+
+    write = pb.CheckpointWrite(task_id="t", idx=0, channel="messages", value=b"\x90")
+    calls: list[tuple[str, Callable[[], Awaitable[Any]]]] = [
+        ("PutCheckpoint", lambda: put("c1", "")),
+        ("PutCheckpoint (head moved)", lambda: put("c2", "")),
+        (
+            "PutCheckpointWrites",
+            lambda: stub.PutCheckpointWrites(
+                pb.PutCheckpointWritesRequest(**ids, checkpoint_id="c1", writes=[write, write])
+            ),
+        ),
+        ("GetCheckpoint", lambda: stub.GetCheckpoint(pb.GetCheckpointRequest(**ids))),
+        (
+            "ListCheckpoints",
+            lambda: stub.ListCheckpoints(
+                pb.ListCheckpointsRequest(**ids, metadata_filter_json=b'{"step": 0}')
+            ),
+        ),
+        (
+            "CopyCheckpoints",
+            lambda: stub.CopyCheckpoints(
+                pb.CopyCheckpointsRequest(
+                    user_id=user_id, source_conversation_id=cid, target_conversation_id=target
+                )
+            ),
+        ),
+        (
+            "PruneCheckpoints",
+            lambda: stub.PruneCheckpoints(
+                pb.PruneCheckpointsRequest(
+                    user_id=user_id,
+                    conversation_ids=[cid, target],
+                    strategy=pb.PRUNE_STRATEGY_KEEP_LATEST,
+                )
+            ),
+        ),
+        (
+            "DeleteCheckpointsForRuns",
+            lambda: stub.DeleteCheckpointsForRuns(
+                pb.DeleteCheckpointsForRunsRequest(user_id=user_id, run_ids=["r1"])
+            ),
+        ),
+    ]
+    counts = {name: await statements.of(call) for name, call in calls}
+    assert counts == {name: 1 for name, _ in calls}
+    assert (await stub.ListCheckpoints(pb.ListCheckpointsRequest(**ids))).checkpoints == []

@@ -35,6 +35,8 @@ READS = {
         "ListMessages",
         "GetMessage",
         "ListCompactions",
+        "GetCheckpoint",
+        "ListCheckpoints",
         "ListItems",
         "GetScopedState",
     },
@@ -101,7 +103,10 @@ async def test_the_agents_state_channel_uses_it(
     blips, address = blips_and_state
     app = AgentServiceApp(
         AgentServiceSettings(
-            listen_address="127.0.0.1:0", state_address=address, state_timeout_seconds=10
+            listen_address="127.0.0.1:0",
+            state_address=address,
+            state_timeout_seconds=10,
+            auth_mode="dev-header",
         ),
         Profile(),  # state calls only: no profile needed
     )

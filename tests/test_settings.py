@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from agentstate.agent_service.cli import CliSettings
 from agentstate.agent_service.config import AgentServiceSettings
 from agentstate.agent_service.model.openai_compat import OpenAISettings
 from agentstate.client import ClientSettings
@@ -23,6 +24,7 @@ TABLES: dict[str, list[type[EnvSettings]]] = {
     "State service": [StateServiceSettings],
     "Agent service": [AgentServiceSettings, OpenAISettings],
     "Both services": [LoggingSettings],
+    "Command-line client": [CliSettings],
     "Order demo profile": [OrderDemoSettings],
     "Python client": [ClientSettings],
 }

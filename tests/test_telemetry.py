@@ -211,6 +211,7 @@ def test_otlp_export_from_both_services_configured_by_environment(
             **otel,
             "OTEL_SERVICE_NAME": "agentstate-agent",
             "AGENT_LISTEN_ADDRESS": "127.0.0.1:0",
+            "AGENT_AUTH_MODE": "dev-header",
             "AGENT_STATE_ADDRESS": state.wait_ready(),
             "AGENT_PROFILE": "order_demo",
             "ORDERS_DATABASE_URL": orders_database_url,

@@ -177,6 +177,40 @@ def test_go_client_drives_the_state_rpcs(
     assert list(listed.conversations) == []
 
 
+def test_go_reads_a_thread_a_langgraph_graph_wrote(
+    builds: dict[str, Future[Built]], state_process_address: str
+) -> None:
+    """The point of a language-neutral store: a Go service reads what a Python LangGraph
+    graph checkpointed (the conversation, found by the thread id, and its checkpoints)."""
+    from langchain_core.messages import HumanMessage
+
+    from agentstate.examples.langgraph_approval.graph import QUESTION as CARD_QUESTION
+    from agentstate.examples.langgraph_approval.graph import build
+    from agentstate.integrations.langgraph import AgentStateSaver
+
+    client = built(builds, "go")
+    user_id, thread = f"go-lg-{uuid.uuid4()}", f"thread-{uuid.uuid4()}"
+    saver = AgentStateSaver(state_process_address, user_id=user_id)
+    build(saver).invoke(
+        {"messages": [HumanMessage(CARD_QUESTION)], "executed": []},
+        {"configurable": {"thread_id": thread}},
+    )
+    written = list(saver.list({"configurable": {"thread_id": thread}}))
+    saver.close()
+
+    out = run_client(
+        client, "checkpoint_reader", state_process_address, user_id, thread, str(SERVICE_CONFIG)
+    )
+    assert out["external_key"] == thread
+    seen = out["checkpoints"]
+    assert [c["checkpoint_id"] for c in seen] == [t.checkpoint["id"] for t in written]
+    assert [c["parent_checkpoint_id"] for c in seen[:-1]] == [c["checkpoint_id"] for c in seen[1:]]
+    assert seen[-1]["parent_checkpoint_id"] == ""
+    assert seen[-1]["metadata"]["source"] == "input" and seen[-1]["metadata"]["step"] == -1
+    assert "messages" in seen[0]["channels"]
+    assert seen[0]["pending_writes"] >= 1  # the approval card's interrupt
+
+
 async def test_every_language_retries_reads_with_the_service_config(
     builds: dict[str, Future[Built]], pg_store: PostgresStore, user_id: str
 ) -> None:

@@ -1,14 +1,19 @@
 """`agentstate-cli`: a terminal client of the agent service.
 
     agentstate-cli chat "question" [--conversation ID] [--approve | --deny]
+    agentstate-cli confirm CONVERSATION_ID MESSAGE_ID [--approve | --deny]
     agentstate-cli history CONVERSATION_ID
     agentstate-cli conversations
     agentstate-cli stop TASK_ID
     agentstate-cli delete CONVERSATION_ID
 
 AGENTSTATE_ADDRESS (default 127.0.0.1:50061) is the agent service and
-AGENTSTATE_USER (default "demo") the end user sent as `agentstate-user-id`.
-Without --approve/--deny, a confirmation card is asked about on the terminal.
+AGENTSTATE_USER (default "demo") the end user sent as `agentstate-user-id`
+(--address and --user override them; AGENT_AUTH_MODE=dev-header). With AGENTSTATE_TOKEN
+set, that access token is sent as `authorization: Bearer` instead (AGENT_AUTH_MODE=jwt;
+README "Authentication"). Without --approve/--deny, a confirmation card is asked about on
+the terminal. `confirm` answers a card left open earlier (by another session, or a chat
+that was interrupted).
 """
 
 from __future__ import annotations
@@ -21,10 +26,36 @@ from collections.abc import Callable, Iterable
 from typing import Any, TextIO
 
 import grpc
+from pydantic import Field
 
 from agentstate.agent.v1 import agent_service_pb2 as pb
 from agentstate.agent.v1 import agent_service_pb2_grpc as pb_grpc
-from agentstate.agent_service.servicer import USER_ID_METADATA_KEY
+from agentstate.agent_service.auth import AUTHORIZATION_METADATA_KEY, USER_ID_METADATA_KEY
+from agentstate.common import error_details
+from agentstate.common.config import ConfigError, EnvSettings
+
+
+class CliSettings(EnvSettings):
+    """The command-line client's settings (the flags --address and --user override them)."""
+
+    address: str = Field(
+        default="127.0.0.1:50061",
+        validation_alias="AGENTSTATE_ADDRESS",
+        min_length=1,
+        description="the agent service the CLI talks to",
+    )
+    user: str = Field(
+        default="demo",
+        validation_alias="AGENTSTATE_USER",
+        min_length=1,
+        description="the end user the CLI acts as (sent as agentstate-user-id)",
+    )
+    token: str = Field(
+        default="",
+        validation_alias="AGENTSTATE_TOKEN",
+        description="an access token sent as `authorization: Bearer` instead of the user",
+    )
+
 
 _STATUS_WORDS = {
     pb.TOOL_CALL_STATUS_RUNNING: "running",
@@ -34,6 +65,14 @@ _STATUS_WORDS = {
     pb.TOOL_CALL_STATUS_DENIED: "declined by you, not run",
     pb.TOOL_CALL_STATUS_INTERRUPTED: "not run",
 }
+
+
+def call_metadata(user_id: str) -> tuple[tuple[str, str], ...]:
+    """Who the calls are made for: the AGENTSTATE_TOKEN access token, else the bare user."""
+    token = CliSettings.from_env(os.environ).token.strip()
+    if token:
+        return ((AUTHORIZATION_METADATA_KEY, f"Bearer {token}"),)
+    return ((USER_ID_METADATA_KEY, user_id),)
 
 
 class Renderer:
@@ -109,12 +148,32 @@ def converse(
     renderer: Renderer,
 ) -> str:
     """One question, and every card it leads to, decided by `decide`. Returns the conversation."""
-    md = ((USER_ID_METADATA_KEY, user_id),)
+    md = call_metadata(user_id)
     meta, card = run_turn(
         stub.Chat(pb.ChatRequest(conversation_id=conversation_id, question=question), metadata=md),
         renderer,
     )
     conversation_id = meta.conversation_id if meta else conversation_id
+    try:
+        answer_cards(stub, user_id, conversation_id, card, decide, renderer)
+    except LeftOpen as exc:
+        renderer.line(
+            f"card {exc} left open; answer it later with: "
+            f"agentstate-cli confirm {conversation_id} {exc} --approve|--deny"
+        )
+    return conversation_id
+
+
+def answer_cards(
+    stub: Any,
+    user_id: str,
+    conversation_id: str,
+    card: pb.ConfirmEvent | None,
+    decide: Callable[[pb.ConfirmEvent], bool],
+    renderer: Renderer,
+) -> None:
+    """Answer `card`, and every card its answer leads to, as `decide` says."""
+    md = call_metadata(user_id)
     while card is not None:
         approved = decide(card)
         renderer.line(f"> {'approve' if approved else 'cancel'} (card {card.message_id})")
@@ -127,7 +186,37 @@ def converse(
             ),
             renderer,
         )
-    return conversation_id
+
+
+def stored_card(stub: Any, user_id: str, conversation_id: str, message_id: str) -> pb.ConfirmEvent:
+    """A card left open earlier, as its record keeps it (metadata "card"), shaped as the
+    confirm event a turn would have sent; only the message id when the record has none."""
+    md = call_metadata(user_id)
+    token = ""
+    while True:
+        page = stub.ListMessages(
+            pb.ListMessagesRequest(conversation_id=conversation_id, page_token=token), metadata=md
+        )
+        for record in page.records:
+            if record.message_id == message_id:
+                data = json.loads(record.metadata_json or b"{}").get("card") or {}
+                event = pb.ConfirmEvent(message_id=message_id, title=str(data.get("title", "")))
+                for call in data.get("calls", []):
+                    event.calls.add(
+                        call_id=str(call.get("call_id", "")),
+                        tool_name=str(call.get("name", "")),
+                        title=str(call.get("title", "")),
+                        display_fields=[
+                            pb.DisplayField(label=str(k), value=str(v))
+                            for k, v in call.get("fields", [])
+                        ],
+                    )
+                if data.get("expires_at"):
+                    event.expire_time.FromJsonString(str(data["expires_at"]).replace("+00:00", "Z"))
+                return event
+        token = page.next_page_token
+        if not token:
+            return pb.ConfirmEvent(message_id=message_id)
 
 
 def print_history(records: Iterable[pb.MessageRecord], out: TextIO = sys.stdout) -> None:
@@ -142,18 +231,41 @@ def print_history(records: Iterable[pb.MessageRecord], out: TextIO = sys.stdout)
             elif kind == "thinking":
                 out.write(f"   (thinking) {block['thinking']}\n")
             elif kind == "tool_use":
+                outcome = f": {block['outcome_text']}" if block.get("outcome_text") else ""
                 out.write(
-                    f"   ⚙ {block['name']} {json.dumps(block['input'], ensure_ascii=False)}\n"
+                    f"   ⚙ {block['name']} "
+                    f"{json.dumps(block['input'], ensure_ascii=False)}{outcome}\n"
                 )
             elif kind == "tool_result":
                 text = "".join(p.get("text", "") for p in block.get("output", []))
                 first_line = text.splitlines()[0] if text else ""
                 out.write(f"   ↳ {block['name']} {block['state']}: {first_line}\n")
+        error = json.loads(record.metadata_json or b"{}").get("error")
+        if isinstance(error, str) and error:
+            out.write(f"   ✗ {error}\n")
+
+
+class LeftOpen(Exception):
+    """The terminal closed before the card was answered: it stays open for later."""
 
 
 def _ask(card: pb.ConfirmEvent) -> bool:
-    answer = input(f"Approve '{card.title}'? [y/N] ").strip().lower()
+    try:
+        answer = input(f"Approve '{card.title or card.message_id}'? [y/N] ").strip().lower()
+    except (EOFError, KeyboardInterrupt):
+        raise LeftOpen(card.message_id) from None
     return answer in {"y", "yes"}
+
+
+def _failure(exc: grpc.RpcError, conversation: str) -> str:
+    """The error line, with the command that answers an open card when that is the cause."""
+    text = f"agentstate-cli: {exc.code().name}: {exc.details()}"
+    info = error_details.error_info(exc)
+    if info is not None and info.metadata.get(error_details.AWAITING_MESSAGE_ID):
+        card = info.metadata[error_details.AWAITING_MESSAGE_ID]
+        conversation = conversation or "CONVERSATION_ID"
+        text += f"\n  answer it with: agentstate-cli confirm {conversation} {card} --approve|--deny"
+    return text
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -162,10 +274,13 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument(
-        "--address", default=os.environ.get("AGENTSTATE_ADDRESS", "127.0.0.1:50061")
-    )
-    parser.add_argument("--user", default=os.environ.get("AGENTSTATE_USER", "demo"))
+    try:
+        settings = CliSettings.from_env(os.environ)
+    except ConfigError as exc:
+        print(f"agentstate-cli: {exc}", file=sys.stderr)
+        return 2
+    parser.add_argument("--address", default=settings.address)
+    parser.add_argument("--user", default=settings.user)
     sub = parser.add_subparsers(dest="command", required=True)
     chat = sub.add_parser("chat", help="ask a question (and answer its cards)")
     chat.add_argument("question")
@@ -173,6 +288,12 @@ def main(argv: list[str] | None = None) -> int:
     decision = chat.add_mutually_exclusive_group()
     decision.add_argument("--approve", action="store_true", help="approve every card")
     decision.add_argument("--deny", action="store_true", help="cancel every card")
+    confirm = sub.add_parser("confirm", help="answer a confirmation card left open earlier")
+    confirm.add_argument("conversation")
+    confirm.add_argument("message", help="the card's message id")
+    answer = confirm.add_mutually_exclusive_group()
+    answer.add_argument("--approve", action="store_true", help="approve it (and later cards)")
+    answer.add_argument("--deny", action="store_true", help="cancel it (and later cards)")
     sub.add_parser("conversations", help="list your conversations")
     history = sub.add_parser("history", help="replay a conversation's messages")
     history.add_argument("conversation")
@@ -182,16 +303,27 @@ def main(argv: list[str] | None = None) -> int:
     delete.add_argument("conversation")
     args = parser.parse_args(argv)
 
-    md = ((USER_ID_METADATA_KEY, args.user),)
+    md = call_metadata(args.user)
     with grpc.insecure_channel(args.address) as channel:
         stub: Any = pb_grpc.AgentServiceStub(channel)
+
+        def decide(card: pb.ConfirmEvent) -> bool:
+            return True if args.approve else False if args.deny else _ask(card)
+
         try:
             if args.command == "chat":
-
-                def decide(card: pb.ConfirmEvent) -> bool:
-                    return True if args.approve else False if args.deny else _ask(card)
-
                 converse(stub, args.user, args.question, args.conversation, decide, Renderer())
+            elif args.command == "confirm":
+                renderer = Renderer()
+                card = pb.ConfirmEvent(message_id=args.message)
+                if not (args.approve or args.deny):  # show what is being decided
+                    card = stored_card(stub, args.user, args.conversation, args.message)
+                    if card.calls:
+                        renderer.event(pb.TurnEvent(confirm=card))
+                try:
+                    answer_cards(stub, args.user, args.conversation, card, decide, renderer)
+                except LeftOpen as exc:
+                    renderer.line(f"card {exc} left open")
             elif args.command == "conversations":
                 page = stub.ListConversations(pb.ListConversationsRequest(), metadata=md)
                 for c in page.conversations:
@@ -212,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 print(f"deleted (with {deleted.messages_deleted} message records)")
         except grpc.RpcError as exc:
-            print(f"agentstate-cli: {exc.code().name}: {exc.details()}", file=sys.stderr)
+            print(_failure(exc, getattr(args, "conversation", "")), file=sys.stderr)
             return 1
     return 0
 

@@ -10,7 +10,8 @@ import os
 import socket
 from typing import Annotated, Literal, Self
 
-from pydantic import AfterValidator, BeforeValidator, Field, model_validator
+from pydantic import AfterValidator, BeforeValidator, Field, SecretStr, model_validator
+from pydantic_settings import NoDecode
 
 from agentstate.common.config import EnvSettings, casefold_choice
 
@@ -21,6 +22,36 @@ TokenizerKind = Annotated[
     Literal["auto", "o200k_base", "cl100k_base", "estimate"], BeforeValidator(casefold_choice)
 ]
 TraceUserId = Annotated[Literal["hash", "plain", "omit"], BeforeValidator(casefold_choice)]
+AuthMode = Annotated[Literal["jwt", "proxy", "dev-header"], BeforeValidator(casefold_choice)]
+# Public-key algorithms only: with HS* a verifier holding a public key could be fooled by a
+# token MAC'ed with that public key (algorithm confusion); `none` is no signature at all.
+JWT_ALGORITHMS = frozenset(
+    {"RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA"}
+)
+# The shortest AGENT_PROXY_SECRET accepted: a guessable shared secret is no check at all.
+MIN_PROXY_SECRET_CHARS = 32
+
+
+def _algorithm_list(value: object) -> object:
+    if isinstance(value, str):
+        return tuple(part.strip() for part in value.split(",") if part.strip())
+    return value
+
+
+def _check_algorithms(value: tuple[str, ...]) -> tuple[str, ...]:
+    bad = [name for name in value if name not in JWT_ALGORITHMS]
+    if bad or not value:
+        raise ValueError(
+            f"allows {', '.join(bad) or 'nothing'}; use public-key algorithms among "
+            f"{', '.join(sorted(JWT_ALGORITHMS))} (never none or HS*)"
+        )
+    return value
+
+
+# NoDecode: a comma-separated list, not JSON.
+JwtAlgorithms = Annotated[
+    tuple[str, ...], NoDecode, BeforeValidator(_algorithm_list), AfterValidator(_check_algorithms)
+]
 # Recorded on run leases; a pod name can be longer than the column is useful.
 ReplicaName = Annotated[str, AfterValidator(lambda name: name[:200])]
 
@@ -152,6 +183,69 @@ class AgentServiceSettings(EnvSettings):
         default="hash",
         validation_alias="AGENT_TRACE_USER_ID",
         description="how spans carry the end user: hash, plain or omit",
+    )
+
+    # ---- identity of the end user (agent_service/auth.py; README "Authentication")
+    auth_mode: AuthMode = Field(
+        default="jwt",
+        validation_alias="AGENT_AUTH_MODE",
+        description=(
+            "how the end user is identified: jwt (a signed token), proxy (the header from "
+            "an authenticating proxy) or dev-header (the bare header: development only)"
+        ),
+    )
+    jwt_issuer: str = Field(
+        default="",
+        validation_alias="AGENT_JWT_ISSUER",
+        description="jwt: the required `iss` claim",
+    )
+    jwt_audience: str = Field(
+        default="",
+        validation_alias="AGENT_JWT_AUDIENCE",
+        description="jwt: the `aud` value the token must carry",
+    )
+    jwt_jwks_url: str = Field(
+        default="",
+        validation_alias="AGENT_JWT_JWKS_URL",
+        description="jwt: the issuer's JWKS URL (fetched and cached); or AGENT_JWT_KEY_FILE",
+    )
+    jwt_key_file: str = Field(
+        default="",
+        validation_alias="AGENT_JWT_KEY_FILE",
+        description="jwt: a JWKS JSON file or a PEM public key; or AGENT_JWT_JWKS_URL",
+    )
+    jwt_algorithms: JwtAlgorithms = Field(
+        default=("RS256", "ES256"),
+        validation_alias="AGENT_JWT_ALGORITHMS",
+        description="jwt: accepted signature algorithms, comma-separated (public-key only)",
+        json_schema_extra={"shown_default": "RS256,ES256"},
+    )
+    jwt_leeway_seconds: float = Field(
+        default=30.0,
+        validation_alias="AGENT_JWT_LEEWAY_SECONDS",
+        ge=0,
+        le=300,
+        description="jwt: clock skew allowed on exp, nbf and iat",
+    )
+    jwt_user_claim: str = Field(
+        default="sub",
+        validation_alias="AGENT_JWT_USER_CLAIM",
+        description="jwt: the claim that holds the user id",
+    )
+    jwt_jwks_cache_seconds: float = Field(
+        default=300.0,
+        validation_alias="AGENT_JWT_JWKS_CACHE_SECONDS",
+        ge=1,
+        description="jwt: how long fetched keys are kept (an unknown `kid` refetches sooner)",
+    )
+    proxy_secret: SecretStr = Field(
+        default=SecretStr(""),
+        validation_alias="AGENT_PROXY_SECRET",
+        description=(
+            f"proxy: the value the proxy sends in agentstate-proxy-secret "
+            f"(at least {MIN_PROXY_SECRET_CHARS} characters)"
+        ),
+        json_schema_extra={"shown_default": "empty"},
     )
 
     @model_validator(mode="after")

@@ -28,8 +28,8 @@ _AGENT_REASONS: dict[type[agent_errors.AgentError], str] = {
 def agent_error_detail(error: agent_errors.AgentError, code: grpc.StatusCode) -> ErrorDetail:
     cause = error.__cause__
     if isinstance(cause, StateError) and cause.code == code and cause.reason:
-        return ErrorDetail(cause.reason, dict(cause.metadata))
-    metadata: dict[str, str] = {}
+        return ErrorDetail(cause.reason, {**cause.metadata, **error.metadata})
+    metadata: dict[str, str] = dict(error.metadata)
     if isinstance(error, agent_errors.CardPending):
-        metadata = {AWAITING_MESSAGE_ID: error.message_id}
-    return ErrorDetail(nearest_reason(_AGENT_REASONS, error), metadata)
+        metadata[AWAITING_MESSAGE_ID] = error.message_id
+    return ErrorDetail(error.reason or nearest_reason(_AGENT_REASONS, error), metadata)

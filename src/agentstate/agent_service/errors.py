@@ -7,7 +7,16 @@ from __future__ import annotations
 
 
 class AgentError(Exception):
-    """Base class."""
+    """Base class. The message is what a caller reads: no endpoint, model, host or
+    setting names. `metadata` (strings) goes into the status's google.rpc.ErrorInfo
+    for operators, and `reason` replaces the class's ErrorInfo reason when set."""
+
+    def __init__(
+        self, message: str = "", *, reason: str = "", metadata: dict[str, str] | None = None
+    ) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.metadata = dict(metadata or {})
 
 
 class InvalidInput(AgentError):
@@ -15,7 +24,12 @@ class InvalidInput(AgentError):
 
 
 class Unauthenticated(AgentError):
-    """No end-user identity came with the request (UNAUTHENTICATED)."""
+    """No valid end-user identity came with the request (UNAUTHENTICATED); `reason` is
+    the ErrorInfo reason (agent_service/auth.py: TOKEN_EXPIRED, ...)."""
+
+    def __init__(self, message: str, reason: str = "UNAUTHENTICATED") -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 class NotFound(AgentError):
@@ -33,6 +47,10 @@ class CardPending(Conflict):
     def __init__(self, message: str, message_id: str) -> None:
         super().__init__(message)
         self.message_id = message_id
+
+
+class CardAlreadyHandled(Conflict):
+    """The card a Confirm names no longer awaits an answer."""
 
 
 class StateVersionConflict(AgentError):

@@ -12,6 +12,7 @@ import grpc
 
 from agentstate.agent.v1 import agent_service_pb2 as pb
 from agentstate.agent.v1 import agent_service_pb2_grpc as pb_grpc
+from agentstate.agent_service.auth import build_authenticator
 from agentstate.agent_service.config import AgentServiceSettings
 from agentstate.agent_service.context.manager import ContextManager, ContextSettings
 from agentstate.agent_service.context.tokens import make_counter
@@ -63,6 +64,31 @@ def build_tools(profile: Profile, extra: Sequence[Tool] = ()) -> ToolRegistry:
     return ToolRegistry([load_skill_tool(skills), *tools] if skills else tools)
 
 
+def state_channel(address: str, max_message_bytes: int) -> grpc.aio.Channel:
+    """The agent's channel to the state service: the sidecar (127.0.0.1:port, unix:///...)
+    or central replicas behind a name (dns:///state.NAMESPACE.svc:port), over which the
+    service config's round_robin spreads the calls."""
+    return grpc.aio.insecure_channel(
+        address,
+        interceptors=telemetry.grpc_client_interceptors(),
+        options=[
+            ("grpc.max_receive_message_length", max_message_bytes),
+            ("grpc.max_send_message_length", max_message_bytes),
+            # The sidecar restarting is routine: reconnect quickly, not after gRPC's
+            # default backoff of up to two minutes.
+            ("grpc.initial_reconnect_backoff_ms", 100),
+            ("grpc.min_reconnect_backoff_ms", 100),
+            ("grpc.max_reconnect_backoff_ms", 2000),
+            # A dns:/// name is resolved again when a connection ends (a replica gone, or
+            # recycled by STATE_GRPC_MAX_CONNECTION_AGE_SECONDS): at most every 2 s, not
+            # gRPC's default 30 s, so new replicas are found soon after.
+            ("grpc.dns_min_time_between_resolutions_ms", 2000),
+            # Reads are retried on UNAVAILABLE; round_robin (agentstate/service_config.json).
+            *service_config.channel_options(),
+        ],
+    )
+
+
 class AgentServiceApp:
     def __init__(
         self,
@@ -88,22 +114,9 @@ class AgentServiceApp:
         settings = self.settings
         profile = self.profile
         tools = build_tools(profile, self._extra_tools)  # a bad profile fails before any I/O
+        auth = build_authenticator(settings)  # so does incomplete authentication
         limit = settings.grpc_max_message_bytes
-        self._channel = grpc.aio.insecure_channel(
-            settings.state_address,
-            interceptors=telemetry.grpc_client_interceptors(),
-            options=[
-                ("grpc.max_receive_message_length", limit),
-                ("grpc.max_send_message_length", limit),
-                # The sidecar restarting is routine: reconnect quickly, not after gRPC's
-                # default backoff of up to two minutes.
-                ("grpc.initial_reconnect_backoff_ms", 100),
-                ("grpc.min_reconnect_backoff_ms", 100),
-                ("grpc.max_reconnect_backoff_ms", 2000),
-                # Reads are retried on UNAVAILABLE (agentstate/service_config.json).
-                *service_config.channel_options(),
-            ],
-        )
+        self._channel = state_channel(settings.state_address, limit)
         state = StateClient.on_channel(
             self._channel, timeout_seconds=settings.state_timeout_seconds
         )
@@ -142,18 +155,19 @@ class AgentServiceApp:
         server = create_server(
             max_message_bytes=limit, interceptors=telemetry.grpc_server_interceptors()
         )
-        pb_grpc.add_AgentServiceServicer_to_server(AgentServicer(runner, state), server)
+        pb_grpc.add_AgentServiceServicer_to_server(AgentServicer(runner, state, auth), server)
         self._health = add_health_and_reflection(server, [SERVICE_NAME])
         address = bind(server, settings.listen_address)
         await server.start()
         self._server = server
         await set_serving(self._health, [SERVICE_NAME])
         log.info(
-            "agent service listening on %s (state service %s, profile %s, model %s)",
+            "agent service listening on %s (state service %s, profile %s, model %s, auth %s)",
             address,
             settings.state_address,
             profile.name or "none",
             model.name,
+            auth.mode,
         )
         return address
 

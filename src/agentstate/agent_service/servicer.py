@@ -16,6 +16,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from agentstate.agent.v1 import agent_service_pb2 as pb
 from agentstate.agent.v1 import agent_service_pb2_grpc as pb_grpc
 from agentstate.agent_service import errors
+from agentstate.agent_service.auth import Authenticator
 from agentstate.agent_service.context.rag_history import (
     DEFAULT_TURNS,
     MAX_TURNS,
@@ -45,8 +46,6 @@ from agentstate.state.v1 import state_service_pb2 as spb
 
 log = logging.getLogger(__name__)
 
-USER_ID_METADATA_KEY = "agentstate-user-id"
-
 Context = grpc.aio.ServicerContext[Any, Any]
 Response = TypeVar("Response")
 
@@ -74,26 +73,6 @@ _CALL_STATUSES = {
     CallStatus.DENIED: pb.TOOL_CALL_STATUS_DENIED,
     CallStatus.INTERRUPTED: pb.TOOL_CALL_STATUS_INTERRUPTED,
 }
-
-
-def user_id_of(context: Context) -> str:
-    values = [
-        value if isinstance(value, str) else value.decode(errors="replace")
-        for key, value in context.invocation_metadata() or ()
-        if key == USER_ID_METADATA_KEY
-    ]
-    if not values:
-        raise errors.Unauthenticated(f"the request metadata carries no {USER_ID_METADATA_KEY}")
-    if len(values) > 1:
-        # Which one would the gateway have meant? Refuse rather than pick one.
-        raise errors.Unauthenticated(
-            f"the request metadata carries {USER_ID_METADATA_KEY} {len(values)} times; "
-            "send it exactly once"
-        )
-    user_id = values[0]
-    if not user_id or len(user_id) > 128 or not user_id.isprintable():
-        raise errors.InvalidInput(f"{USER_ID_METADATA_KEY} must be 1..128 printable characters")
-    return user_id
 
 
 def _json(value: Any) -> bytes:
@@ -255,9 +234,14 @@ def legacy_record(record: MessageRecord, user_id: str) -> spb.MessageRecord:
 
 
 class AgentServicer(pb_grpc.AgentServiceServicer):
-    def __init__(self, runner: TurnRunner, state: StateClient) -> None:
+    def __init__(self, runner: TurnRunner, state: StateClient, auth: Authenticator) -> None:
         self._runner = runner
         self._state = state
+        self._auth = auth
+
+    async def _user(self, context: Context) -> str:
+        """The calling end user: the first thing every RPC does (agent_service/auth.py)."""
+        return await self._auth.user_id(tuple(context.invocation_metadata() or ()))
 
     async def _stream_turn(
         self, context: Context, run: Callable[[str, Emit], Awaitable[None]]
@@ -268,7 +252,7 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
         still finishes and saves.
         """
         try:
-            user_id = user_id_of(context)
+            user_id = await self._user(context)
         except errors.AgentError as refused:
             await _abort(context, refused)
         queue: asyncio.Queue[TurnEvent | None] = asyncio.Queue()
@@ -322,16 +306,17 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
 
     @_grpc_errors
     async def Stop(self, request: pb.StopRequest, context: Context) -> pb.StopResponse:
+        user_id = await self._user(context)
         if not request.task_id:
             raise errors.InvalidInput("task_id is required")
-        conversation_id = await self._runner.stop(user_id_of(context), request.task_id)
+        conversation_id = await self._runner.stop(user_id, request.task_id)
         return pb.StopResponse(conversation_id=conversation_id)
 
     @_grpc_errors
     async def ListConversations(
         self, request: pb.ListConversationsRequest, context: Context
     ) -> pb.ListConversationsResponse:
-        user_id = user_id_of(context)
+        user_id = await self._user(context)
         page = await self._state.list_conversations(user_id, request.page_size, request.page_token)
         return pb.ListConversationsResponse(
             items=[conversation_to_pb(c) for c in page.items],
@@ -343,7 +328,7 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
     async def ListMessages(
         self, request: pb.ListMessagesRequest, context: Context
     ) -> pb.ListMessagesResponse:
-        user_id = user_id_of(context)
+        user_id = await self._user(context)
         page = await self._state.list_messages(
             user_id, request.conversation_id, request.page_size, request.page_token
         )
@@ -357,7 +342,7 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
     async def RenameConversation(
         self, request: pb.RenameConversationRequest, context: Context
     ) -> pb.RenameConversationResponse:
-        user_id = user_id_of(context)
+        user_id = await self._user(context)
         conversation = await self._state.rename_conversation(
             user_id, request.conversation_id, request.title
         )
@@ -370,28 +355,31 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
     async def DeleteConversation(
         self, request: pb.DeleteConversationRequest, context: Context
     ) -> pb.DeleteConversationResponse:
-        deleted = await self._state.delete_conversations(
-            user_id_of(context), [request.conversation_id]
-        )
+        if not request.conversation_id:
+            # Said for this RPC, not as the batch's conversation_ids[0] it becomes.
+            raise errors.InvalidInput("conversation_id is required")
+        user_id = await self._user(context)
+        deleted = await self._state.delete_conversations(user_id, [request.conversation_id])
         return pb.DeleteConversationResponse(messages_deleted=deleted.messages)
 
     @_grpc_errors
     async def BatchDeleteConversations(
         self, request: pb.BatchDeleteConversationsRequest, context: Context
     ) -> pb.BatchDeleteConversationsResponse:
-        deleted = await self._state.delete_conversations(
-            user_id_of(context), list(request.conversation_ids)
-        )
+        user_id = await self._user(context)
+        deleted = await self._state.delete_conversations(user_id, list(request.conversation_ids))
         return pb.BatchDeleteConversationsResponse(conversations_deleted=deleted.conversations)
 
     @_grpc_errors
     async def GetRagHistory(
         self, request: pb.GetRagHistoryRequest, context: Context
     ) -> pb.GetRagHistoryResponse:
-        turns = request.turns or DEFAULT_TURNS
-        if not 1 <= turns <= MAX_TURNS:
-            raise errors.InvalidInput(f"turns must be between 1 and {MAX_TURNS}")
-        user_id = user_id_of(context)
+        user_id = await self._user(context)
+        # The paging rule of every list RPC (README): 0 is the default, a number
+        # above the maximum is the maximum, a negative one is refused.
+        if request.turns < 0:
+            raise errors.InvalidInput("turns must not be negative")
+        turns = min(request.turns or DEFAULT_TURNS, MAX_TURNS)
         # Read the tail, newest first, until it holds more user messages than turns.
         records: list[MessageRecord] = []
         token = ""

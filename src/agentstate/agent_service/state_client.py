@@ -18,7 +18,13 @@ import grpc
 from agentstate.agent_service import errors
 from agentstate.agent_service.agent_state import AgentState
 from agentstate.agent_service.records import EndedTurn, LoadedState, LoadedTurn
-from agentstate.client import AsyncStateClient, CardPending, NotFound, StateError
+from agentstate.client import (
+    AsyncStateClient,
+    CardAlreadyHandled,
+    CardPending,
+    NotFound,
+    StateError,
+)
 from agentstate.client.types import (
     CompactionNote,
     Conversation,
@@ -55,11 +61,15 @@ _ERRORS: dict[grpc.StatusCode, type[errors.AgentError]] = {
 def agent_error(exc: StateError) -> errors.AgentError:
     """The runtime's error for a failed state call (by status code, as before the client)."""
     kind = _ERRORS.get(exc.code, errors.InternalError)
-    detail = exc.message
+    detail = exc.message or exc.code.name
     if kind is errors.Unavailable:
-        detail = f"state service unavailable: {detail}"
+        # gRPC's words name addresses ("ipv4:10.1.2.3:50051: connect failed"), the
+        # database's its host: for operators (ErrorInfo, logs), not for the message.
+        return errors.Unavailable("state service unavailable; retry", metadata={"detail": detail})
     if isinstance(exc, CardPending) and exc.awaiting_message_id:
         return errors.CardPending(detail, exc.awaiting_message_id)
+    if isinstance(exc, CardAlreadyHandled):
+        return errors.CardAlreadyHandled(detail)
     return kind(detail)
 
 
@@ -262,6 +272,12 @@ class StateClient:
         self, user_id: str, conversation_id: str, update: RecordUpdate
     ) -> None:
         await self.client.update_message(user_id, conversation_id, update)
+
+    @_translated
+    async def get_message(
+        self, user_id: str, conversation_id: str, message_id: str
+    ) -> MessageRecord:
+        return await self.client.get_message(user_id, conversation_id, message_id)
 
     @_translated
     async def list_messages(

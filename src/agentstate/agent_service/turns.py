@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from collections.abc import Awaitable
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 class TurnStopped(Exception):
@@ -23,15 +27,36 @@ class TurnControl:
     repaired_records: int = 0
     # The turn's save released its lease (nothing left to release at the end).
     released: bool = False
+    _stopped: asyncio.Event = field(default_factory=asyncio.Event, repr=False, compare=False)
 
     def request_stop(self, reason: str, *, shutdown: bool = False) -> None:
         if self.stop_reason is None:
             self.stop_reason = reason
         self.shutdown = self.shutdown or shutdown
+        self._stopped.set()
 
     def checkpoint(self) -> None:
         if self.stop_reason is not None:
             raise TurnStopped(self.stop_reason)
+
+    async def interruptible(self, work: Awaitable[T]) -> T:
+        """Await `work` (a model call) unless the turn is asked to stop first: a Stop,
+        shutdown or lost lease cancels it at once, closing its HTTP request, instead of
+        waiting for the next checkpoint (a hung endpoint may send none for minutes)."""
+        task = asyncio.ensure_future(work)
+        if self.stop_reason is not None:
+            task.cancel()
+        stop = asyncio.ensure_future(self._stopped.wait())
+        try:
+            await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
+        finally:  # also when the turn's own task is cancelled
+            stop.cancel()
+            if not task.done():
+                task.cancel()
+                await asyncio.wait({task})
+        if task.cancelled():
+            raise TurnStopped(self.stop_reason or "interrupted")
+        return task.result()
 
 
 class TurnRegistry:

@@ -15,6 +15,7 @@ import grpc
 
 from agentstate.common.error_details import (
     AWAITING_MESSAGE_ID,
+    CURRENT_CHECKPOINT_ID,
     CURRENT_VERSION,
     EXPECTED_VERSION,
     MISSING,
@@ -81,6 +82,16 @@ class VersionConflict(StateError):
         return int(value) if value else None
 
 
+class CheckpointConflict(VersionConflict):
+    """ABORTED, reason CHECKPOINT_CONFLICT: another writer extended the checkpoint history
+    first (put_checkpoint's expected_head); `current_checkpoint_id` is the head now ("":
+    none). Nothing was stored."""
+
+    @property
+    def current_checkpoint_id(self) -> str:
+        return self.metadata.get(CURRENT_CHECKPOINT_ID, "")
+
+
 class FailedPrecondition(StateError):
     """FAILED_PRECONDITION: the conversation is not in a state that allows the call."""
 
@@ -107,6 +118,10 @@ class CardAlreadyHandled(FailedPrecondition):
 
 class MessageStatusMismatch(FailedPrecondition):
     """A record write's expected_status did not match the stored status."""
+
+
+class TargetHasCheckpoints(FailedPrecondition):
+    """copy_checkpoints into a conversation that has checkpoints (a copy never merges)."""
 
 
 class ResourceExhausted(StateError):
@@ -139,6 +154,8 @@ _BY_REASON: dict[str, type[StateError]] = {
     "NOT_FOUND": NotFound,
     "ALREADY_EXISTS": AlreadyExists,
     "VERSION_CONFLICT": VersionConflict,
+    "CHECKPOINT_CONFLICT": CheckpointConflict,
+    "TARGET_HAS_CHECKPOINTS": TargetHasCheckpoints,
     "LEASE_HELD": LeaseHeld,
     "LEASE_LOST": LeaseLost,
     "CARD_PENDING": CardPending,

@@ -8,7 +8,7 @@ The same methods as AsyncStateClient, built by the same functions (agentstate.cl
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from types import TracebackType
 from typing import Any, Self, TypeVar
@@ -25,6 +25,7 @@ from agentstate.client.types import (
     AppendedEvent,
     AppendedItems,
     BegunTurn,
+    CheckpointWrite,
     ClearedItems,
     Compaction,
     CompactionNote,
@@ -33,16 +34,19 @@ from agentstate.client.types import (
     ItemsPage,
     LeaseInfo,
     MessageRecord,
+    NewCheckpoint,
     NewItem,
     NewRecord,
     Page,
     PoppedItem,
+    PruneStrategy,
     RecordUpdate,
     RecordWrite,
     ResolvedConversation,
     SavedState,
     ScopedStates,
     StateSnapshot,
+    StoredCheckpoint,
     TurnRequest,
 )
 from agentstate.state.v1 import state_service_pb2_grpc as pb_grpc
@@ -332,6 +336,115 @@ class StateClient:
             ),
             timeout,
         )
+
+    # ---------------------------------------------------- checkpoints (issue 15)
+
+    def put_checkpoint(
+        self,
+        user_id: str,
+        conversation_id: str,
+        checkpoint: NewCheckpoint,
+        *,
+        expected_head: str | None = None,
+        timeout: float | None = None,
+    ) -> datetime:
+        """Store a checkpoint and the channel values it introduces in one transaction;
+        returns its create time. `expected_head`: None = no check, "" = the namespace holds
+        no checkpoint yet, an id = the namespace's newest must be that one, else
+        CheckpointConflict (nothing stored). NotFound when the conversation is gone."""
+        return self._call(
+            ops.put_checkpoint(user_id, conversation_id, checkpoint, expected_head), timeout
+        )
+
+    def get_checkpoint(
+        self,
+        user_id: str,
+        conversation_id: str,
+        *,
+        namespace: str = "",
+        checkpoint_id: str = "",
+        timeout: float | None = None,
+    ) -> StoredCheckpoint | None:
+        """The named checkpoint, or the namespace's newest ("" id); None when there is none."""
+        return self._call(
+            ops.get_checkpoint(user_id, conversation_id, namespace, checkpoint_id), timeout
+        )
+
+    def list_checkpoints(
+        self,
+        user_id: str,
+        conversation_id: str,
+        *,
+        namespace: str | None = None,
+        metadata_filter: Mapping[str, Any] | None = None,
+        before_checkpoint_id: str = "",
+        page_size: int = 0,
+        page_token: str = "",
+        timeout: float | None = None,
+    ) -> Page[StoredCheckpoint]:
+        """Newest first, with values and pending writes; namespace None = all of them;
+        `metadata_filter` keeps those whose metadata contains it; page_size 0 means 20."""
+        return self._call(
+            ops.list_checkpoints(
+                user_id,
+                conversation_id,
+                namespace,
+                metadata_filter,
+                before_checkpoint_id,
+                page_size,
+                page_token,
+            ),
+            timeout,
+        )
+
+    def put_checkpoint_writes(
+        self,
+        user_id: str,
+        conversation_id: str,
+        *,
+        namespace: str,
+        checkpoint_id: str,
+        writes: Sequence[CheckpointWrite],
+        timeout: float | None = None,
+    ) -> int:
+        """Store a task's pending writes in one transaction (a stored idx >= 0 is kept,
+        idx < 0 replaced); returns how many were stored."""
+        return self._call(
+            ops.put_checkpoint_writes(user_id, conversation_id, namespace, checkpoint_id, writes),
+            timeout,
+        )
+
+    def delete_checkpoints_for_runs(
+        self, user_id: str, run_ids: Sequence[str], *, timeout: float | None = None
+    ) -> int:
+        """Delete the user's checkpoints whose metadata run_id is listed (at most 1000)."""
+        return self._call(ops.delete_checkpoints_for_runs(user_id, run_ids), timeout)
+
+    def copy_checkpoints(
+        self,
+        user_id: str,
+        source_conversation_id: str,
+        target_conversation_id: str,
+        *,
+        timeout: float | None = None,
+    ) -> int:
+        """Copy a history into a conversation without checkpoints (else
+        TargetHasCheckpoints)."""
+        return self._call(
+            ops.copy_checkpoints(user_id, source_conversation_id, target_conversation_id),
+            timeout,
+        )
+
+    def prune_checkpoints(
+        self,
+        user_id: str,
+        conversation_ids: Sequence[str],
+        strategy: PruneStrategy,
+        *,
+        timeout: float | None = None,
+    ) -> int:
+        """Keep each namespace's newest checkpoint (or none), all or nothing."""
+        return self._call(ops.prune_checkpoints(user_id, conversation_ids, strategy), timeout)
 
     # ---- conversation items and scoped state (agent framework sessions) ----
 

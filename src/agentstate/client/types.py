@@ -205,6 +205,68 @@ class Deleted:
     states: int
 
 
+# ------------------------------------------------------ checkpoints (issue 15)
+# A graph runtime's checkpoint history of a conversation (LangGraph's checkpoints): the
+# service stores the runtime's bytes; it reads only ids, metadata and channel versions.
+
+
+class PruneStrategy(enum.StrEnum):
+    KEEP_LATEST = "KEEP_LATEST"  # each namespace's newest checkpoint stays
+    DELETE_ALL = "DELETE_ALL"
+
+
+@dataclass(frozen=True)
+class ChannelValue:
+    """One channel's serialized value at one version."""
+
+    channel: str
+    version: str
+    value_type: str  # the runtime's serializer tag, e.g. "msgpack"
+    value: bytes
+
+
+@dataclass(frozen=True)
+class CheckpointWrite:
+    """A pending write of a task: idx < 0 marks a special channel (replaced on rewrite)."""
+
+    task_id: str
+    idx: int
+    channel: str
+    value_type: str
+    value: bytes
+    task_path: str = ""
+
+
+@dataclass(frozen=True)
+class NewCheckpoint:
+    """What put_checkpoint stores: the checkpoint without its channel values, its
+    metadata (a UTF-8 JSON object), every channel's version and the values it introduces."""
+
+    checkpoint_id: str
+    checkpoint: bytes
+    namespace: str = ""
+    parent_checkpoint_id: str = ""
+    checkpoint_type: str = ""
+    metadata_json: bytes = b"{}"
+    channel_versions: dict[str, str] = field(default_factory=dict)
+    new_values: tuple[ChannelValue, ...] = ()
+
+
+@dataclass(frozen=True)
+class StoredCheckpoint:
+    conversation_id: str
+    namespace: str
+    checkpoint_id: str
+    parent_checkpoint_id: str  # "" for a history's first checkpoint
+    checkpoint_type: str
+    checkpoint: bytes
+    metadata_json: bytes
+    channel_versions: dict[str, str]
+    channel_values: list[ChannelValue]  # those of channel_versions that are stored
+    pending_writes: list[CheckpointWrite]  # by task path, task id, idx
+    create_time: datetime
+
+
 # ------------------------------------------- conversation items, scoped state
 
 

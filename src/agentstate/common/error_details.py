@@ -33,6 +33,9 @@ CURRENT_VERSION = "current_version"  # ABORTED: the stored version ("0": no stat
 EXPECTED_VERSION = "expected_version"  # ABORTED: the version the caller expected
 MISSING = "missing"  # NOT_FOUND: "conversation", "state", "message" or "task"
 AWAITING_MESSAGE_ID = "awaiting_message_id"  # CARD_PENDING: the open card's record id
+CURRENT_CHECKPOINT_ID = "current_checkpoint_id"  # CHECKPOINT_CONFLICT: the head ("": none)
+EXPECTED_CHECKPOINT_ID = "expected_checkpoint_id"  # CHECKPOINT_CONFLICT: the caller's
+HOLDER = "holder"  # LEASE_HELD: the replica running the turn (for operators)
 
 
 @dataclass(frozen=True)

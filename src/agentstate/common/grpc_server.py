@@ -20,7 +20,21 @@ AsyncHealthServicer: Any = health.aio.HealthServicer  # type: ignore[attr-define
 log = logging.getLogger(__name__)
 
 
-def create_server(*, max_message_bytes: int, interceptors: Sequence[Any] = ()) -> grpc.aio.Server:
+def create_server(
+    *,
+    max_message_bytes: int,
+    interceptors: Sequence[Any] = (),
+    max_connection_age_seconds: float = 0.0,
+) -> grpc.aio.Server:
+    """`max_connection_age_seconds` > 0: each client connection is closed (GOAWAY, in-flight
+    calls finish) after that long, so clients of several replicas re-resolve the name and
+    find replicas added since (k8s/overlays/central)."""
+    age: list[tuple[str, int]] = []
+    if max_connection_age_seconds > 0:
+        age = [
+            ("grpc.max_connection_age_ms", int(max_connection_age_seconds * 1000)),
+            ("grpc.max_connection_age_grace_ms", 10_000),
+        ]
     return grpc.aio.server(
         # Innermost: undecodable requests are INVALID_ARGUMENT before any servicer runs.
         interceptors=[*interceptors, DecodeErrorsAsInvalidArgument()],
@@ -28,6 +42,7 @@ def create_server(*, max_message_bytes: int, interceptors: Sequence[Any] = ()) -
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", max_message_bytes),
             ("grpc.so_reuseport", 0),
+            *age,
         ],
     )
 

@@ -195,13 +195,22 @@ class GuardedPool(Generic[ConnT]):
             async with asyncio.timeout(timeout):
                 if self._probe_conn is None or self._probe_conn.closed:
                     self._probe_conn = await psycopg.AsyncConnection.connect(
-                        self._conninfo(), autocommit=True, connect_timeout=max(1, round(timeout))
+                        self._conninfo(),
+                        autocommit=True,
+                        connect_timeout=max(1, round(timeout)),
+                        # As the pool's: psycopg would prepare its 5th SELECT 1, which a
+                        # transaction pooler without prepared statements breaks.
+                        prepare_threshold=self._prepare_threshold(),
                     )
                 await self._probe_conn.execute("SELECT 1")
             return None
         except (psycopg.Error, OSError, TimeoutError) as exc:
             await self._close_probe()
             return pg_reason(exc)
+
+    def _prepare_threshold(self) -> int | None:
+        kwargs = self.pool.kwargs
+        return kwargs.get("prepare_threshold", 5) if isinstance(kwargs, dict) else 5
 
     def _conninfo(self) -> str:
         conninfo = self.pool.conninfo

@@ -1,2 +1,2 @@
-"""Agent frameworks on the state service. Each sits on agentstate.client only and needs its
-framework from the matching extra (for example `pip install 'agentstate[adk]'`)."""
+"""Agent frameworks on the state service: each adapter is an optional extra and sits on
+top of `agentstate.client`; none imports the services' internals or touches a database."""

@@ -20,7 +20,7 @@ from agentstate.common.config import ConfigError
 from agentstate.common.embedded_postgres import EmbeddedPostgres, EmbeddedPostgresError
 from agentstate.state_service.config import StateServiceSettings
 from agentstate.state_service.domain import StoreUnavailable
-from agentstate.state_service.server import purge, serve
+from agentstate.state_service.server import open_store, postgres_store, purge, serve
 from agentstate.state_service.storage.postgres import PostgresStore
 
 
@@ -35,11 +35,9 @@ async def _with_store(
     if settings.store == "embedded":
         embedded = EmbeddedPostgres(settings.embedded_pg_dir, settings.embedded_pg_engine)
         dsn = embedded.start()
-    store = PostgresStore(
-        dsn, min_size=1, max_size=1, connect_timeout=settings.connect_timeout_seconds
-    )
+    store = postgres_store(settings, dsn, min_size=1, max_size=1, migrate=True)
     try:
-        await store.open()
+        await open_store(store)
         await work(store)
     finally:
         await store.close()

@@ -12,6 +12,7 @@ MIB = 1024 * 1024
 
 StoreKind = Annotated[Literal["embedded", "postgres", "memory"], BeforeValidator(casefold_choice)]
 EngineKind = Annotated[Literal["auto", "system", "pgserver"], BeforeValidator(casefold_choice)]
+OnOff = Annotated[Literal["on", "off"], BeforeValidator(casefold_choice)]
 
 
 class StateServiceSettings(EnvSettings):
@@ -97,6 +98,13 @@ class StateServiceSettings(EnvSettings):
         ge=1024,
         description="gRPC receive/send limit; keep above the payload limit",
     )
+    grpc_max_connection_age_seconds: float = Field(
+        default=0.0,
+        validation_alias="STATE_GRPC_MAX_CONNECTION_AGE_SECONDS",
+        ge=0,
+        description="close each client connection after this long so callers re-resolve "
+        "a name with several replicas and find new ones; 0 never (the sidecar)",
+    )
     shutdown_grace_seconds: float = Field(
         default=10.0,
         validation_alias="STATE_SHUTDOWN_GRACE_SECONDS",
@@ -107,6 +115,25 @@ class StateServiceSettings(EnvSettings):
         default=True,
         validation_alias="STATE_MIGRATE_ON_START",
         description="apply migrations at start-up",
+    )
+    migration_database_url: str = Field(
+        default="",
+        validation_alias="STATE_MIGRATION_DATABASE_URL",
+        description="libpq URL for migrations and start-up checks, straight to PostgreSQL "
+        "when DATABASE_URL goes through a pooler; empty: DATABASE_URL",
+    )
+    migration_lock_timeout_seconds: float = Field(
+        default=60.0,
+        validation_alias="STATE_MIGRATION_LOCK_TIMEOUT_SECONDS",
+        ge=0.1,
+        description="how long start-up waits for the migration lock (another replica "
+        "migrating) before it exits",
+    )
+    db_prepared_statements: OnOff = Field(
+        default="on",
+        validation_alias="STATE_DB_PREPARED_STATEMENTS",
+        description="on: server-side prepared statements (psycopg prepares a statement on "
+        "its 5th use); off: none, for a transaction pooler without them (PgBouncer < 1.21)",
     )
     retention_days: float = Field(
         default=0.0,
@@ -129,6 +156,11 @@ class StateServiceSettings(EnvSettings):
             raise ValueError(
                 "STATE_STORE=postgres needs DATABASE_URL, which is not set; no database is "
                 "started in its place (STATE_STORE=embedded runs a local PostgreSQL)"
+            )
+        if self.store != "postgres" and self.migration_database_url:
+            raise ValueError(
+                f"STATE_MIGRATION_DATABASE_URL is set but STATE_STORE={self.store} does not "
+                "use it: set STATE_STORE=postgres, or unset STATE_MIGRATION_DATABASE_URL"
             )
         if self.store != "postgres" and self.database_url:
             raise ValueError(

@@ -6,6 +6,7 @@ types (using the validators below) and the stores persist them.
 
 from __future__ import annotations
 
+import base64
 import enum
 import json
 import re
@@ -88,7 +89,12 @@ class StoreUnavailable(StateServiceError):
 
 
 class LeaseHeld(FailedPrecondition):
-    """Another turn holds the conversation's unexpired run lease."""
+    """Another turn holds the conversation's unexpired run lease. Which replica holds
+    it is for operators (ErrorInfo metadata `holder`), not for the message."""
+
+    def __init__(self, message: str, holder: str = "") -> None:
+        super().__init__(message)
+        self.holder = holder
 
 
 class LeaseLost(FailedPrecondition):
@@ -502,8 +508,12 @@ def validate_holder(holder: str) -> str:
 def lease_conflict_message(lease: Lease) -> str:
     return (
         f"conversation {lease.conversation_id} has a running turn "
-        f"(task {lease.task_id}, held by {lease.holder} until {lease.expire_time.isoformat()})"
+        f"(task {lease.task_id}, until {lease.expire_time.isoformat()}); retry when it ends"
     )
+
+
+def lease_held(lease: Lease) -> LeaseHeld:
+    return LeaseHeld(lease_conflict_message(lease), lease.holder)
 
 
 # ------------------------------------------------------------- JSONB's rules
@@ -543,6 +553,139 @@ def check_jsonb(data: bytes, expected: type, what: str) -> None:
             kind = "object" if expected is dict else "array"
             raise InvalidArgument(f"{what} must be a JSON {kind}")
         raise InvalidArgument(f"{what} is not JSON that PostgreSQL can store: {problem}")
+
+
+# ------------------------------------------------------- checkpoints (issue 15)
+# A graph runtime's history of a conversation (LangGraph's checkpoints): the
+# service stores the runtime's bytes and reads only ids, metadata and versions.
+
+MAX_CHECKPOINT_ID_CHARS = 256
+MAX_NAMESPACE_CHARS = 1024
+MAX_SERIALIZER_TAG_CHARS = 64
+MAX_TASK_PATH_CHARS = 1024
+MAX_CHECKPOINT_WRITES = 1000
+MAX_RUN_IDS = 1000
+MAX_PRUNE_CONVERSATIONS = 1000
+
+
+class CheckpointConflict(StateServiceError):
+    """A checkpoint put's compare-and-set on its namespace's head failed;
+    `current` is the head now ("" when the namespace holds none)."""
+
+    def __init__(self, namespace: str, expected: str, current: str) -> None:
+        self.namespace = namespace
+        self.expected = expected
+        self.current = current
+        want = f"checkpoint {expected}" if expected else "no checkpoint"
+        now = f"checkpoint {current}" if current else "no checkpoint"
+        super().__init__(
+            f"checkpoint conflict in namespace {namespace!r}: expected the head to be "
+            f"{want}, it is {now} (another writer extended this history); nothing was stored"
+        )
+
+
+def target_has_checkpoints(conversation_id: int) -> FailedPrecondition:
+    return FailedPrecondition(
+        f"conversation {conversation_id} already has checkpoints: "
+        "a copy never merges two histories; nothing was copied"
+    )
+
+
+class PruneStrategy(enum.StrEnum):
+    KEEP_LATEST = "KEEP_LATEST"
+    DELETE_ALL = "DELETE_ALL"
+
+
+@dataclass(frozen=True)
+class ChannelValue:
+    channel: str
+    version: str
+    value_type: str
+    value: bytes
+
+
+@dataclass(frozen=True)
+class CheckpointWrite:
+    task_id: str
+    idx: int
+    channel: str
+    value_type: str
+    value: bytes
+    task_path: str = ""
+
+
+@dataclass(frozen=True)
+class NewCheckpoint:
+    namespace: str
+    checkpoint_id: str
+    parent_checkpoint_id: str | None
+    checkpoint_type: str
+    checkpoint: bytes
+    metadata_json: bytes
+    channel_versions: dict[str, str]
+    new_values: tuple[ChannelValue, ...] = ()
+
+    def run_id(self) -> str | None:
+        """The metadata's `run_id` when it is a string (what DeleteCheckpointsForRuns matches)."""
+        value = json.loads(self.metadata_json).get("run_id")
+        return value if isinstance(value, str) else None
+
+
+@dataclass(frozen=True)
+class StoredCheckpoint:
+    conversation_id: int
+    namespace: str
+    checkpoint_id: str
+    parent_checkpoint_id: str | None
+    checkpoint_type: str
+    checkpoint: bytes
+    metadata_json: bytes
+    channel_versions: dict[str, str]
+    channel_values: list[ChannelValue]
+    pending_writes: list[CheckpointWrite]
+    create_time: datetime
+
+
+def check_text(value: str, what: str, max_chars: int, *, required: bool = False) -> str:
+    """An id-like text field: bounded, no NUL (PostgreSQL text cannot hold it)."""
+    if required and not value:
+        raise InvalidArgument(f"{what} is required")
+    if len(value) > max_chars:
+        raise InvalidArgument(f"{what} is longer than {max_chars} characters")
+    return check_no_nul(value, what)
+
+
+def checkpoint_page_token(checkpoint_id: str, namespace: str) -> str:
+    """The cursor after a page of checkpoints (newest first by id, then namespace)."""
+    raw = json.dumps([checkpoint_id, namespace]).encode()
+    return base64.urlsafe_b64encode(raw).decode()
+
+
+def parse_checkpoint_page_token(token: str) -> tuple[str, str] | None:
+    if not token:
+        return None
+    try:
+        value = json.loads(base64.urlsafe_b64decode(token.encode()))
+        if isinstance(value, list) and len(value) == 2 and all(isinstance(v, str) for v in value):
+            return value[0], value[1]
+    except ValueError:
+        pass
+    raise InvalidArgument("page_token is malformed: pass back a next_page_token")
+
+
+def json_contains(stored: object, wanted: object) -> bool:
+    """PostgreSQL's jsonb @> for decoded JSON: objects by key, arrays by element."""
+    if isinstance(wanted, dict):
+        return isinstance(stored, dict) and all(
+            k in stored and json_contains(stored[k], v) for k, v in wanted.items()
+        )
+    if isinstance(wanted, list):
+        return isinstance(stored, list) and all(
+            any(json_contains(s, w) for s in stored) for w in wanted
+        )
+    if isinstance(wanted, bool) or isinstance(stored, bool):
+        return type(wanted) is type(stored) and wanted == stored
+    return stored == wanted
 
 
 # ------------------------------------------- conversation items, scoped state

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 from agentstate.common.error_details import (
     AWAITING_MESSAGE_ID,
+    CURRENT_CHECKPOINT_ID,
     CURRENT_VERSION,
+    EXPECTED_CHECKPOINT_ID,
     EXPECTED_VERSION,
+    HOLDER,
     MISSING,
     ErrorDetail,
     nearest_reason,
@@ -24,6 +27,7 @@ _STATE_REASONS: dict[type[d.StateServiceError], str] = {
     d.NotFound: "NOT_FOUND",
     d.AlreadyExists: "ALREADY_EXISTS",  # an external_key another conversation has
     d.VersionConflict: "VERSION_CONFLICT",
+    d.CheckpointConflict: "CHECKPOINT_CONFLICT",  # another writer extended the history
     d.PayloadTooLarge: "PAYLOAD_TOO_LARGE",
     d.ResourceExhausted: "LIMIT_REACHED",  # a user's concurrent leases
     d.LeaseHeld: "LEASE_HELD",  # another turn holds the conversation's lease
@@ -38,6 +42,7 @@ _STATE_PRECONDITION_REASONS: dict[str, str] = {
     "UpsertState": "MESSAGE_STATUS_MISMATCH",  # a message write's expected_status
     "UpdateMessage": "MESSAGE_STATUS_MISMATCH",
     "EndTurn": "MESSAGE_STATUS_MISMATCH",
+    "CopyCheckpoints": "TARGET_HAS_CHECKPOINTS",  # a copy never merges two histories
 }
 
 
@@ -51,8 +56,12 @@ def state_error_detail(error: d.StateServiceError, rpc: str) -> ErrorDetail:
             CURRENT_VERSION: str(error.current_version),
             EXPECTED_VERSION: str(error.expected),
         }
+    elif isinstance(error, d.CheckpointConflict):
+        metadata = {CURRENT_CHECKPOINT_ID: error.current, EXPECTED_CHECKPOINT_ID: error.expected}
     elif isinstance(error, d.NotFound):
         metadata = {MISSING: error.missing}
     elif isinstance(error, d.CardPending):
         metadata = {AWAITING_MESSAGE_ID: str(error.message_id)}
+    elif isinstance(error, d.LeaseHeld) and error.holder:
+        metadata = {HOLDER: error.holder}
     return ErrorDetail(reason, metadata)

@@ -11,6 +11,7 @@ from typing import Any
 import grpc
 
 from agentstate.common import telemetry
+from agentstate.common.config import ConfigError
 from agentstate.common.embedded_postgres import EmbeddedPostgres
 from agentstate.common.grpc_server import (
     add_health_and_reflection,
@@ -28,7 +29,8 @@ from agentstate.state_service.domain import DeleteCounts, StateServiceError
 from agentstate.state_service.servicer import StateServicer
 from agentstate.state_service.storage.base import StateStore
 from agentstate.state_service.storage.memory import MemoryStore
-from agentstate.state_service.storage.postgres import PostgresStore
+from agentstate.state_service.storage.migrations import MigrationLockTimeout
+from agentstate.state_service.storage.postgres import MisconfiguredStore, PostgresStore
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +52,7 @@ class StateServiceApp:
         self.store = await self._open_store()
         server = create_server(
             max_message_bytes=self.settings.grpc_max_message_bytes,
+            max_connection_age_seconds=self.settings.grpc_max_connection_age_seconds,
             interceptors=telemetry.grpc_server_interceptors(),
         )
         pb_grpc.add_StateServiceServicer_to_server(
@@ -107,12 +110,11 @@ class StateServiceApp:
         if settings.store == "embedded":
             self._embedded = EmbeddedPostgres(settings.embedded_pg_dir, settings.embedded_pg_engine)
             dsn = await asyncio.to_thread(self._embedded.start)
-        store = PostgresStore(
+        store = postgres_store(
+            settings,
             dsn,
             min_size=settings.pool_min_size,
             max_size=settings.pool_max_size,
-            timeout=settings.pool_timeout_seconds,
-            connect_timeout=settings.connect_timeout_seconds,
             migrate=settings.migrate_on_start,
         )
         store.guard.watch_settings = WatchSettings(
@@ -121,13 +123,48 @@ class StateServiceApp:
             timeout=settings.db_check_timeout_seconds,
         )
         try:
-            await store.open()
+            await open_store(store)
         except BaseException:
             await store.close()
             if self._embedded is not None:
                 await asyncio.to_thread(self._embedded.stop)
             raise
         return store
+
+
+# The settings behind each PostgresStore parameter a start-up check can fault.
+_CHECKED_SETTINGS = {
+    "pool_max_size": "STATE_DB_POOL_MAX_SIZE",
+    "prepared_statements": "STATE_DB_PREPARED_STATEMENTS",
+}
+
+
+def postgres_store(
+    settings: StateServiceSettings, dsn: str, *, min_size: int, max_size: int, migrate: bool
+) -> PostgresStore:
+    """The PostgreSQL store as the settings describe it (serve, migrate and purge)."""
+    return PostgresStore(
+        dsn,
+        min_size=min_size,
+        max_size=max_size,
+        timeout=settings.pool_timeout_seconds,
+        connect_timeout=settings.connect_timeout_seconds,
+        migrate=migrate,
+        prepared_statements=settings.db_prepared_statements == "on",
+        migration_conninfo=settings.migration_database_url,
+        migration_lock_timeout=settings.migration_lock_timeout_seconds,
+    )
+
+
+async def open_store(store: PostgresStore) -> None:
+    """Open the store; a failed start-up check is a ConfigError naming the variable."""
+    try:
+        await store.open()
+    except MisconfiguredStore as exc:
+        name = _CHECKED_SETTINGS[exc.parameter]
+        raise ConfigError(f"{name}: {exc}") from None
+    except MigrationLockTimeout as exc:
+        raise ConfigError(f"STATE_MIGRATION_LOCK_TIMEOUT_SECONDS: {exc}") from None
 
 
 async def serve(settings: StateServiceSettings) -> None:

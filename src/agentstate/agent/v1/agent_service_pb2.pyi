@@ -5,9 +5,11 @@ The agent service runs a ReAct agent whose session state lives in the state
 service. Clients send only what the user did (a question, or a decision on
 a confirmation card); everything else is loaded from the stored state.
 
-Identity: every call must carry the end user's id in the request metadata
-key `agentstate-user-id` (1..128 printable characters), set by the trusted
-gateway in front of this service. Missing: UNAUTHENTICATED. Every lookup is
+Identity: every call must prove its end user (1..128 printable characters),
+as the service's AGENT_AUTH_MODE says: `authorization: Bearer <JWT>` (jwt),
+or `agentstate-user-id` set by the authenticating proxy in front of this
+service with its shared secret (proxy), or the bare `agentstate-user-id`
+(dev-header, development only). Otherwise: UNAUTHENTICATED. Every lookup is
 scoped to that user; another user's conversation is NOT_FOUND.
 """
 
@@ -692,7 +694,9 @@ class ListConversationsRequest(_message.Message):
     PAGE_SIZE_FIELD_NUMBER: _builtins.int
     PAGE_TOKEN_FIELD_NUMBER: _builtins.int
     page_size: _builtins.int
-    """1..500; 0 means 50."""
+    """0 means 50; above 500 means 500 (every page size and `turns` is capped
+    at its maximum, never refused); negative is INVALID_ARGUMENT.
+    """
     page_token: _builtins.str
     """From a previous response; empty for the first page."""
     def __init__(
@@ -758,7 +762,7 @@ class ListMessagesRequest(_message.Message):
     conversation_id: _builtins.str
     """The conversation. Required."""
     page_size: _builtins.int
-    """1..1000; 0 means 100."""
+    """0 means 100; above 1000 means 1000; negative is INVALID_ARGUMENT."""
     page_token: _builtins.str
     """From a previous response; empty for the first page."""
     def __init__(
@@ -971,7 +975,9 @@ class GetRagHistoryRequest(_message.Message):
     conversation_id: _builtins.str
     """The conversation. Required."""
     turns: _builtins.int
-    """How many recent turns, 1..50; 0 means 8."""
+    """How many recent turns: 0 means 8; above 50 means 50; negative is
+    INVALID_ARGUMENT.
+    """
     def __init__(
         self,
         *,
@@ -1095,11 +1101,22 @@ class MessageRecord(_message.Message):
     role: Global___MessageRole.ValueType
     """Who wrote it."""
     blocks_json: _builtins.bytes
-    """The blocks as a UTF-8 JSON array (text, thinking, tool_use, tool_result)."""
+    """The blocks as a UTF-8 JSON array (text, thinking, tool_use, tool_result).
+    A `tool_use` block carries its call's final outcome once the call is
+    settled: "outcome" is one of "finished", "failed", "declined", "expired",
+    "interrupted", and "outcome_text" a short sentence in the product's
+    language that a page can show; both are absent while the call runs or
+    waits on a card. A declined call's `tool_result` shows that sentence too
+    (the AgentState keeps the framework's own text). Text streamed before a
+    turn failed or was stopped stays in its record's blocks.
+    """
     status: Global___MessageStatus.ValueType
     """Its status."""
     metadata_json: _builtins.bytes
-    """A UTF-8 JSON object (for example {"card": ...} on a confirmation card)."""
+    """A UTF-8 JSON object (for example {"card": ...} on a confirmation card).
+    An ERROR record has {"error": "..."}: the sentence a page shows for what
+    went wrong, in the product's language.
+    """
     @_builtins.property
     def create_time(self) -> _timestamp_pb2.Timestamp:
         """When it was written."""

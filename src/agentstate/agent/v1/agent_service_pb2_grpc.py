@@ -99,8 +99,11 @@ class AgentServiceServicer:
         confirmation card is still pending: its message id is named),
         RESOURCE_EXHAUSTED (the user's concurrent-turn limit), UNAVAILABLE (the
         state service is unreachable or this replica is shutting down; nothing was
-        changed). A failure after `meta` sends a message of type ERROR and then
-        ends the call with the status.
+        changed). A failure after `meta` sends a message of type ERROR (the
+        sentence the user sees) and then ends the call with the status; a model
+        failure is UNAVAILABLE with ErrorInfo reason MODEL_FAILED and metadata
+        `cause`, `attempts` and `detail` (the operator's account: endpoint, model).
+        Stop, a lost lease or shutdown interrupt a model call in flight at once.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -111,10 +114,11 @@ class AgentServiceServicer:
         and the decision; the calls to run come from the stored state. The stream
         has the same shape as Chat's.
 
-        Errors: NOT_FOUND (conversation or card message), FAILED_PRECONDITION
-        ("already handled": the card was settled before, including by a
-        concurrent Confirm; "expired": the card outlived its lifetime and was
-        settled as not executed; or another turn is running).
+        Errors: NOT_FOUND (conversation or card message), INVALID_ARGUMENT (a
+        malformed id; or the message is not a confirmation card, ErrorInfo reason
+        NOT_A_CARD), FAILED_PRECONDITION ("already handled": the card was settled
+        before, including by a concurrent Confirm; "expired": the card outlived
+        its lifetime and was settled as not executed; or another turn is running).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -5,9 +5,11 @@ The agent service runs a ReAct agent whose session state lives in the state
 service. Clients send only what the user did (a question, or a decision on
 a confirmation card); everything else is loaded from the stored state.
 
-Identity: every call must carry the end user's id in the request metadata
-key `agentstate-user-id` (1..128 printable characters), set by the trusted
-gateway in front of this service. Missing: UNAUTHENTICATED. Every lookup is
+Identity: every call must prove its end user (1..128 printable characters),
+as the service's AGENT_AUTH_MODE says: `authorization: Bearer <JWT>` (jwt),
+or `agentstate-user-id` set by the authenticating proxy in front of this
+service with its shared secret (proxy), or the bare `agentstate-user-id`
+(dev-header, development only). Otherwise: UNAUTHENTICATED. Every lookup is
 scoped to that user; another user's conversation is NOT_FOUND.
 """
 
@@ -54,18 +56,22 @@ class AgentServiceStub:
     confirmation card is still pending: its message id is named),
     RESOURCE_EXHAUSTED (the user's concurrent-turn limit), UNAVAILABLE (the
     state service is unreachable or this replica is shutting down; nothing was
-    changed). A failure after `meta` sends a message of type ERROR and then
-    ends the call with the status.
+    changed). A failure after `meta` sends a message of type ERROR (the
+    sentence the user sees) and then ends the call with the status; a model
+    failure is UNAVAILABLE with ErrorInfo reason MODEL_FAILED and metadata
+    `cause`, `attempts` and `detail` (the operator's account: endpoint, model).
+    Stop, a lost lease or shutdown interrupt a model call in flight at once.
     """
     Confirm: _grpc.UnaryStreamMultiCallable[_agent_service_pb2.ConfirmRequest, _agent_service_pb2.ConfirmResponse]
     """Confirm answers a confirmation card. The client sends only the three ids
     and the decision; the calls to run come from the stored state. The stream
     has the same shape as Chat's.
 
-    Errors: NOT_FOUND (conversation or card message), FAILED_PRECONDITION
-    ("already handled": the card was settled before, including by a
-    concurrent Confirm; "expired": the card outlived its lifetime and was
-    settled as not executed; or another turn is running).
+    Errors: NOT_FOUND (conversation or card message), INVALID_ARGUMENT (a
+    malformed id; or the message is not a confirmation card, ErrorInfo reason
+    NOT_A_CARD), FAILED_PRECONDITION ("already handled": the card was settled
+    before, including by a concurrent Confirm; "expired": the card outlived
+    its lifetime and was settled as not executed; or another turn is running).
     """
     Stop: _grpc.UnaryUnaryMultiCallable[_agent_service_pb2.StopRequest, _agent_service_pb2.StopResponse]
     """Stop asks a running turn to stop, whichever replica runs it. The turn
@@ -111,18 +117,22 @@ class AgentServiceAsyncStub(AgentServiceStub):
     confirmation card is still pending: its message id is named),
     RESOURCE_EXHAUSTED (the user's concurrent-turn limit), UNAVAILABLE (the
     state service is unreachable or this replica is shutting down; nothing was
-    changed). A failure after `meta` sends a message of type ERROR and then
-    ends the call with the status.
+    changed). A failure after `meta` sends a message of type ERROR (the
+    sentence the user sees) and then ends the call with the status; a model
+    failure is UNAVAILABLE with ErrorInfo reason MODEL_FAILED and metadata
+    `cause`, `attempts` and `detail` (the operator's account: endpoint, model).
+    Stop, a lost lease or shutdown interrupt a model call in flight at once.
     """
     Confirm: _aio.UnaryStreamMultiCallable[_agent_service_pb2.ConfirmRequest, _agent_service_pb2.ConfirmResponse]  # type: ignore[assignment]
     """Confirm answers a confirmation card. The client sends only the three ids
     and the decision; the calls to run come from the stored state. The stream
     has the same shape as Chat's.
 
-    Errors: NOT_FOUND (conversation or card message), FAILED_PRECONDITION
-    ("already handled": the card was settled before, including by a
-    concurrent Confirm; "expired": the card outlived its lifetime and was
-    settled as not executed; or another turn is running).
+    Errors: NOT_FOUND (conversation or card message), INVALID_ARGUMENT (a
+    malformed id; or the message is not a confirmation card, ErrorInfo reason
+    NOT_A_CARD), FAILED_PRECONDITION ("already handled": the card was settled
+    before, including by a concurrent Confirm; "expired": the card outlived
+    its lifetime and was settled as not executed; or another turn is running).
     """
     Stop: _aio.UnaryUnaryMultiCallable[_agent_service_pb2.StopRequest, _agent_service_pb2.StopResponse]  # type: ignore[assignment]
     """Stop asks a running turn to stop, whichever replica runs it. The turn
@@ -171,8 +181,11 @@ class AgentServiceServicer(metaclass=_abc_1.ABCMeta):
         confirmation card is still pending: its message id is named),
         RESOURCE_EXHAUSTED (the user's concurrent-turn limit), UNAVAILABLE (the
         state service is unreachable or this replica is shutting down; nothing was
-        changed). A failure after `meta` sends a message of type ERROR and then
-        ends the call with the status.
+        changed). A failure after `meta` sends a message of type ERROR (the
+        sentence the user sees) and then ends the call with the status; a model
+        failure is UNAVAILABLE with ErrorInfo reason MODEL_FAILED and metadata
+        `cause`, `attempts` and `detail` (the operator's account: endpoint, model).
+        Stop, a lost lease or shutdown interrupt a model call in flight at once.
         """
 
     @_abc_1.abstractmethod
@@ -185,10 +198,11 @@ class AgentServiceServicer(metaclass=_abc_1.ABCMeta):
         and the decision; the calls to run come from the stored state. The stream
         has the same shape as Chat's.
 
-        Errors: NOT_FOUND (conversation or card message), FAILED_PRECONDITION
-        ("already handled": the card was settled before, including by a
-        concurrent Confirm; "expired": the card outlived its lifetime and was
-        settled as not executed; or another turn is running).
+        Errors: NOT_FOUND (conversation or card message), INVALID_ARGUMENT (a
+        malformed id; or the message is not a confirmation card, ErrorInfo reason
+        NOT_A_CARD), FAILED_PRECONDITION ("already handled": the card was settled
+        before, including by a concurrent Confirm; "expired": the card outlived
+        its lifetime and was settled as not executed; or another turn is running).
         """
 
     @_abc_1.abstractmethod

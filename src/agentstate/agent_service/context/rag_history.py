@@ -4,7 +4,8 @@ The recent turns a retrieval-augmented answer needs: user and assistant text
 only (thinking and tool blocks dropped), empty messages skipped, citation
 markers such as [^1], [1] or 【1】 stripped from assistant text, and never
 starting with an assistant message. Records still streaming or failed are not
-history yet and are skipped.
+history yet and are skipped, and so is the question they were answering when
+nothing of its turn was kept: asked again, it would otherwise appear twice in a row.
 """
 
 from __future__ import annotations
@@ -52,7 +53,11 @@ def rag_history(
     """`records` oldest first; returns the last `turns` turns, oldest first."""
     messages: list[HistoryMessage] = []
     for record in records:
-        if not record.complete or record.role not in ("user", "assistant"):
+        if not record.complete:
+            if record.role == "assistant" and messages and messages[-1].role == "user":
+                messages.pop()  # a question whose answer failed was not answered
+            continue
+        if record.role not in ("user", "assistant"):
             continue
         text = _text_of(record.blocks_json)
         text = strip_citations(text) if record.role == "assistant" else text.strip()

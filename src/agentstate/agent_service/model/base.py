@@ -59,7 +59,23 @@ ModelEvent = ThinkingDelta | TextDelta | ToolCall | Usage
 
 
 class ModelError(Exception):
-    """The model could not produce a reply (transport, protocol or provider error)."""
+    """The model could not produce a reply (transport, protocol or provider error).
+
+    `str(error)` is the operator's account (endpoint, model, provider message, which
+    setting to check): it goes to logs and ErrorInfo metadata, never to a message
+    text. `public` says what happened without internals, for the caller's status
+    message; `cause` is a short stable word (`http_503`, `timeout`, `connection`,
+    `bad_response`, `empty_response`, `stream_error`, `tool_call`, `error`) and
+    `attempts` how many HTTP requests were made (retries included).
+    """
+
+    def __init__(
+        self, detail: str, *, public: str = "", cause: str = "error", attempts: int = 1
+    ) -> None:
+        super().__init__(detail)
+        self.public = public or "the model could not produce a reply"
+        self.cause = cause
+        self.attempts = attempts
 
 
 class ChatModel(abc.ABC):

@@ -216,8 +216,13 @@ class _ToolCallAccumulator:
 
     @staticmethod
     def _complete(call: _PartialCall, finish_reason: str | None) -> ToolCall:
+        public = "the model sent a tool call that cannot be read"
         if not call.name:
-            raise ModelError(f"the model sent a tool call without a name (id {call.id!r})")
+            raise ModelError(
+                f"the model sent a tool call without a name (id {call.id!r})",
+                public=public,
+                cause="tool_call",
+            )
         raw = "".join(call.arguments).strip()
         hint = " (the reply hit the output token limit)" if finish_reason == "length" else ""
         try:
@@ -225,12 +230,16 @@ class _ToolCallAccumulator:
         except ValueError as exc:
             raise ModelError(
                 f"the model sent invalid JSON arguments for tool {call.name!r}{hint}: "
-                f"{exc}; arguments were {raw[:200]!r}"
+                f"{exc}; arguments were {raw[:200]!r}",
+                public=public,
+                cause="tool_call",
             ) from None
         if not isinstance(arguments, dict):
             raise ModelError(
                 f"the model sent arguments for tool {call.name!r} that are not a JSON object: "
-                f"{raw[:200]!r}"
+                f"{raw[:200]!r}",
+                public=public,
+                cause="tool_call",
             )
         return ToolCall(
             id=call.id or f"call_{uuid.uuid4().hex}", name=call.name, arguments=arguments
@@ -272,7 +281,10 @@ class OpenAICompatModel(ChatModel):
         calls = _ToolCallAccumulator()
         usage: Usage | None = None
         finish_reason: str | None = None
-        async for chunk in self._chunks(request):
+        chunks = 0
+        attempts = [1]  # the HTTP requests this call made, known once it answered
+        async for chunk in self._chunks(request, attempts):
+            chunks += 1
             if chunk.usage is not None:
                 # Some servers repeat a running total on every chunk: keep the last.
                 usage = Usage(
@@ -296,12 +308,23 @@ class OpenAICompatModel(ChatModel):
                     yield TextDelta(delta.refusal)
                 for fragment in delta.tool_calls or ():
                     calls.add(fragment)
+        if not chunks:
+            # An HTTP 200 whose body held no event at all (empty, or not server-sent
+            # events): an empty answer would be saved as if the model had said nothing.
+            raise ModelError(
+                f"{self._where()} answered HTTP 200 with no stream events",
+                public="the model endpoint sent an empty response",
+                cause="empty_response",
+                attempts=attempts[0],
+            )
         for call in calls.complete(finish_reason):
             yield call
         if usage is not None:
             yield usage
 
-    async def _chunks(self, request: ModelRequest) -> AsyncIterator[ChatCompletionChunk]:
+    async def _chunks(
+        self, request: ModelRequest, attempts: list[int]
+    ) -> AsyncIterator[ChatCompletionChunk]:
         """The SDK's chunks, with every failure turned into a ModelError."""
         tools = to_chat_tools(request.tools)
         try:
@@ -315,6 +338,19 @@ class OpenAICompatModel(ChatModel):
         except openai.OpenAIError as exc:
             raise self._model_error(exc) from exc
         try:
+            attempts[0] = _attempts(stream.response.request)
+            content_type = stream.response.headers.get("content-type", "")
+            if content_type.split(";")[0].strip().lower() == "application/json":
+                # A provider that ignored stream=true: the SDK would find no events in
+                # it and report an empty answer.
+                body = (await stream.response.aread())[:200]
+                raise ModelError(
+                    f"{self._where()} answered a streaming request with a JSON body "
+                    f"instead of server-sent events: {body!r}",
+                    public="the model endpoint sent a response that is not a stream",
+                    cause="bad_response",
+                    attempts=attempts[0],
+                )
             while True:
                 try:
                     chunk = await anext(stream)
@@ -324,7 +360,10 @@ class OpenAICompatModel(ChatModel):
                     raise self._model_error(exc) from exc
                 except ValueError as exc:  # a data line that is not JSON
                     raise ModelError(
-                        f"{self._where()} sent a malformed stream event: {exc}"
+                        f"{self._where()} sent a malformed stream event: {exc}",
+                        public="the model endpoint sent a malformed stream event",
+                        cause="bad_response",
+                        attempts=attempts[0],
                     ) from exc
                 yield chunk
         finally:
@@ -335,6 +374,7 @@ class OpenAICompatModel(ChatModel):
 
     def _model_error(self, exc: openai.OpenAIError) -> ModelError:
         where = self._where()
+        attempts = _attempts(exc.request) if isinstance(exc, openai.APIError) else 1
         if isinstance(exc, openai.APIStatusError):
             status = exc.status_code
             detail = _error_detail(exc)
@@ -349,21 +389,45 @@ class OpenAICompatModel(ChatModel):
             else:
                 hint = "the provider rejected the request"
             request_id = f", request id {exc.request_id}" if exc.request_id else ""
-            return ModelError(f"{where} returned HTTP {status}: {detail} ({hint}{request_id})")
+            return ModelError(
+                f"{where} returned HTTP {status}: {detail} ({hint}{request_id})",
+                public=f"the model endpoint returned HTTP {status}",
+                cause=f"http_{status}",
+                attempts=attempts,
+            )
         if isinstance(exc, openai.APITimeoutError):
             return ModelError(
                 f"{where} timed out after {self.settings.timeout_seconds:g}s "
-                "(raise OPENAI_TIMEOUT_SECONDS or retry)"
+                "(raise OPENAI_TIMEOUT_SECONDS or retry)",
+                public="the model call timed out",
+                cause="timeout",
+                attempts=attempts,
             )
         if isinstance(exc, openai.APIConnectionError):
             cause = exc.__cause__
             reason = f": {cause}" if cause is not None and str(cause) else ""
             return ModelError(
-                f"could not reach {where}{reason} (check OPENAI_BASE_URL and the network)"
+                f"could not reach {where}{reason} (check OPENAI_BASE_URL and the network)",
+                public="the model endpoint could not be reached",
+                cause="connection",
+                attempts=attempts,
             )
         if isinstance(exc, openai.APIError):
-            return ModelError(f"{where} reported an error: {_error_detail(exc)}")
-        return ModelError(f"{where}: {exc}")
+            return ModelError(
+                f"{where} reported an error: {_error_detail(exc)}",
+                public="the model endpoint reported an error in its stream",
+                cause="stream_error",
+                attempts=attempts,
+            )
+        return ModelError(f"{where}: {exc}", attempts=attempts)
+
+
+def _attempts(request: Any) -> int:
+    """How many HTTP requests this call made: the SDK numbers its retries in a header."""
+    try:
+        return int(request.headers.get("x-stainless-retry-count", "0")) + 1
+    except (AttributeError, RuntimeError, ValueError):
+        return 1
 
 
 def _error_detail(exc: openai.APIError) -> str:

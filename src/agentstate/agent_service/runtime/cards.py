@@ -23,10 +23,10 @@ from agentstate.agent_service.agent_state import (
     ToolResultState,
     ToolUseBlock,
 )
-from agentstate.agent_service.runtime import texts
+from agentstate.agent_service.runtime import outcomes, texts
 from agentstate.client.types import RecordStatus, RecordUpdate, RecordWrite
 
-CARD_METADATA_KEY = "confirm"
+CARD_METADATA_KEY = outcomes.CARD_METADATA_KEY
 # On the confirmation message (never in the model context): [{call_id, approved}].
 CONFIRM_RESULTS_KEY = "confirm_results"
 
@@ -143,15 +143,18 @@ def settle_expired(state: AgentState, opened: OpenCard) -> list[RecordWrite]:
         )
     if opened.card is None:
         return []
-    return [answered(opened.card.settled(CardStatus.EXPIRED))]
+    return [answered(opened.card.settled(CardStatus.EXPIRED), state, opened.message)]
 
 
-def answered(card: Card) -> RecordUpdate:
+def answered(card: Card, state: AgentState, message: Msg) -> RecordUpdate:
     """The card's record, settled: only if it still awaits confirmation, so two
-    answers cannot both land."""
+    answers cannot both land. Its blocks are written again, so that each call on it
+    shows its outcome (`message` holds the card; its calls' results are in `state`)."""
+    blocks = outcomes.card_turn_blocks(state.context, message)
     return RecordUpdate(
         message_id=card.record_id,
         status=RecordStatus.NORMAL,
+        blocks=outcomes.record_blocks(blocks, outcomes.results_of(state.context)),
         metadata={"card": card.to_json()},
         expected_status=RecordStatus.AWAITING_CONFIRM,
     )

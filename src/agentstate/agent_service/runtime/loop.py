@@ -151,7 +151,8 @@ class ReactLoop:
         self, control: TurnControl, state: AgentState, record: TurnRecord, emit: Emit
     ) -> Msg:
         tools = self.tools.specs(active_skills(state.context))
-        report = await self.context.prepare(state, tools)
+        # Compaction may ask the model for a summary: a Stop interrupts that call too.
+        report = await control.interruptible(self.context.prepare(state, tools))
         CONTEXT_SECONDS.record(
             report.trim_seconds + report.compact_seconds,
             {"trimmed": report.trimmed > 0, "compacted": bool(report.compactions)},
@@ -186,23 +187,38 @@ class ReactLoop:
                     "agentstate.context.compactions": len(report.compactions),
                 }
             )
-            async for event in self.model.stream(request):
-                control.checkpoint()
-                if isinstance(event, ThinkingDelta):
-                    thinking.append(event.text)
-                    await emit(Delta(DeltaKind.THINKING, event.text))
-                elif isinstance(event, TextDelta):
-                    text.append(event.text)
-                    await emit(Delta(DeltaKind.RESPONSE, event.text))
-                elif isinstance(event, ToolCall):
-                    calls.append(event)
-                elif isinstance(event, Usage):
-                    usage = {
-                        "input_tokens": event.input_tokens,
-                        "output_tokens": event.output_tokens,
-                    }
-                    span.set_attribute("gen_ai.usage.input_tokens", event.input_tokens)
-                    span.set_attribute("gen_ai.usage.output_tokens", event.output_tokens)
+
+            async def receive() -> None:
+                nonlocal usage
+                async for event in self.model.stream(request):
+                    control.checkpoint()
+                    if isinstance(event, ThinkingDelta):
+                        thinking.append(event.text)
+                        await emit(Delta(DeltaKind.THINKING, event.text))
+                    elif isinstance(event, TextDelta):
+                        text.append(event.text)
+                        await emit(Delta(DeltaKind.RESPONSE, event.text))
+                    elif isinstance(event, ToolCall):
+                        calls.append(event)
+                    elif isinstance(event, Usage):
+                        usage = {
+                            "input_tokens": event.input_tokens,
+                            "output_tokens": event.output_tokens,
+                        }
+                        span.set_attribute("gen_ai.usage.input_tokens", event.input_tokens)
+                        span.set_attribute("gen_ai.usage.output_tokens", event.output_tokens)
+
+            try:
+                # A Stop cancels the call in flight (and its HTTP request) at once.
+                await control.interruptible(receive())
+            except BaseException:
+                # Stopped, failed or cancelled mid-answer: the record keeps what the
+                # user already saw of it; the state does not (it is not an answer).
+                if thinking:
+                    record.add(ThinkingBlock("".join(thinking)))
+                if text:
+                    record.add(TextBlock("".join(text)))
+                raise
             span.set_attribute("agentstate.model.tool_calls", len(calls))
         content: list[Block] = []
         if thinking:

@@ -14,25 +14,39 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentstate.agent_service import errors
-from agentstate.agent_service.agent_state import AgentState, Block
+from agentstate.agent_service.agent_state import AgentState, Block, ToolResultBlock
 from agentstate.agent_service.context.manager import CompactionDone, ContextManager
 from agentstate.agent_service.events import Delta, DeltaKind, Emit
-from agentstate.agent_service.runtime import texts
+from agentstate.agent_service.runtime import outcomes, texts
 from agentstate.agent_service.runtime.port import StatePort
 from agentstate.agent_service.turns import TurnControl
 from agentstate.client.types import CompactionNote, RecordStatus, RecordUpdate, RecordWrite
 
+# On an ERROR record: the sentence a page shows for what went wrong.
+ERROR_METADATA_KEY = "error"
+
 
 @dataclass
 class TurnRecord:
-    """This turn's reply record (what the user sees) and what context management did."""
+    """This turn's reply record (what the user sees) and what context management did.
+
+    It holds the blocks themselves, written out when the turn is saved: a tool call's
+    state and outcome are the ones it has then, not the ones it had when the model
+    sent it (runtime/outcomes.py)."""
 
     record_id: str
-    blocks: list[dict[str, Any]] = field(default_factory=list)
+    blocks: list[Block] = field(default_factory=list)
     compactions: list[CompactionDone] = field(default_factory=list)
 
     def add(self, block: Block) -> None:
-        self.blocks.append(block.to_json())
+        self.blocks.append(block)
+
+    def to_json(self, state: AgentState | None = None) -> list[dict[str, Any]]:
+        results = outcomes.results_of(state.context) if state is not None else {}
+        for block in self.blocks:  # this turn's own results (a failed turn drops them)
+            if isinstance(block, ToolResultBlock):
+                results.setdefault(block.id, block)
+        return outcomes.record_blocks(self.blocks, results)
 
 
 class TurnSaver:
@@ -59,17 +73,17 @@ class TurnSaver:
             RecordUpdate(
                 message_id=record.record_id,
                 status=status,
-                blocks=record.blocks,
+                blocks=record.to_json(state),
                 metadata=metadata or {},
             ),
         ]
         try:
             # Never send the state service more than it accepts.
             payload, fitted = await self._context.fit_for_save(state)
-        except errors.LimitReached as exc:
-            await self.mark_failed(control, record)
-            if emit is not None:
-                await emit(Delta(DeltaKind.ERROR, str(exc)))
+        except errors.LimitReached:
+            await self.mark_failed(control, record, texts.STATE_TOO_LARGE_RECORD)
+            if emit is not None:  # the user reads what the record shows; the caller the status
+                await emit(Delta(DeltaKind.ERROR, texts.STATE_TOO_LARGE_RECORD))
             raise
         record.compactions += fitted
         save = asyncio.ensure_future(
@@ -88,20 +102,25 @@ class TurnSaver:
             ended = await asyncio.shield(save)
         except asyncio.CancelledError:
             ended = await save  # interrupted: the save goes on regardless
-        except errors.AgentError as exc:
-            await self.mark_failed(control, record)
+        except errors.AgentError:
+            await self.mark_failed(control, record, texts.SAVE_FAILED_RECORD)
             if emit is not None:
-                await emit(Delta(DeltaKind.ERROR, texts.SAVE_FAILED.format(error=exc)))
+                await emit(Delta(DeltaKind.ERROR, texts.SAVE_FAILED_RECORD))
             raise
         control.released = ended.lease_released
 
-    async def mark_failed(self, control: TurnControl, record: TurnRecord) -> None:
+    async def mark_failed(self, control: TurnControl, record: TurnRecord, error: str) -> None:
+        """The reply record says ERROR, keeps what the user saw and `error`, the
+        sentence a page shows for it (metadata "error"); the state is not written."""
         with contextlib.suppress(errors.AgentError):
             await self._state.update_message(
                 control.user_id,
                 control.conversation_id,
                 RecordUpdate(
-                    message_id=record.record_id, status=RecordStatus.ERROR, blocks=record.blocks
+                    message_id=record.record_id,
+                    status=RecordStatus.ERROR,
+                    blocks=record.to_json(),
+                    metadata={ERROR_METADATA_KEY: error},
                 ),
             )
 

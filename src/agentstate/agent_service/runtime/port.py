@@ -14,6 +14,7 @@ from agentstate.agent_service.records import EndedTurn, LoadedState, LoadedTurn
 from agentstate.client.types import (
     CompactionNote,
     LeaseInfo,
+    MessageRecord,
     RecordUpdate,
     RecordWrite,
     TurnRequest,
@@ -49,6 +50,10 @@ class StatePort(Protocol):
     async def update_message(
         self, user_id: str, conversation_id: str, update: RecordUpdate
     ) -> None: ...
+
+    async def get_message(
+        self, user_id: str, conversation_id: str, message_id: str
+    ) -> MessageRecord: ...
 
     async def renew_lease(self, user_id: str, task_id: str, ttl_ms: int) -> LeaseInfo:
         """errors.Conflict when the lease was lost."""

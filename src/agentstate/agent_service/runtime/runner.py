@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -42,7 +43,11 @@ from agentstate.agent_service.runtime import cards, texts
 from agentstate.agent_service.runtime.cards import CardStatus
 from agentstate.agent_service.runtime.lease import LeaseSettings, TurnLeases
 from agentstate.agent_service.runtime.loop import ReactLoop
-from agentstate.agent_service.runtime.persistence import TurnRecord, TurnSaver
+from agentstate.agent_service.runtime.persistence import (
+    ERROR_METADATA_KEY,
+    TurnRecord,
+    TurnSaver,
+)
 from agentstate.agent_service.runtime.port import StatePort
 from agentstate.agent_service.telemetry import CONFIRMATIONS, RUNNING_TURNS, user_attribute
 from agentstate.agent_service.tools.registry import ToolRegistry
@@ -74,6 +79,38 @@ class RuntimeSettings:
     card_ttl_seconds: float = 900.0
     max_steps: int = 8
     trace_user_id: str = "hash"  # how spans carry the end user: hash, plain or omit
+
+
+@dataclass(frozen=True)
+class _Before:
+    """What a Chat turn changes in the state before its first model step."""
+
+    reply_id: str
+    cur_iter: int
+    unchanged: bool  # nothing else changed (no expired card settled, no flag cleared)
+
+
+def _check_id(value: str, what: str) -> None:
+    """Ids the state service generates are positive decimal 64-bit integers; saying so
+    here keeps the state service's own field names out of the caller's message."""
+    if not value.isdecimal() or not value.isascii() or not 0 < int(value) < 2**63:
+        raise errors.InvalidInput(texts.BAD_ID.format(what=what, value=value[:40]))
+
+
+def _model_failure_text(exc: ModelError) -> str:
+    """The sentence the user sees (the ERROR event and the ERROR record)."""
+    cause = exc.cause
+    if cause == "timeout":
+        return texts.MODEL_FAILED_TIMEOUT
+    if cause == "connection":
+        return texts.MODEL_FAILED_UNREACHABLE
+    if cause == "http_429" or cause.startswith("http_5"):
+        return texts.MODEL_FAILED_BUSY if cause == "http_429" else texts.MODEL_FAILED_OTHER
+    if cause in ("http_401", "http_403", "http_404"):
+        return texts.MODEL_FAILED_CONFIG
+    if cause in ("bad_response", "empty_response", "stream_error", "tool_call"):
+        return texts.MODEL_FAILED_BAD_REPLY
+    return texts.MODEL_FAILED_OTHER
 
 
 class TurnRunner:
@@ -180,6 +217,7 @@ class TurnRunner:
                 control, begun = await stack.enter_async_context(self.leases.turn(retry))
             conversation_id = begun.conversation_id
             state = begun.state or AgentState(session_id=conversation_id, user_id=user_id)
+            state_changed = state.shutdown_interrupted
             hints = self._recover_interrupted(state, control)
             writes: list[RecordWrite] = []
             opened = cards.open_card(state)
@@ -196,10 +234,31 @@ class TurnRunner:
             await emit(Meta(conversation_id, control.task_id, begun.conversation_created))
             for hint in hints:
                 await emit(Hint(hint))
-            # A new question is one user message holding only its text.
-            state.context.append(Msg(role=Role.USER, name="user", content=[TextBlock(question)]))
+            # What a model failure before any finished step rolls back to.
+            before: _Before | None = _Before(
+                reply_id=state.reply_id,
+                cur_iter=state.cur_iter,
+                unchanged=not writes and not state_changed,
+            )
+            last = state.context[-1] if state.context else None
+            if last is not None and last.role is Role.USER and last.text == question:
+                # The same question again after a turn that left it unanswered (it was
+                # stopped): the model must not read it twice in a row.
+                before = None
+            else:
+                # A new question is one user message holding only its text.
+                last = Msg(role=Role.USER, name="user", content=[TextBlock(question)])
+                state.context.append(last)
             state.reply_id = control.task_id
-            outcome = await self._run_and_save(control, state, begun.version, record, writes, emit)
+            outcome = await self._run_and_save(
+                control,
+                state,
+                begun.version,
+                record,
+                writes,
+                emit,
+                question=(last, before) if before is not None else None,
+            )
         await self._finish(outcome, emit)
 
     async def _refuse_unless_expired(
@@ -226,6 +285,8 @@ class TurnRunner:
             raise errors.InvalidInput(texts.MESSAGE_ID_REQUIRED)
         if not conversation_id:
             raise errors.InvalidInput(texts.CONVERSATION_ID_REQUIRED)
+        _check_id(message_id, "message_id")
+        _check_id(conversation_id, "conversation_id")
         self.leases.ensure_accepting()
         # The card's record must still await confirmation: a card is answered once.
         request = self._request(
@@ -234,14 +295,26 @@ class TurnRunner:
             new_records=(NewRecord(RecordRole.ASSISTANT, status=RecordStatus.STREAMING),),
             guard=OpenCard(message_id),
         )
-        async with self.leases.turn(request) as (control, begun):
+        async with contextlib.AsyncExitStack() as stack:
+            try:
+                control, begun = await stack.enter_async_context(self.leases.turn(request))
+            except errors.Conflict as exc:
+                # "Already handled", unless the message never was a card (one more
+                # state call, on this refusal only). A running turn is another Conflict.
+                if isinstance(exc, errors.CardAlreadyHandled) and not await self._was_card(
+                    user_id, conversation_id, message_id
+                ):
+                    raise errors.InvalidInput(
+                        texts.NOT_A_CARD.format(message_id=message_id), reason="NOT_A_CARD"
+                    ) from None
+                raise
             record = TurnRecord(begun.record_ids[0])
             state = begun.state
             opened = cards.open_card(state) if state else None
             if state is None or opened is None or not opened.is_card(message_id):
                 # The record awaits confirmation but the state has no such card: refuse,
                 # and leave the reply record this turn opened saying it failed.
-                await self.saver.mark_failed(control, record)
+                await self.saver.mark_failed(control, record, texts.CARD_HANDLED_RECORD)
                 raise errors.Conflict(texts.CARD_ALREADY_HANDLED.format(message_id=message_id))
             card = opened.card
             assert card is not None
@@ -269,11 +342,24 @@ class TurnRunner:
                 state,
                 begun.version,
                 record,
-                [cards.answered(answered)],
+                [],
                 emit,
                 decision=decision,
+                card=(answered, opened.message),
             )
         await self._finish(outcome, emit)
+
+    async def _was_card(self, user_id: str, conversation_id: str, message_id: str) -> bool:
+        """Whether the record `message_id` shows (or showed) a confirmation card."""
+        try:
+            record = await self.state.get_message(user_id, conversation_id, message_id)
+        except errors.AgentError:
+            return True  # cannot tell: keep the state service's answer
+        try:
+            metadata = json.loads(record.metadata_json or b"{}")
+        except ValueError:
+            return True
+        return isinstance(metadata, dict) and isinstance(metadata.get("card"), dict)
 
     async def stop(self, user_id: str, task_id: str) -> str:
         """Ask a running turn to stop; returns its conversation id."""
@@ -304,8 +390,15 @@ class TurnRunner:
         emit: Emit,
         *,
         decision: Msg | None = None,
+        card: tuple[cards.Card, Msg] | None = None,
+        question: tuple[Msg, _Before] | None = None,
     ) -> Outcome:
-        """Run the loop; save whatever it completed, whatever way it ends; return the outcome."""
+        """Run the loop; save whatever it completed, whatever way it ends; return the outcome.
+
+        A model failure leaves the finished steps (tool cycles, a card's answers) saved
+        and the failed step's partial answer in the ERROR record only; when it failed
+        before any step finished, the question is taken back out and the state stays
+        as it was before the turn (docs/architecture.md, "What a turn leaves behind")."""
         outcome: Outcome
         status = RecordStatus.NORMAL
         metadata: dict[str, Any] = {}
@@ -326,16 +419,32 @@ class TurnRunner:
             status = RecordStatus.INTERRUPTED
             outcome = Cancelled(record.record_id, reason)
         except ModelError as exc:
-            failure = errors.Unavailable(texts.MODEL_FAILED.format(error=exc))
+            failure = self._model_failed(control, state, exc)
+            shown = _model_failure_text(exc)
             status = RecordStatus.ERROR
+            metadata = {ERROR_METADATA_KEY: shown}
             outcome = Cancelled(record.record_id, str(failure))
-        if decision is not None and state.pending_calls():
+            if question is not None and state.context and state.context[-1] is question[0]:
+                # Nothing finished since the question: take it back out, so the next
+                # turn's context does not hold it twice in a row (the record keeps it).
+                before = question[1]
+                state.context.pop()
+                state.reply_id, state.cur_iter = before.reply_id, before.cur_iter
+                if before.unchanged:
+                    # The stored state stays exactly as it was (version included).
+                    await self.saver.mark_failed(control, record, shown)
+                    await emit(Delta(DeltaKind.ERROR, shown))
+                    raise failure from None
+        if card is not None and not state.pending_calls():
+            # Every call of the card answered: its record is settled, with outcomes.
+            writes = [*writes, cards.answered(card[0], state, card[1])]
+        elif decision is not None:
             writes = []  # interrupted before every call was answered: the card stays open
         await self.saver.save(
             control, state, version, record, writes, status=status, metadata=metadata, emit=emit
         )
         if failure is not None:
-            await emit(Delta(DeltaKind.ERROR, str(failure)))
+            await emit(Delta(DeltaKind.ERROR, metadata[ERROR_METADATA_KEY]))
             raise failure
         outcome_name = {Finished: "finished", CardShown: "confirm", Cancelled: "cancelled"}[
             type(outcome)
@@ -349,6 +458,38 @@ class TurnRunner:
             len(state.context),
         )
         return outcome
+
+    def _model_failed(
+        self, control: TurnControl, state: AgentState, exc: ModelError
+    ) -> errors.AgentError:
+        """Log the failed turn (one line) and make the caller's error: what happened,
+        without endpoint, model or setting names, which go to the log and ErrorInfo."""
+        log.warning(
+            "turn %s of conversation %s failed: the model call failed (%s) after %d attempts: %s",
+            control.task_id,
+            control.conversation_id,
+            exc.cause,
+            exc.attempts,
+            exc,
+            extra={
+                "conversation_id": control.conversation_id,
+                "task_id": control.task_id,
+                "cause": exc.cause,
+                "attempts": exc.attempts,
+                "model_step": state.cur_iter,
+            },
+        )
+        trace.get_current_span().set_attribute("agentstate.turn.outcome", "error:model")
+        return errors.Unavailable(
+            texts.MODEL_FAILED.format(error=exc.public),
+            reason="MODEL_FAILED",
+            metadata={
+                "cause": exc.cause,
+                "attempts": str(exc.attempts),
+                "detail": str(exc),
+                "task_id": control.task_id,
+            },
+        )
 
     @staticmethod
     async def _finish(outcome: Outcome, emit: Emit) -> None:

@@ -18,7 +18,23 @@ HINT_DEAD_TURN_REPAIRED = "上一轮没有正常结束（服务异常退出）�
 HINT_EXPIRED_CARD_SETTLED = "上一张确认卡片已过期，其中的操作没有执行。"
 HINT_COMPACTED = "早前的对话已压缩成摘要，完整记录仍可在历史里查看。"
 
-SAVE_FAILED = "保存会话状态失败：{error}"
+# What an ERROR record shows (its metadata "error"), and the turn's ERROR event.
+CARD_HANDLED_RECORD = "这张确认卡片已经处理过了。"
+SAVE_FAILED_RECORD = "这一轮的结果没有保存成功，请重试。"
+STATE_TOO_LARGE_RECORD = "这个会话的内容太多，这一轮的结果没有保存，请开始一个新的会话。"
+MODEL_FAILED_TIMEOUT = "模型响应超时，这一轮没有完成，请稍后重试。"
+MODEL_FAILED_UNREACHABLE = "暂时连不上模型服务，这一轮没有完成，请稍后重试。"
+MODEL_FAILED_BUSY = "模型服务繁忙或额度已用完，这一轮没有完成，请稍后重试。"
+MODEL_FAILED_CONFIG = "模型服务的配置有问题，这一轮没有完成，请联系管理员。"
+MODEL_FAILED_BAD_REPLY = "模型返回的内容无法识别，这一轮没有完成，请重试。"
+MODEL_FAILED_OTHER = "模型服务出错，这一轮没有完成，请稍后重试。"
+
+# A tool call's final outcome, as a message record shows it (runtime/outcomes.py).
+OUTCOME_FINISHED = "已执行完成。"
+OUTCOME_FAILED = "执行出错，没有完成。"
+OUTCOME_DECLINED = "你在确认卡片上点了取消，操作没有执行。"
+OUTCOME_EXPIRED = "确认卡片已过期，操作没有执行。"
+OUTCOME_INTERRUPTED = "操作被中断，没有执行完。"
 
 # Tool results the model reads when a call could not run.
 NO_SUCH_TOOL = "没有名为 {name} 的工具。"
@@ -39,6 +55,8 @@ CARD_PENDING = (
     "answer it with Confirm before asking something new"
 )
 CARD_ALREADY_HANDLED = "confirmation card {message_id} was already handled"
+NOT_A_CARD = "message {message_id} is not a confirmation card; Confirm answers only cards"
+BAD_ID = "{what} {value!r} is not a valid id"
 CARD_EXPIRED = (
     "confirmation card {message_id} expired at {expires_at}; its operations were not executed"
 )

@@ -73,6 +73,9 @@ def main(argv: list[str] | None = None) -> int:
             "agentstate.agent_service",
             {
                 "AGENT_LISTEN_ADDRESS": "127.0.0.1:0",
+                # On loopback, for this terminal only: the demo names its user in the
+                # bare header (the service logs a warning that says so).
+                "AGENT_AUTH_MODE": "dev-header",
                 "AGENT_STATE_ADDRESS": state_address,
                 "AGENT_PROFILE": "order_demo",
             },

@@ -101,6 +101,30 @@ MESSAGE_STATUS_STREAMING: MessageStatus.ValueType  # 5
 """The turn that writes this record is still running."""
 Global___MessageStatus: _TypeAlias = MessageStatus  # noqa: Y015
 
+class _PruneStrategy:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _PruneStrategyEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_PruneStrategy.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    PRUNE_STRATEGY_UNSPECIFIED: _PruneStrategy.ValueType  # 0
+    """Not set: INVALID_ARGUMENT."""
+    PRUNE_STRATEGY_KEEP_LATEST: _PruneStrategy.ValueType  # 1
+    """Keep each namespace's newest checkpoint and its pending writes."""
+    PRUNE_STRATEGY_DELETE_ALL: _PruneStrategy.ValueType  # 2
+    """Delete every checkpoint."""
+
+class PruneStrategy(_PruneStrategy, metaclass=_PruneStrategyEnumTypeWrapper):
+    """What PruneCheckpoints keeps."""
+
+PRUNE_STRATEGY_UNSPECIFIED: PruneStrategy.ValueType  # 0
+"""Not set: INVALID_ARGUMENT."""
+PRUNE_STRATEGY_KEEP_LATEST: PruneStrategy.ValueType  # 1
+"""Keep each namespace's newest checkpoint and its pending writes."""
+PRUNE_STRATEGY_DELETE_ALL: PruneStrategy.ValueType  # 2
+"""Delete every checkpoint."""
+Global___PruneStrategy: _TypeAlias = PruneStrategy  # noqa: Y015
+
 @_typing.final
 class Conversation(_message.Message):
     """A conversation: the unit that state, message records and deletes hang off."""
@@ -175,6 +199,8 @@ class MessageRecord(_message.Message):
     blocks_json: _builtins.bytes
     """The blocks as a UTF-8 JSON array, for example
     [{"type":"text","text":"..."},{"type":"tool_use","id":"call_1",...}].
+    The agent service writes each settled `tool_use` block's "outcome" and
+    "outcome_text" (see agentstate.agent.v1.MessageRecord).
     """
     status: Global___MessageStatus.ValueType
     """Its status."""
@@ -650,7 +676,9 @@ class ListConversationsRequest(_message.Message):
     user_id: _builtins.str
     """The owner. Required."""
     page_size: _builtins.int
-    """1..500; 0 means 50."""
+    """0 means 50; above 500 means 500 (capped, never refused); negative is
+    INVALID_ARGUMENT.
+    """
     page_token: _builtins.str
     """Empty for the first page, else a previous response's next_page_token."""
     def __init__(
@@ -992,7 +1020,9 @@ class ListMessagesRequest(_message.Message):
     conversation_id: _builtins.str
     """The conversation. Required."""
     page_size: _builtins.int
-    """1..1000; 0 means 100."""
+    """0 means 100; above 1000 means 1000 (capped, never refused); negative is
+    INVALID_ARGUMENT.
+    """
     page_token: _builtins.str
     """Empty for the first page, else a previous response's next_page_token
     (from a call with the same `newest_first`).
@@ -1658,6 +1688,674 @@ class EndTurnResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___EndTurnResponse: _TypeAlias = EndTurnResponse  # noqa: Y015
+
+@_typing.final
+class ChannelValue(_message.Message):
+    """---- Checkpoints (issue 15) ----
+
+    One channel's value at one version, serialized by the runtime.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHANNEL_FIELD_NUMBER: _builtins.int
+    VERSION_FIELD_NUMBER: _builtins.int
+    VALUE_TYPE_FIELD_NUMBER: _builtins.int
+    VALUE_FIELD_NUMBER: _builtins.int
+    channel: _builtins.str
+    """The channel's name. Required, 1..256 characters."""
+    version: _builtins.str
+    """The channel's version as the runtime writes it (for example "3" or
+    "00000000000000000000000000000003.0.52"). Required, 1..256 characters.
+    """
+    value_type: _builtins.str
+    """The runtime's serializer tag (for example LangGraph's "msgpack"), at
+    most 64 characters.
+    """
+    value: _builtins.bytes
+    """The serialized value."""
+    def __init__(
+        self,
+        *,
+        channel: _builtins.str = ...,
+        version: _builtins.str = ...,
+        value_type: _builtins.str = ...,
+        value: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["channel", b"channel", "value", b"value", "value_type", b"value_type", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ChannelValue: _TypeAlias = ChannelValue  # noqa: Y015
+
+@_typing.final
+class CheckpointWrite(_message.Message):
+    """A pending write: what a task wrote to a channel while a checkpoint was the
+    head, kept so that an interrupted step resumes without redoing finished
+    tasks.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    IDX_FIELD_NUMBER: _builtins.int
+    CHANNEL_FIELD_NUMBER: _builtins.int
+    VALUE_TYPE_FIELD_NUMBER: _builtins.int
+    VALUE_FIELD_NUMBER: _builtins.int
+    TASK_PATH_FIELD_NUMBER: _builtins.int
+    task_id: _builtins.str
+    """The task that wrote it. Required, 1..256 characters."""
+    idx: _builtins.int
+    """Its index among the task's writes; negative for a runtime's special
+    channels (replaced on a repeated write, see PutCheckpointWrites).
+    """
+    channel: _builtins.str
+    """The channel written. Required, 1..256 characters."""
+    value_type: _builtins.str
+    """The serializer tag of `value`, at most 64 characters."""
+    value: _builtins.bytes
+    """The serialized value."""
+    task_path: _builtins.str
+    """The task's path in the graph (LangGraph's task_path), at most 1024
+    characters; may be empty.
+    """
+    def __init__(
+        self,
+        *,
+        task_id: _builtins.str = ...,
+        idx: _builtins.int = ...,
+        channel: _builtins.str = ...,
+        value_type: _builtins.str = ...,
+        value: _builtins.bytes = ...,
+        task_path: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["channel", b"channel", "idx", b"idx", "task_id", b"task_id", "task_path", b"task_path", "value", b"value", "value_type", b"value_type"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CheckpointWrite: _TypeAlias = CheckpointWrite  # noqa: Y015
+
+@_typing.final
+class Checkpoint(_message.Message):
+    """A stored checkpoint, as GetCheckpoint and ListCheckpoints return it."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class ChannelVersionsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    CONVERSATION_ID_FIELD_NUMBER: _builtins.int
+    NAMESPACE_FIELD_NUMBER: _builtins.int
+    CHECKPOINT_ID_FIELD_NUMBER: _builtins.int
+    PARENT_CHECKPOINT_ID_FIELD_NUMBER: _builtins.int
+    CHECKPOINT_TYPE_FIELD_NUMBER: _builtins.int
+    CHECKPOINT_FIELD_NUMBER: _builtins.int
+    METADATA_JSON_FIELD_NUMBER: _builtins.int
+    CHANNEL_VERSIONS_FIELD_NUMBER: _builtins.int
+    CHANNEL_VALUES_FIELD_NUMBER: _builtins.int
+    PENDING_WRITES_FIELD_NUMBER: _builtins.int
+    CREATE_TIME_FIELD_NUMBER: _builtins.int
+    conversation_id: _builtins.str
+    """The conversation it belongs to."""
+    namespace: _builtins.str
+    """Its namespace ("" for the root graph)."""
+    checkpoint_id: _builtins.str
+    """Its id, chosen by the runtime; ids sort in creation order (LangGraph
+    uses time-ordered UUIDs), which is what "newest" means.
+    """
+    parent_checkpoint_id: _builtins.str
+    """The checkpoint it was created from; empty for the first one."""
+    checkpoint_type: _builtins.str
+    """The serializer tag of `checkpoint`."""
+    checkpoint: _builtins.bytes
+    """The runtime's serialized checkpoint, without its channel values."""
+    metadata_json: _builtins.bytes
+    """The checkpoint's metadata: a UTF-8 JSON object (for example LangGraph's
+    {"source": "loop", "step": 3, "run_id": "..."}).
+    """
+    @_builtins.property
+    def channel_versions(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """Channel name to version: which channel values make up this checkpoint."""
+
+    @_builtins.property
+    def channel_values(self) -> _containers.RepeatedCompositeFieldContainer[Global___ChannelValue]:
+        """The values of `channel_versions` that are stored (a channel with no
+        stored value at its version is absent).
+        """
+
+    @_builtins.property
+    def pending_writes(self) -> _containers.RepeatedCompositeFieldContainer[Global___CheckpointWrite]:
+        """The pending writes stored against this checkpoint, ordered by task path,
+        task id and idx.
+        """
+
+    @_builtins.property
+    def create_time(self) -> _timestamp_pb2.Timestamp:
+        """When it was stored (set by the server)."""
+
+    def __init__(
+        self,
+        *,
+        conversation_id: _builtins.str = ...,
+        namespace: _builtins.str = ...,
+        checkpoint_id: _builtins.str = ...,
+        parent_checkpoint_id: _builtins.str = ...,
+        checkpoint_type: _builtins.str = ...,
+        checkpoint: _builtins.bytes = ...,
+        metadata_json: _builtins.bytes = ...,
+        channel_versions: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        channel_values: _abc.Iterable[Global___ChannelValue] | None = ...,
+        pending_writes: _abc.Iterable[Global___CheckpointWrite] | None = ...,
+        create_time: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["channel_values", b"channel_values", "channel_versions", b"channel_versions", "checkpoint", b"checkpoint", "checkpoint_id", b"checkpoint_id", "checkpoint_type", b"checkpoint_type", "conversation_id", b"conversation_id", "create_time", b"create_time", "metadata_json", b"metadata_json", "namespace", b"namespace", "parent_checkpoint_id", b"parent_checkpoint_id", "pending_writes", b"pending_writes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Checkpoint: _TypeAlias = Checkpoint  # noqa: Y015
+
+@_typing.final
+class PutCheckpointRequest(_message.Message):
+    """Request for PutCheckpoint."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class ChannelVersionsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    USER_ID_FIELD_NUMBER: _builtins.int
+    CONVERSATION_ID_FIELD_NUMBER: _builtins.int
+    NAMESPACE_FIELD_NUMBER: _builtins.int
+    CHECKPOINT_ID_FIELD_NUMBER: _builtins.int
+    PARENT_CHECKPOINT_ID_FIELD_NUMBER: _builtins.int
+    CHECKPOINT_TYPE_FIELD_NUMBER: _builtins.int
+    CHECKPOINT_FIELD_NUMBER: _builtins.int
+    METADATA_JSON_FIELD_NUMBER: _builtins.int
+    CHANNEL_VERSIONS_FIELD_NUMBER: _builtins.int
+    NEW_CHANNEL_VALUES_FIELD_NUMBER: _builtins.int
+    EXPECTED_HEAD_CHECKPOINT_ID_FIELD_NUMBER: _builtins.int
+    user_id: _builtins.str
+    """The owner. Required."""
+    conversation_id: _builtins.str
+    """The conversation; it must exist. Required."""
+    namespace: _builtins.str
+    """The namespace, at most 1024 characters; empty for the root graph."""
+    checkpoint_id: _builtins.str
+    """The new checkpoint's id. Required, 1..256 characters. Storing an id the
+    namespace already holds replaces that checkpoint's bytes and metadata
+    (a retried put) and is not checked against the head.
+    """
+    parent_checkpoint_id: _builtins.str
+    """The checkpoint it was created from; empty for none."""
+    checkpoint_type: _builtins.str
+    """The serializer tag of `checkpoint`, at most 64 characters."""
+    checkpoint: _builtins.bytes
+    """The runtime's serialized checkpoint, without its channel values."""
+    metadata_json: _builtins.bytes
+    """A UTF-8 JSON object; empty means {}. Its `run_id` (a string) is what
+    DeleteCheckpointsForRuns matches.
+    """
+    expected_head_checkpoint_id: _builtins.str
+    """Compare-and-set on the namespace's head. Absent: no check. "": the
+    namespace must hold no checkpoint yet. An id: the namespace's newest
+    checkpoint must be that one. Otherwise ABORTED and nothing is stored.
+    """
+    @_builtins.property
+    def channel_versions(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """Channel name to version for every channel of this checkpoint."""
+
+    @_builtins.property
+    def new_channel_values(self) -> _containers.RepeatedCompositeFieldContainer[Global___ChannelValue]:
+        """The values this checkpoint introduces (changed channels at their new
+        versions). A value already stored for (namespace, channel, version) is
+        kept.
+        """
+
+    def __init__(
+        self,
+        *,
+        user_id: _builtins.str = ...,
+        conversation_id: _builtins.str = ...,
+        namespace: _builtins.str = ...,
+        checkpoint_id: _builtins.str = ...,
+        parent_checkpoint_id: _builtins.str = ...,
+        checkpoint_type: _builtins.str = ...,
+        checkpoint: _builtins.bytes = ...,
+        metadata_json: _builtins.bytes = ...,
+        channel_versions: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        new_channel_values: _abc.Iterable[Global___ChannelValue] | None = ...,
+        expected_head_checkpoint_id: _builtins.str | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_expected_head_checkpoint_id", b"_expected_head_checkpoint_id", "expected_head_checkpoint_id", b"expected_head_checkpoint_id"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_expected_head_checkpoint_id", b"_expected_head_checkpoint_id", "channel_versions", b"channel_versions", "checkpoint", b"checkpoint", "checkpoint_id", b"checkpoint_id", "checkpoint_type", b"checkpoint_type", "conversation_id", b"conversation_id", "expected_head_checkpoint_id", b"expected_head_checkpoint_id", "metadata_json", b"metadata_json", "namespace", b"namespace", "new_channel_values", b"new_channel_values", "parent_checkpoint_id", b"parent_checkpoint_id", "user_id", b"user_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__expected_head_checkpoint_id: _TypeAlias = _typing.Literal["expected_head_checkpoint_id"]  # noqa: Y015
+    _WhichOneofArgType__expected_head_checkpoint_id: _TypeAlias = _typing.Literal["_expected_head_checkpoint_id", b"_expected_head_checkpoint_id"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__expected_head_checkpoint_id) -> _WhichOneofReturnType__expected_head_checkpoint_id | None: ...
+
+Global___PutCheckpointRequest: _TypeAlias = PutCheckpointRequest  # noqa: Y015
+
+@_typing.final
+class PutCheckpointResponse(_message.Message):
+    """Response of PutCheckpoint."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CREATE_TIME_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def create_time(self) -> _timestamp_pb2.Timestamp:
+        """When it was stored."""
+
+    def __init__(
+        self,
+        *,
+        create_time: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PutCheckpointResponse: _TypeAlias = PutCheckpointResponse  # noqa: Y015
+
+@_typing.final
+class GetCheckpointRequest(_message.Message):
+    """Request for GetCheckpoint."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    USER_ID_FIELD_NUMBER: _builtins.int
+    CONVERSATION_ID_FIELD_NUMBER: _builtins.int
+    NAMESPACE_FIELD_NUMBER: _builtins.int
+    CHECKPOINT_ID_FIELD_NUMBER: _builtins.int
+    user_id: _builtins.str
+    """The owner. Required."""
+    conversation_id: _builtins.str
+    """The conversation. Required."""
+    namespace: _builtins.str
+    """The namespace; empty for the root graph."""
+    checkpoint_id: _builtins.str
+    """The checkpoint; empty means the namespace's newest."""
+    def __init__(
+        self,
+        *,
+        user_id: _builtins.str = ...,
+        conversation_id: _builtins.str = ...,
+        namespace: _builtins.str = ...,
+        checkpoint_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_id", b"checkpoint_id", "conversation_id", b"conversation_id", "namespace", b"namespace", "user_id", b"user_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetCheckpointRequest: _TypeAlias = GetCheckpointRequest  # noqa: Y015
+
+@_typing.final
+class GetCheckpointResponse(_message.Message):
+    """Response of GetCheckpoint."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHECKPOINT_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def checkpoint(self) -> Global___Checkpoint:
+        """The checkpoint; unset when there is none."""
+
+    def __init__(
+        self,
+        *,
+        checkpoint: Global___Checkpoint | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["checkpoint", b"checkpoint"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint", b"checkpoint"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetCheckpointResponse: _TypeAlias = GetCheckpointResponse  # noqa: Y015
+
+@_typing.final
+class ListCheckpointsRequest(_message.Message):
+    """Request for ListCheckpoints."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    USER_ID_FIELD_NUMBER: _builtins.int
+    CONVERSATION_ID_FIELD_NUMBER: _builtins.int
+    NAMESPACE_FIELD_NUMBER: _builtins.int
+    METADATA_FILTER_JSON_FIELD_NUMBER: _builtins.int
+    BEFORE_CHECKPOINT_ID_FIELD_NUMBER: _builtins.int
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    user_id: _builtins.str
+    """The owner. Required."""
+    conversation_id: _builtins.str
+    """The conversation. Required."""
+    namespace: _builtins.str
+    """Only this namespace; absent means every namespace."""
+    metadata_filter_json: _builtins.bytes
+    """Only checkpoints whose metadata contains this UTF-8 JSON object (each of
+    its keys with an equal value, as PostgreSQL's jsonb @>); empty for all.
+    """
+    before_checkpoint_id: _builtins.str
+    """Only checkpoints with an id below this one; empty for no bound."""
+    page_size: _builtins.int
+    """1..100; 0 means 20."""
+    page_token: _builtins.str
+    """Empty for the first page, else a previous response's next_page_token."""
+    def __init__(
+        self,
+        *,
+        user_id: _builtins.str = ...,
+        conversation_id: _builtins.str = ...,
+        namespace: _builtins.str | None = ...,
+        metadata_filter_json: _builtins.bytes = ...,
+        before_checkpoint_id: _builtins.str = ...,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_namespace", b"_namespace", "namespace", b"namespace"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_namespace", b"_namespace", "before_checkpoint_id", b"before_checkpoint_id", "conversation_id", b"conversation_id", "metadata_filter_json", b"metadata_filter_json", "namespace", b"namespace", "page_size", b"page_size", "page_token", b"page_token", "user_id", b"user_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__namespace: _TypeAlias = _typing.Literal["namespace"]  # noqa: Y015
+    _WhichOneofArgType__namespace: _TypeAlias = _typing.Literal["_namespace", b"_namespace"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__namespace) -> _WhichOneofReturnType__namespace | None: ...
+
+Global___ListCheckpointsRequest: _TypeAlias = ListCheckpointsRequest  # noqa: Y015
+
+@_typing.final
+class ListCheckpointsResponse(_message.Message):
+    """Response of ListCheckpoints."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHECKPOINTS_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.str
+    """Empty when there are no more pages."""
+    @_builtins.property
+    def checkpoints(self) -> _containers.RepeatedCompositeFieldContainer[Global___Checkpoint]:
+        """Newest first."""
+
+    def __init__(
+        self,
+        *,
+        checkpoints: _abc.Iterable[Global___Checkpoint] | None = ...,
+        next_page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoints", b"checkpoints", "next_page_token", b"next_page_token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListCheckpointsResponse: _TypeAlias = ListCheckpointsResponse  # noqa: Y015
+
+@_typing.final
+class PutCheckpointWritesRequest(_message.Message):
+    """Request for PutCheckpointWrites."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    USER_ID_FIELD_NUMBER: _builtins.int
+    CONVERSATION_ID_FIELD_NUMBER: _builtins.int
+    NAMESPACE_FIELD_NUMBER: _builtins.int
+    CHECKPOINT_ID_FIELD_NUMBER: _builtins.int
+    WRITES_FIELD_NUMBER: _builtins.int
+    user_id: _builtins.str
+    """The owner. Required."""
+    conversation_id: _builtins.str
+    """The conversation; it must exist. Required."""
+    namespace: _builtins.str
+    """The checkpoint's namespace."""
+    checkpoint_id: _builtins.str
+    """The checkpoint the writes belong to. Required. It need not be stored
+    yet: a runtime may save a step's writes while its checkpoint is still
+    being written.
+    """
+    @_builtins.property
+    def writes(self) -> _containers.RepeatedCompositeFieldContainer[Global___CheckpointWrite]:
+        """The writes, at most 1000."""
+
+    def __init__(
+        self,
+        *,
+        user_id: _builtins.str = ...,
+        conversation_id: _builtins.str = ...,
+        namespace: _builtins.str = ...,
+        checkpoint_id: _builtins.str = ...,
+        writes: _abc.Iterable[Global___CheckpointWrite] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_id", b"checkpoint_id", "conversation_id", b"conversation_id", "namespace", b"namespace", "user_id", b"user_id", "writes", b"writes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PutCheckpointWritesRequest: _TypeAlias = PutCheckpointWritesRequest  # noqa: Y015
+
+@_typing.final
+class PutCheckpointWritesResponse(_message.Message):
+    """Response of PutCheckpointWrites."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WRITES_STORED_FIELD_NUMBER: _builtins.int
+    writes_stored: _builtins.int
+    """Writes stored or replaced (a kept duplicate does not count)."""
+    def __init__(
+        self,
+        *,
+        writes_stored: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["writes_stored", b"writes_stored"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PutCheckpointWritesResponse: _TypeAlias = PutCheckpointWritesResponse  # noqa: Y015
+
+@_typing.final
+class DeleteCheckpointsForRunsRequest(_message.Message):
+    """Request for DeleteCheckpointsForRuns."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    USER_ID_FIELD_NUMBER: _builtins.int
+    RUN_IDS_FIELD_NUMBER: _builtins.int
+    user_id: _builtins.str
+    """The owner. Required."""
+    @_builtins.property
+    def run_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The runs whose checkpoints go, at most 1000; empty does nothing."""
+
+    def __init__(
+        self,
+        *,
+        user_id: _builtins.str = ...,
+        run_ids: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["run_ids", b"run_ids", "user_id", b"user_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteCheckpointsForRunsRequest: _TypeAlias = DeleteCheckpointsForRunsRequest  # noqa: Y015
+
+@_typing.final
+class DeleteCheckpointsForRunsResponse(_message.Message):
+    """Response of DeleteCheckpointsForRuns."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHECKPOINTS_DELETED_FIELD_NUMBER: _builtins.int
+    checkpoints_deleted: _builtins.int
+    """Checkpoints deleted."""
+    def __init__(
+        self,
+        *,
+        checkpoints_deleted: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoints_deleted", b"checkpoints_deleted"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteCheckpointsForRunsResponse: _TypeAlias = DeleteCheckpointsForRunsResponse  # noqa: Y015
+
+@_typing.final
+class CopyCheckpointsRequest(_message.Message):
+    """Request for CopyCheckpoints."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    USER_ID_FIELD_NUMBER: _builtins.int
+    SOURCE_CONVERSATION_ID_FIELD_NUMBER: _builtins.int
+    TARGET_CONVERSATION_ID_FIELD_NUMBER: _builtins.int
+    user_id: _builtins.str
+    """The owner of both conversations. Required."""
+    source_conversation_id: _builtins.str
+    """The conversation copied from. Required."""
+    target_conversation_id: _builtins.str
+    """The conversation copied into; it must hold no checkpoint. Required."""
+    def __init__(
+        self,
+        *,
+        user_id: _builtins.str = ...,
+        source_conversation_id: _builtins.str = ...,
+        target_conversation_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["source_conversation_id", b"source_conversation_id", "target_conversation_id", b"target_conversation_id", "user_id", b"user_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CopyCheckpointsRequest: _TypeAlias = CopyCheckpointsRequest  # noqa: Y015
+
+@_typing.final
+class CopyCheckpointsResponse(_message.Message):
+    """Response of CopyCheckpoints."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHECKPOINTS_COPIED_FIELD_NUMBER: _builtins.int
+    checkpoints_copied: _builtins.int
+    """Checkpoints copied."""
+    def __init__(
+        self,
+        *,
+        checkpoints_copied: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoints_copied", b"checkpoints_copied"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CopyCheckpointsResponse: _TypeAlias = CopyCheckpointsResponse  # noqa: Y015
+
+@_typing.final
+class PruneCheckpointsRequest(_message.Message):
+    """Request for PruneCheckpoints."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    USER_ID_FIELD_NUMBER: _builtins.int
+    CONVERSATION_IDS_FIELD_NUMBER: _builtins.int
+    STRATEGY_FIELD_NUMBER: _builtins.int
+    user_id: _builtins.str
+    """The owner. Required."""
+    strategy: Global___PruneStrategy.ValueType
+    """What to keep. Required."""
+    @_builtins.property
+    def conversation_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The conversations, 1..1000; repeated ids count once."""
+
+    def __init__(
+        self,
+        *,
+        user_id: _builtins.str = ...,
+        conversation_ids: _abc.Iterable[_builtins.str] | None = ...,
+        strategy: Global___PruneStrategy.ValueType = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_ids", b"conversation_ids", "strategy", b"strategy", "user_id", b"user_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PruneCheckpointsRequest: _TypeAlias = PruneCheckpointsRequest  # noqa: Y015
+
+@_typing.final
+class PruneCheckpointsResponse(_message.Message):
+    """Response of PruneCheckpoints."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHECKPOINTS_DELETED_FIELD_NUMBER: _builtins.int
+    checkpoints_deleted: _builtins.int
+    """Checkpoints deleted."""
+    def __init__(
+        self,
+        *,
+        checkpoints_deleted: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoints_deleted", b"checkpoints_deleted"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PruneCheckpointsResponse: _TypeAlias = PruneCheckpointsResponse  # noqa: Y015
 
 @_typing.final
 class ConversationItem(_message.Message):

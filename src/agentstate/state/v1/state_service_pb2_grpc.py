@@ -131,6 +131,41 @@ class StateServiceStub:
                 request_serializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.EndTurnRequest.SerializeToString,
                 response_deserializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.EndTurnResponse.FromString,
                 _registered_method=True)
+        self.PutCheckpoint = channel.unary_unary(
+                '/agentstate.state.v1.StateService/PutCheckpoint',
+                request_serializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.PutCheckpointRequest.SerializeToString,
+                response_deserializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.PutCheckpointResponse.FromString,
+                _registered_method=True)
+        self.GetCheckpoint = channel.unary_unary(
+                '/agentstate.state.v1.StateService/GetCheckpoint',
+                request_serializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.GetCheckpointRequest.SerializeToString,
+                response_deserializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.GetCheckpointResponse.FromString,
+                _registered_method=True)
+        self.ListCheckpoints = channel.unary_unary(
+                '/agentstate.state.v1.StateService/ListCheckpoints',
+                request_serializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.ListCheckpointsRequest.SerializeToString,
+                response_deserializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.ListCheckpointsResponse.FromString,
+                _registered_method=True)
+        self.PutCheckpointWrites = channel.unary_unary(
+                '/agentstate.state.v1.StateService/PutCheckpointWrites',
+                request_serializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.PutCheckpointWritesRequest.SerializeToString,
+                response_deserializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.PutCheckpointWritesResponse.FromString,
+                _registered_method=True)
+        self.DeleteCheckpointsForRuns = channel.unary_unary(
+                '/agentstate.state.v1.StateService/DeleteCheckpointsForRuns',
+                request_serializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.DeleteCheckpointsForRunsRequest.SerializeToString,
+                response_deserializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.DeleteCheckpointsForRunsResponse.FromString,
+                _registered_method=True)
+        self.CopyCheckpoints = channel.unary_unary(
+                '/agentstate.state.v1.StateService/CopyCheckpoints',
+                request_serializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.CopyCheckpointsRequest.SerializeToString,
+                response_deserializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.CopyCheckpointsResponse.FromString,
+                _registered_method=True)
+        self.PruneCheckpoints = channel.unary_unary(
+                '/agentstate.state.v1.StateService/PruneCheckpoints',
+                request_serializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.PruneCheckpointsRequest.SerializeToString,
+                response_deserializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.PruneCheckpointsResponse.FromString,
+                _registered_method=True)
         self.AppendItems = channel.unary_unary(
                 '/agentstate.state.v1.StateService/AppendItems',
                 request_serializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.AppendItemsRequest.SerializeToString,
@@ -368,6 +403,101 @@ class StateServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PutCheckpoint(self, request, context):
+        """---- Checkpoints (issue 15): a graph runtime's history of a conversation ----
+
+        A checkpoint is a snapshot of an agent graph's state (for example a
+        LangGraph checkpoint) stored as part of a conversation's agent state. A
+        conversation holds checkpoints in namespaces (the root graph is namespace
+        "", a subgraph has its own); each checkpoint names its parent, so a
+        namespace's checkpoints form its history. The service stores the
+        runtime's serialized bytes as they are: it reads only the metadata (a
+        JSON object, for filtering and `run_id`) and the channel versions (to
+        return each checkpoint's channel values). Checkpoints, their channel
+        values and pending writes are deleted with the conversation, in the same
+        transaction, and a write to a deleted conversation is NOT_FOUND.
+
+        PutCheckpoint stores one checkpoint and the channel values it introduces,
+        in ONE transaction under the conversation's row lock. With
+        `expected_head_checkpoint_id` set it is a compare-and-set on the
+        namespace's head (its newest checkpoint): two writers that extend the same
+        head cannot both succeed, so a history never forks by accident.
+
+        Errors: NOT_FOUND (conversation absent or deleted), ABORTED (the head is
+        not the expected one; ErrorInfo reason CHECKPOINT_CONFLICT with metadata
+        `current_checkpoint_id`, "" when the namespace is empty),
+        INVALID_ARGUMENT (a missing or malformed id, metadata that is not a JSON
+        object PostgreSQL can store), RESOURCE_EXHAUSTED (the request's bytes
+        over STATE_MAX_PAYLOAD_BYTES).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetCheckpoint(self, request, context):
+        """GetCheckpoint returns one checkpoint with its channel values and pending
+        writes: the namespace's newest, or the one named. The response's
+        `checkpoint` is unset when there is no such checkpoint. NOT_FOUND when the
+        conversation is absent.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListCheckpoints(self, request, context):
+        """ListCheckpoints returns a conversation's checkpoints newest first (by
+        checkpoint id), with their channel values and pending writes, in pages.
+        NOT_FOUND when the conversation is absent.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PutCheckpointWrites(self, request, context):
+        """PutCheckpointWrites stores the pending writes of one task against a
+        checkpoint, in ONE transaction. Idempotent per (checkpoint, task_id, idx):
+        a write with idx >= 0 that is already stored is kept as it is (a retried
+        call changes nothing); a write with idx < 0 (a runtime's special channels,
+        such as LangGraph's ERROR and INTERRUPT) replaces the stored one.
+        NOT_FOUND when the conversation is absent or deleted.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteCheckpointsForRuns(self, request, context):
+        """DeleteCheckpointsForRuns deletes, across all of a user's conversations,
+        every checkpoint whose metadata has a `run_id` in `run_ids`, with its
+        pending writes and the channel values no remaining checkpoint uses, in
+        ONE transaction. Unknown run ids are not an error.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CopyCheckpoints(self, request, context):
+        """CopyCheckpoints copies every checkpoint of one conversation (all
+        namespaces, channel values, pending writes) into another of the same
+        user, in ONE transaction. NOT_FOUND when either is absent;
+        FAILED_PRECONDITION when the target already has checkpoints (a copy never
+        merges two histories).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PruneCheckpoints(self, request, context):
+        """PruneCheckpoints shrinks the history of several conversations in ONE
+        transaction: KEEP_LATEST keeps each namespace's newest checkpoint (and its
+        pending writes), DELETE_ALL removes every checkpoint; channel values no
+        remaining checkpoint uses go too. The conversations themselves (and their
+        messages and states) stay. All or nothing: NOT_FOUND naming an absent
+        conversation, and nothing changes.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def AppendItems(self, request, context):
         """------------------------------------------------------------------------
         Conversation items and scoped state: what agent frameworks keep as a
@@ -434,8 +564,9 @@ class StateServiceServicer:
         `app_state_delta` into the app-scoped and `user_state_delta` into the
         user-scoped state (each a top-level merge: a key in the delta replaces
         the stored key, JSON null included). Keys of `state_delta` starting with
-        "temp:" are never stored (the scoped deltas' keys carry no prefix). Errors: as AppendItems, plus INVALID_ARGUMENT for a delta
-        that is not a JSON object or an app/user delta without `app_name`.
+        "temp:" are never stored (the scoped deltas' keys carry no prefix).
+        Errors: as AppendItems, plus INVALID_ARGUMENT for a delta that is not a
+        JSON object or an app/user delta without `app_name`.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -558,6 +689,41 @@ def add_StateServiceServicer_to_server(servicer, server):
                     servicer.EndTurn,
                     request_deserializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.EndTurnRequest.FromString,
                     response_serializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.EndTurnResponse.SerializeToString,
+            ),
+            'PutCheckpoint': grpc.unary_unary_rpc_method_handler(
+                    servicer.PutCheckpoint,
+                    request_deserializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.PutCheckpointRequest.FromString,
+                    response_serializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.PutCheckpointResponse.SerializeToString,
+            ),
+            'GetCheckpoint': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetCheckpoint,
+                    request_deserializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.GetCheckpointRequest.FromString,
+                    response_serializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.GetCheckpointResponse.SerializeToString,
+            ),
+            'ListCheckpoints': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListCheckpoints,
+                    request_deserializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.ListCheckpointsRequest.FromString,
+                    response_serializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.ListCheckpointsResponse.SerializeToString,
+            ),
+            'PutCheckpointWrites': grpc.unary_unary_rpc_method_handler(
+                    servicer.PutCheckpointWrites,
+                    request_deserializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.PutCheckpointWritesRequest.FromString,
+                    response_serializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.PutCheckpointWritesResponse.SerializeToString,
+            ),
+            'DeleteCheckpointsForRuns': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteCheckpointsForRuns,
+                    request_deserializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.DeleteCheckpointsForRunsRequest.FromString,
+                    response_serializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.DeleteCheckpointsForRunsResponse.SerializeToString,
+            ),
+            'CopyCheckpoints': grpc.unary_unary_rpc_method_handler(
+                    servicer.CopyCheckpoints,
+                    request_deserializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.CopyCheckpointsRequest.FromString,
+                    response_serializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.CopyCheckpointsResponse.SerializeToString,
+            ),
+            'PruneCheckpoints': grpc.unary_unary_rpc_method_handler(
+                    servicer.PruneCheckpoints,
+                    request_deserializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.PruneCheckpointsRequest.FromString,
+                    response_serializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.PruneCheckpointsResponse.SerializeToString,
             ),
             'AppendItems': grpc.unary_unary_rpc_method_handler(
                     servicer.AppendItems,
@@ -1110,6 +1276,195 @@ class StateService:
             '/agentstate.state.v1.StateService/EndTurn',
             agentstate_dot_state_dot_v1_dot_state__service__pb2.EndTurnRequest.SerializeToString,
             agentstate_dot_state_dot_v1_dot_state__service__pb2.EndTurnResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PutCheckpoint(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agentstate.state.v1.StateService/PutCheckpoint',
+            agentstate_dot_state_dot_v1_dot_state__service__pb2.PutCheckpointRequest.SerializeToString,
+            agentstate_dot_state_dot_v1_dot_state__service__pb2.PutCheckpointResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetCheckpoint(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agentstate.state.v1.StateService/GetCheckpoint',
+            agentstate_dot_state_dot_v1_dot_state__service__pb2.GetCheckpointRequest.SerializeToString,
+            agentstate_dot_state_dot_v1_dot_state__service__pb2.GetCheckpointResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListCheckpoints(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agentstate.state.v1.StateService/ListCheckpoints',
+            agentstate_dot_state_dot_v1_dot_state__service__pb2.ListCheckpointsRequest.SerializeToString,
+            agentstate_dot_state_dot_v1_dot_state__service__pb2.ListCheckpointsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PutCheckpointWrites(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agentstate.state.v1.StateService/PutCheckpointWrites',
+            agentstate_dot_state_dot_v1_dot_state__service__pb2.PutCheckpointWritesRequest.SerializeToString,
+            agentstate_dot_state_dot_v1_dot_state__service__pb2.PutCheckpointWritesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteCheckpointsForRuns(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agentstate.state.v1.StateService/DeleteCheckpointsForRuns',
+            agentstate_dot_state_dot_v1_dot_state__service__pb2.DeleteCheckpointsForRunsRequest.SerializeToString,
+            agentstate_dot_state_dot_v1_dot_state__service__pb2.DeleteCheckpointsForRunsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CopyCheckpoints(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agentstate.state.v1.StateService/CopyCheckpoints',
+            agentstate_dot_state_dot_v1_dot_state__service__pb2.CopyCheckpointsRequest.SerializeToString,
+            agentstate_dot_state_dot_v1_dot_state__service__pb2.CopyCheckpointsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PruneCheckpoints(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agentstate.state.v1.StateService/PruneCheckpoints',
+            agentstate_dot_state_dot_v1_dot_state__service__pb2.PruneCheckpointsRequest.SerializeToString,
+            agentstate_dot_state_dot_v1_dot_state__service__pb2.PruneCheckpointsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -168,6 +168,73 @@ class StateServiceStub:
     nothing is saved and the lease is kept (release it with ReleaseLease, or
     let it lapse).
     """
+    PutCheckpoint: _grpc.UnaryUnaryMultiCallable[_state_service_pb2.PutCheckpointRequest, _state_service_pb2.PutCheckpointResponse]
+    """---- Checkpoints (issue 15): a graph runtime's history of a conversation ----
+
+    A checkpoint is a snapshot of an agent graph's state (for example a
+    LangGraph checkpoint) stored as part of a conversation's agent state. A
+    conversation holds checkpoints in namespaces (the root graph is namespace
+    "", a subgraph has its own); each checkpoint names its parent, so a
+    namespace's checkpoints form its history. The service stores the
+    runtime's serialized bytes as they are: it reads only the metadata (a
+    JSON object, for filtering and `run_id`) and the channel versions (to
+    return each checkpoint's channel values). Checkpoints, their channel
+    values and pending writes are deleted with the conversation, in the same
+    transaction, and a write to a deleted conversation is NOT_FOUND.
+
+    PutCheckpoint stores one checkpoint and the channel values it introduces,
+    in ONE transaction under the conversation's row lock. With
+    `expected_head_checkpoint_id` set it is a compare-and-set on the
+    namespace's head (its newest checkpoint): two writers that extend the same
+    head cannot both succeed, so a history never forks by accident.
+
+    Errors: NOT_FOUND (conversation absent or deleted), ABORTED (the head is
+    not the expected one; ErrorInfo reason CHECKPOINT_CONFLICT with metadata
+    `current_checkpoint_id`, "" when the namespace is empty),
+    INVALID_ARGUMENT (a missing or malformed id, metadata that is not a JSON
+    object PostgreSQL can store), RESOURCE_EXHAUSTED (the request's bytes
+    over STATE_MAX_PAYLOAD_BYTES).
+    """
+    GetCheckpoint: _grpc.UnaryUnaryMultiCallable[_state_service_pb2.GetCheckpointRequest, _state_service_pb2.GetCheckpointResponse]
+    """GetCheckpoint returns one checkpoint with its channel values and pending
+    writes: the namespace's newest, or the one named. The response's
+    `checkpoint` is unset when there is no such checkpoint. NOT_FOUND when the
+    conversation is absent.
+    """
+    ListCheckpoints: _grpc.UnaryUnaryMultiCallable[_state_service_pb2.ListCheckpointsRequest, _state_service_pb2.ListCheckpointsResponse]
+    """ListCheckpoints returns a conversation's checkpoints newest first (by
+    checkpoint id), with their channel values and pending writes, in pages.
+    NOT_FOUND when the conversation is absent.
+    """
+    PutCheckpointWrites: _grpc.UnaryUnaryMultiCallable[_state_service_pb2.PutCheckpointWritesRequest, _state_service_pb2.PutCheckpointWritesResponse]
+    """PutCheckpointWrites stores the pending writes of one task against a
+    checkpoint, in ONE transaction. Idempotent per (checkpoint, task_id, idx):
+    a write with idx >= 0 that is already stored is kept as it is (a retried
+    call changes nothing); a write with idx < 0 (a runtime's special channels,
+    such as LangGraph's ERROR and INTERRUPT) replaces the stored one.
+    NOT_FOUND when the conversation is absent or deleted.
+    """
+    DeleteCheckpointsForRuns: _grpc.UnaryUnaryMultiCallable[_state_service_pb2.DeleteCheckpointsForRunsRequest, _state_service_pb2.DeleteCheckpointsForRunsResponse]
+    """DeleteCheckpointsForRuns deletes, across all of a user's conversations,
+    every checkpoint whose metadata has a `run_id` in `run_ids`, with its
+    pending writes and the channel values no remaining checkpoint uses, in
+    ONE transaction. Unknown run ids are not an error.
+    """
+    CopyCheckpoints: _grpc.UnaryUnaryMultiCallable[_state_service_pb2.CopyCheckpointsRequest, _state_service_pb2.CopyCheckpointsResponse]
+    """CopyCheckpoints copies every checkpoint of one conversation (all
+    namespaces, channel values, pending writes) into another of the same
+    user, in ONE transaction. NOT_FOUND when either is absent;
+    FAILED_PRECONDITION when the target already has checkpoints (a copy never
+    merges two histories).
+    """
+    PruneCheckpoints: _grpc.UnaryUnaryMultiCallable[_state_service_pb2.PruneCheckpointsRequest, _state_service_pb2.PruneCheckpointsResponse]
+    """PruneCheckpoints shrinks the history of several conversations in ONE
+    transaction: KEEP_LATEST keeps each namespace's newest checkpoint (and its
+    pending writes), DELETE_ALL removes every checkpoint; channel values no
+    remaining checkpoint uses go too. The conversations themselves (and their
+    messages and states) stay. All or nothing: NOT_FOUND naming an absent
+    conversation, and nothing changes.
+    """
     AppendItems: _grpc.UnaryUnaryMultiCallable[_state_service_pb2.AppendItemsRequest, _state_service_pb2.AppendItemsResponse]
     """------------------------------------------------------------------------
     Conversation items and scoped state: what agent frameworks keep as a
@@ -214,8 +281,9 @@ class StateServiceStub:
     `app_state_delta` into the app-scoped and `user_state_delta` into the
     user-scoped state (each a top-level merge: a key in the delta replaces
     the stored key, JSON null included). Keys of `state_delta` starting with
-    "temp:" are never stored (the scoped deltas' keys carry no prefix). Errors: as AppendItems, plus INVALID_ARGUMENT for a delta
-    that is not a JSON object or an app/user delta without `app_name`.
+    "temp:" are never stored (the scoped deltas' keys carry no prefix).
+    Errors: as AppendItems, plus INVALID_ARGUMENT for a delta that is not a
+    JSON object or an app/user delta without `app_name`.
     """
     ResolveConversation: _grpc.UnaryUnaryMultiCallable[_state_service_pb2.ResolveConversationRequest, _state_service_pb2.ResolveConversationResponse]
     """---- Conversation keys (added with the Python client, for framework
@@ -357,6 +425,73 @@ class StateServiceAsyncStub(StateServiceStub):
     nothing is saved and the lease is kept (release it with ReleaseLease, or
     let it lapse).
     """
+    PutCheckpoint: _aio.UnaryUnaryMultiCallable[_state_service_pb2.PutCheckpointRequest, _state_service_pb2.PutCheckpointResponse]  # type: ignore[assignment]
+    """---- Checkpoints (issue 15): a graph runtime's history of a conversation ----
+
+    A checkpoint is a snapshot of an agent graph's state (for example a
+    LangGraph checkpoint) stored as part of a conversation's agent state. A
+    conversation holds checkpoints in namespaces (the root graph is namespace
+    "", a subgraph has its own); each checkpoint names its parent, so a
+    namespace's checkpoints form its history. The service stores the
+    runtime's serialized bytes as they are: it reads only the metadata (a
+    JSON object, for filtering and `run_id`) and the channel versions (to
+    return each checkpoint's channel values). Checkpoints, their channel
+    values and pending writes are deleted with the conversation, in the same
+    transaction, and a write to a deleted conversation is NOT_FOUND.
+
+    PutCheckpoint stores one checkpoint and the channel values it introduces,
+    in ONE transaction under the conversation's row lock. With
+    `expected_head_checkpoint_id` set it is a compare-and-set on the
+    namespace's head (its newest checkpoint): two writers that extend the same
+    head cannot both succeed, so a history never forks by accident.
+
+    Errors: NOT_FOUND (conversation absent or deleted), ABORTED (the head is
+    not the expected one; ErrorInfo reason CHECKPOINT_CONFLICT with metadata
+    `current_checkpoint_id`, "" when the namespace is empty),
+    INVALID_ARGUMENT (a missing or malformed id, metadata that is not a JSON
+    object PostgreSQL can store), RESOURCE_EXHAUSTED (the request's bytes
+    over STATE_MAX_PAYLOAD_BYTES).
+    """
+    GetCheckpoint: _aio.UnaryUnaryMultiCallable[_state_service_pb2.GetCheckpointRequest, _state_service_pb2.GetCheckpointResponse]  # type: ignore[assignment]
+    """GetCheckpoint returns one checkpoint with its channel values and pending
+    writes: the namespace's newest, or the one named. The response's
+    `checkpoint` is unset when there is no such checkpoint. NOT_FOUND when the
+    conversation is absent.
+    """
+    ListCheckpoints: _aio.UnaryUnaryMultiCallable[_state_service_pb2.ListCheckpointsRequest, _state_service_pb2.ListCheckpointsResponse]  # type: ignore[assignment]
+    """ListCheckpoints returns a conversation's checkpoints newest first (by
+    checkpoint id), with their channel values and pending writes, in pages.
+    NOT_FOUND when the conversation is absent.
+    """
+    PutCheckpointWrites: _aio.UnaryUnaryMultiCallable[_state_service_pb2.PutCheckpointWritesRequest, _state_service_pb2.PutCheckpointWritesResponse]  # type: ignore[assignment]
+    """PutCheckpointWrites stores the pending writes of one task against a
+    checkpoint, in ONE transaction. Idempotent per (checkpoint, task_id, idx):
+    a write with idx >= 0 that is already stored is kept as it is (a retried
+    call changes nothing); a write with idx < 0 (a runtime's special channels,
+    such as LangGraph's ERROR and INTERRUPT) replaces the stored one.
+    NOT_FOUND when the conversation is absent or deleted.
+    """
+    DeleteCheckpointsForRuns: _aio.UnaryUnaryMultiCallable[_state_service_pb2.DeleteCheckpointsForRunsRequest, _state_service_pb2.DeleteCheckpointsForRunsResponse]  # type: ignore[assignment]
+    """DeleteCheckpointsForRuns deletes, across all of a user's conversations,
+    every checkpoint whose metadata has a `run_id` in `run_ids`, with its
+    pending writes and the channel values no remaining checkpoint uses, in
+    ONE transaction. Unknown run ids are not an error.
+    """
+    CopyCheckpoints: _aio.UnaryUnaryMultiCallable[_state_service_pb2.CopyCheckpointsRequest, _state_service_pb2.CopyCheckpointsResponse]  # type: ignore[assignment]
+    """CopyCheckpoints copies every checkpoint of one conversation (all
+    namespaces, channel values, pending writes) into another of the same
+    user, in ONE transaction. NOT_FOUND when either is absent;
+    FAILED_PRECONDITION when the target already has checkpoints (a copy never
+    merges two histories).
+    """
+    PruneCheckpoints: _aio.UnaryUnaryMultiCallable[_state_service_pb2.PruneCheckpointsRequest, _state_service_pb2.PruneCheckpointsResponse]  # type: ignore[assignment]
+    """PruneCheckpoints shrinks the history of several conversations in ONE
+    transaction: KEEP_LATEST keeps each namespace's newest checkpoint (and its
+    pending writes), DELETE_ALL removes every checkpoint; channel values no
+    remaining checkpoint uses go too. The conversations themselves (and their
+    messages and states) stay. All or nothing: NOT_FOUND naming an absent
+    conversation, and nothing changes.
+    """
     AppendItems: _aio.UnaryUnaryMultiCallable[_state_service_pb2.AppendItemsRequest, _state_service_pb2.AppendItemsResponse]  # type: ignore[assignment]
     """------------------------------------------------------------------------
     Conversation items and scoped state: what agent frameworks keep as a
@@ -403,8 +538,9 @@ class StateServiceAsyncStub(StateServiceStub):
     `app_state_delta` into the app-scoped and `user_state_delta` into the
     user-scoped state (each a top-level merge: a key in the delta replaces
     the stored key, JSON null included). Keys of `state_delta` starting with
-    "temp:" are never stored (the scoped deltas' keys carry no prefix). Errors: as AppendItems, plus INVALID_ARGUMENT for a delta
-    that is not a JSON object or an app/user delta without `app_name`.
+    "temp:" are never stored (the scoped deltas' keys carry no prefix).
+    Errors: as AppendItems, plus INVALID_ARGUMENT for a delta that is not a
+    JSON object or an app/user delta without `app_name`.
     """
     ResolveConversation: _aio.UnaryUnaryMultiCallable[_state_service_pb2.ResolveConversationRequest, _state_service_pb2.ResolveConversationResponse]  # type: ignore[assignment]
     """---- Conversation keys (added with the Python client, for framework
@@ -659,6 +795,115 @@ class StateServiceServicer(metaclass=_abc_1.ABCMeta):
         """
 
     @_abc_1.abstractmethod
+    def PutCheckpoint(
+        self,
+        request: _state_service_pb2.PutCheckpointRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_state_service_pb2.PutCheckpointResponse, _abc.Awaitable[_state_service_pb2.PutCheckpointResponse]]:
+        """---- Checkpoints (issue 15): a graph runtime's history of a conversation ----
+
+        A checkpoint is a snapshot of an agent graph's state (for example a
+        LangGraph checkpoint) stored as part of a conversation's agent state. A
+        conversation holds checkpoints in namespaces (the root graph is namespace
+        "", a subgraph has its own); each checkpoint names its parent, so a
+        namespace's checkpoints form its history. The service stores the
+        runtime's serialized bytes as they are: it reads only the metadata (a
+        JSON object, for filtering and `run_id`) and the channel versions (to
+        return each checkpoint's channel values). Checkpoints, their channel
+        values and pending writes are deleted with the conversation, in the same
+        transaction, and a write to a deleted conversation is NOT_FOUND.
+
+        PutCheckpoint stores one checkpoint and the channel values it introduces,
+        in ONE transaction under the conversation's row lock. With
+        `expected_head_checkpoint_id` set it is a compare-and-set on the
+        namespace's head (its newest checkpoint): two writers that extend the same
+        head cannot both succeed, so a history never forks by accident.
+
+        Errors: NOT_FOUND (conversation absent or deleted), ABORTED (the head is
+        not the expected one; ErrorInfo reason CHECKPOINT_CONFLICT with metadata
+        `current_checkpoint_id`, "" when the namespace is empty),
+        INVALID_ARGUMENT (a missing or malformed id, metadata that is not a JSON
+        object PostgreSQL can store), RESOURCE_EXHAUSTED (the request's bytes
+        over STATE_MAX_PAYLOAD_BYTES).
+        """
+
+    @_abc_1.abstractmethod
+    def GetCheckpoint(
+        self,
+        request: _state_service_pb2.GetCheckpointRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_state_service_pb2.GetCheckpointResponse, _abc.Awaitable[_state_service_pb2.GetCheckpointResponse]]:
+        """GetCheckpoint returns one checkpoint with its channel values and pending
+        writes: the namespace's newest, or the one named. The response's
+        `checkpoint` is unset when there is no such checkpoint. NOT_FOUND when the
+        conversation is absent.
+        """
+
+    @_abc_1.abstractmethod
+    def ListCheckpoints(
+        self,
+        request: _state_service_pb2.ListCheckpointsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_state_service_pb2.ListCheckpointsResponse, _abc.Awaitable[_state_service_pb2.ListCheckpointsResponse]]:
+        """ListCheckpoints returns a conversation's checkpoints newest first (by
+        checkpoint id), with their channel values and pending writes, in pages.
+        NOT_FOUND when the conversation is absent.
+        """
+
+    @_abc_1.abstractmethod
+    def PutCheckpointWrites(
+        self,
+        request: _state_service_pb2.PutCheckpointWritesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_state_service_pb2.PutCheckpointWritesResponse, _abc.Awaitable[_state_service_pb2.PutCheckpointWritesResponse]]:
+        """PutCheckpointWrites stores the pending writes of one task against a
+        checkpoint, in ONE transaction. Idempotent per (checkpoint, task_id, idx):
+        a write with idx >= 0 that is already stored is kept as it is (a retried
+        call changes nothing); a write with idx < 0 (a runtime's special channels,
+        such as LangGraph's ERROR and INTERRUPT) replaces the stored one.
+        NOT_FOUND when the conversation is absent or deleted.
+        """
+
+    @_abc_1.abstractmethod
+    def DeleteCheckpointsForRuns(
+        self,
+        request: _state_service_pb2.DeleteCheckpointsForRunsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_state_service_pb2.DeleteCheckpointsForRunsResponse, _abc.Awaitable[_state_service_pb2.DeleteCheckpointsForRunsResponse]]:
+        """DeleteCheckpointsForRuns deletes, across all of a user's conversations,
+        every checkpoint whose metadata has a `run_id` in `run_ids`, with its
+        pending writes and the channel values no remaining checkpoint uses, in
+        ONE transaction. Unknown run ids are not an error.
+        """
+
+    @_abc_1.abstractmethod
+    def CopyCheckpoints(
+        self,
+        request: _state_service_pb2.CopyCheckpointsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_state_service_pb2.CopyCheckpointsResponse, _abc.Awaitable[_state_service_pb2.CopyCheckpointsResponse]]:
+        """CopyCheckpoints copies every checkpoint of one conversation (all
+        namespaces, channel values, pending writes) into another of the same
+        user, in ONE transaction. NOT_FOUND when either is absent;
+        FAILED_PRECONDITION when the target already has checkpoints (a copy never
+        merges two histories).
+        """
+
+    @_abc_1.abstractmethod
+    def PruneCheckpoints(
+        self,
+        request: _state_service_pb2.PruneCheckpointsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_state_service_pb2.PruneCheckpointsResponse, _abc.Awaitable[_state_service_pb2.PruneCheckpointsResponse]]:
+        """PruneCheckpoints shrinks the history of several conversations in ONE
+        transaction: KEEP_LATEST keeps each namespace's newest checkpoint (and its
+        pending writes), DELETE_ALL removes every checkpoint; channel values no
+        remaining checkpoint uses go too. The conversations themselves (and their
+        messages and states) stay. All or nothing: NOT_FOUND naming an absent
+        conversation, and nothing changes.
+        """
+
+    @_abc_1.abstractmethod
     def AppendItems(
         self,
         request: _state_service_pb2.AppendItemsRequest,
@@ -739,8 +984,9 @@ class StateServiceServicer(metaclass=_abc_1.ABCMeta):
         `app_state_delta` into the app-scoped and `user_state_delta` into the
         user-scoped state (each a top-level merge: a key in the delta replaces
         the stored key, JSON null included). Keys of `state_delta` starting with
-        "temp:" are never stored (the scoped deltas' keys carry no prefix). Errors: as AppendItems, plus INVALID_ARGUMENT for a delta
-        that is not a JSON object or an app/user delta without `app_name`.
+        "temp:" are never stored (the scoped deltas' keys carry no prefix).
+        Errors: as AppendItems, plus INVALID_ARGUMENT for a delta that is not a
+        JSON object or an app/user delta without `app_name`.
         """
 
     @_abc_1.abstractmethod

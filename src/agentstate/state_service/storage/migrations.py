@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import psycopg
+import psycopg.errors
 from psycopg.rows import tuple_row
 
 
@@ -646,6 +647,261 @@ ALTER TABLE t_conversation ADD CONSTRAINT t_conversation_external_key_key
     UNIQUE (user_id, external_key);
 """,
     ),
+    # Issue 15 (h15-langgraph): a graph runtime's checkpoints as part of a
+    # conversation's agent state. Children of t_conversation with ON DELETE
+    # CASCADE, so DeleteConversation, batch delete and retention remove them in
+    # their one transaction without knowing these tables.
+    Migration(
+        8,
+        "checkpoints",
+        """
+CREATE TABLE t_checkpoint (
+    user_id              text NOT NULL,
+    conversation_id      bigint NOT NULL,
+    namespace            text NOT NULL,
+    checkpoint_id        text NOT NULL,
+    parent_checkpoint_id text,
+    checkpoint_type      text NOT NULL,
+    checkpoint           bytea NOT NULL,
+    metadata             jsonb NOT NULL CHECK (jsonb_typeof(metadata) = 'object'),
+    -- channel -> version: which rows of t_checkpoint_blob make up this checkpoint
+    channel_versions     jsonb NOT NULL,
+    run_id               text GENERATED ALWAYS AS (metadata ->> 'run_id') STORED,
+    create_time          timestamptz NOT NULL DEFAULT now(),
+    -- Also serves "newest of a namespace" (a backward scan) and history listing.
+    PRIMARY KEY (user_id, conversation_id, namespace, checkpoint_id),
+    CONSTRAINT t_checkpoint_conversation_fkey FOREIGN KEY (user_id, conversation_id)
+        REFERENCES t_conversation (user_id, id) ON DELETE CASCADE
+);
+CREATE INDEX t_checkpoint_run_idx ON t_checkpoint (user_id, run_id) WHERE run_id IS NOT NULL;
+
+-- A channel's value at a version, shared by the checkpoints whose
+-- channel_versions name it (a step stores only the channels it changed).
+CREATE TABLE t_checkpoint_blob (
+    user_id         text NOT NULL,
+    conversation_id bigint NOT NULL,
+    namespace       text NOT NULL,
+    channel         text NOT NULL,
+    version         text NOT NULL,
+    value_type      text NOT NULL,
+    value           bytea NOT NULL,
+    PRIMARY KEY (user_id, conversation_id, namespace, channel, version),
+    CONSTRAINT t_checkpoint_blob_conversation_fkey FOREIGN KEY (user_id, conversation_id)
+        REFERENCES t_conversation (user_id, id) ON DELETE CASCADE
+);
+
+-- Pending writes of a checkpoint's tasks. No foreign key to t_checkpoint: a
+-- runtime may store a step's writes while that checkpoint's put is in flight.
+CREATE TABLE t_checkpoint_write (
+    user_id         text NOT NULL,
+    conversation_id bigint NOT NULL,
+    namespace       text NOT NULL,
+    checkpoint_id   text NOT NULL,
+    task_id         text NOT NULL,
+    idx             integer NOT NULL,
+    channel         text NOT NULL,
+    value_type      text NOT NULL,
+    value           bytea NOT NULL,
+    task_path       text NOT NULL DEFAULT '',
+    PRIMARY KEY (user_id, conversation_id, namespace, checkpoint_id, task_id, idx),
+    CONSTRAINT t_checkpoint_write_conversation_fkey FOREIGN KEY (user_id, conversation_id)
+        REFERENCES t_conversation (user_id, id) ON DELETE CASCADE
+);
+
+-- PutCheckpoint: lock the conversation row (NOT_FOUND when absent: no
+-- resurrection), compare-and-set the namespace's head, store the new channel
+-- values (a stored one is kept) and the checkpoint (a stored id is replaced).
+CREATE FUNCTION agentstate_put_checkpoint(
+    p_user_id text, p_conversation_id bigint, p_namespace text, p_checkpoint_id text,
+    p_parent_id text, p_type text, p_checkpoint bytea, p_metadata jsonb,
+    p_channel_versions jsonb, p_check_head boolean, p_expected_head text,
+    p_channels text[], p_versions text[], p_value_types text[], p_values bytea[])
+RETURNS timestamptz
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_head text;
+    v_time timestamptz;
+BEGIN
+    PERFORM agentstate_touch_conversation(p_user_id, p_conversation_id);
+    IF p_check_head AND NOT EXISTS (
+        SELECT 1 FROM t_checkpoint
+        WHERE user_id = p_user_id AND conversation_id = p_conversation_id
+          AND namespace = p_namespace AND checkpoint_id = p_checkpoint_id) THEN
+        SELECT checkpoint_id INTO v_head FROM t_checkpoint
+        WHERE user_id = p_user_id AND conversation_id = p_conversation_id
+          AND namespace = p_namespace
+        ORDER BY checkpoint_id DESC LIMIT 1;
+        IF coalesce(v_head, '') <> p_expected_head THEN
+            PERFORM agentstate_refuse(jsonb_build_object(
+                'kind', 'checkpoint_conflict', 'namespace', p_namespace,
+                'expected', p_expected_head, 'current', coalesce(v_head, '')));
+        END IF;
+    END IF;
+    INSERT INTO t_checkpoint_blob
+        (user_id, conversation_id, namespace, channel, version, value_type, value)
+    SELECT p_user_id, p_conversation_id, p_namespace, b.channel, b.version, b.value_type, b.value
+    FROM unnest(p_channels, p_versions, p_value_types, p_values)
+        AS b(channel, version, value_type, value)
+    ON CONFLICT DO NOTHING;
+    INSERT INTO t_checkpoint AS c
+        (user_id, conversation_id, namespace, checkpoint_id, parent_checkpoint_id,
+         checkpoint_type, checkpoint, metadata, channel_versions)
+    VALUES (p_user_id, p_conversation_id, p_namespace, p_checkpoint_id, p_parent_id,
+            p_type, p_checkpoint, p_metadata, p_channel_versions)
+    ON CONFLICT (user_id, conversation_id, namespace, checkpoint_id) DO UPDATE
+    SET checkpoint_type = EXCLUDED.checkpoint_type, checkpoint = EXCLUDED.checkpoint,
+        metadata = EXCLUDED.metadata, channel_versions = EXCLUDED.channel_versions
+    RETURNING c.create_time INTO v_time;
+    RETURN v_time;
+END $$;
+
+-- PutCheckpointWrites: a key-share lock on the conversation row (writes of
+-- several tasks do not queue behind each other; a delete does wait, and a
+-- write after it is NOT_FOUND), then insert; idx < 0 replaces.
+CREATE FUNCTION agentstate_put_checkpoint_writes(
+    p_user_id text, p_conversation_id bigint, p_namespace text, p_checkpoint_id text,
+    p_task_ids text[], p_idxs integer[], p_channels text[], p_value_types text[],
+    p_values bytea[], p_task_paths text[])
+RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_count integer;
+BEGIN
+    PERFORM 1 FROM t_conversation
+    WHERE user_id = p_user_id AND id = p_conversation_id FOR KEY SHARE;
+    IF NOT FOUND THEN
+        PERFORM agentstate_refuse(jsonb_build_object(
+            'kind', 'not_found', 'missing', 'conversation', 'conversation_id', p_conversation_id));
+    END IF;
+    INSERT INTO t_checkpoint_write AS w
+        (user_id, conversation_id, namespace, checkpoint_id, task_id, idx, channel,
+         value_type, value, task_path)
+    SELECT p_user_id, p_conversation_id, p_namespace, p_checkpoint_id, x.task_id, x.idx,
+           x.channel, x.value_type, x.value, x.task_path
+    FROM unnest(p_task_ids, p_idxs, p_channels, p_value_types, p_values, p_task_paths)
+        AS x(task_id, idx, channel, value_type, value, task_path)
+    ON CONFLICT (user_id, conversation_id, namespace, checkpoint_id, task_id, idx) DO UPDATE
+    SET channel = EXCLUDED.channel, value_type = EXCLUDED.value_type,
+        value = EXCLUDED.value, task_path = EXCLUDED.task_path
+    WHERE EXCLUDED.idx < 0;
+    GET DIAGNOSTICS v_count = ROW_COUNT;
+    RETURN v_count;
+END $$;
+
+-- After checkpoints of these conversations were deleted: drop the writes and
+-- channel values no remaining checkpoint has. The caller holds the row locks.
+CREATE FUNCTION agentstate_checkpoint_gc(p_user_id text, p_ids bigint[])
+RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    DELETE FROM t_checkpoint_write AS w
+    WHERE w.user_id = p_user_id AND w.conversation_id = ANY(p_ids)
+      AND NOT EXISTS (
+        SELECT 1 FROM t_checkpoint AS c
+        WHERE c.user_id = w.user_id AND c.conversation_id = w.conversation_id
+          AND c.namespace = w.namespace AND c.checkpoint_id = w.checkpoint_id);
+    DELETE FROM t_checkpoint_blob AS b
+    WHERE b.user_id = p_user_id AND b.conversation_id = ANY(p_ids)
+      AND NOT EXISTS (
+        SELECT 1 FROM t_checkpoint AS c
+        WHERE c.user_id = b.user_id AND c.conversation_id = b.conversation_id
+          AND c.namespace = b.namespace AND c.channel_versions ->> b.channel = b.version);
+END $$;
+
+CREATE FUNCTION agentstate_delete_checkpoints_for_runs(p_user_id text, p_run_ids text[])
+RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_ids bigint[];
+    v_count bigint;
+BEGIN
+    -- Lock the conversations concerned in id order (puts queue behind; no deadlock).
+    SELECT coalesce(array_agg(id), '{}') INTO v_ids FROM (
+        SELECT id FROM t_conversation
+        WHERE user_id = p_user_id AND id IN (
+            SELECT conversation_id FROM t_checkpoint
+            WHERE user_id = p_user_id AND run_id = ANY(p_run_ids))
+        ORDER BY id FOR NO KEY UPDATE) AS locked;
+    DELETE FROM t_checkpoint
+    WHERE user_id = p_user_id AND conversation_id = ANY(v_ids) AND run_id = ANY(p_run_ids);
+    GET DIAGNOSTICS v_count = ROW_COUNT;
+    PERFORM agentstate_checkpoint_gc(p_user_id, v_ids);
+    RETURN v_count;
+END $$;
+
+CREATE FUNCTION agentstate_copy_checkpoints(p_user_id text, p_source bigint, p_target bigint)
+RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_found bigint[];
+    v_count bigint;
+BEGIN
+    SELECT coalesce(array_agg(id), '{}') INTO v_found FROM (
+        SELECT id FROM t_conversation
+        WHERE user_id = p_user_id AND id IN (p_source, p_target)
+        ORDER BY id FOR NO KEY UPDATE) AS locked;
+    IF NOT p_source = ANY(v_found) OR NOT p_target = ANY(v_found) THEN
+        PERFORM agentstate_refuse(jsonb_build_object(
+            'kind', 'not_found', 'missing', 'conversation', 'conversation_id',
+            CASE WHEN p_source = ANY(v_found) THEN p_target ELSE p_source END));
+    END IF;
+    IF EXISTS (SELECT 1 FROM t_checkpoint
+               WHERE user_id = p_user_id AND conversation_id = p_target) THEN
+        PERFORM agentstate_refuse(jsonb_build_object(
+            'kind', 'target_has_checkpoints', 'conversation_id', p_target));
+    END IF;
+    UPDATE t_conversation SET update_time = now() WHERE user_id = p_user_id AND id = p_target;
+    INSERT INTO t_checkpoint_blob
+        (user_id, conversation_id, namespace, channel, version, value_type, value)
+    SELECT user_id, p_target, namespace, channel, version, value_type, value
+    FROM t_checkpoint_blob WHERE user_id = p_user_id AND conversation_id = p_source;
+    INSERT INTO t_checkpoint_write
+        (user_id, conversation_id, namespace, checkpoint_id, task_id, idx, channel,
+         value_type, value, task_path)
+    SELECT user_id, p_target, namespace, checkpoint_id, task_id, idx, channel,
+           value_type, value, task_path
+    FROM t_checkpoint_write WHERE user_id = p_user_id AND conversation_id = p_source;
+    INSERT INTO t_checkpoint
+        (user_id, conversation_id, namespace, checkpoint_id, parent_checkpoint_id,
+         checkpoint_type, checkpoint, metadata, channel_versions, create_time)
+    SELECT user_id, p_target, namespace, checkpoint_id, parent_checkpoint_id,
+           checkpoint_type, checkpoint, metadata, channel_versions, create_time
+    FROM t_checkpoint WHERE user_id = p_user_id AND conversation_id = p_source;
+    GET DIAGNOSTICS v_count = ROW_COUNT;
+    RETURN v_count;
+END $$;
+
+CREATE FUNCTION agentstate_prune_checkpoints(p_user_id text, p_ids bigint[], p_keep_latest boolean)
+RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_found bigint[];
+    v_missing bigint;
+    v_count bigint;
+BEGIN
+    SELECT coalesce(array_agg(id), '{}') INTO v_found FROM (
+        SELECT id FROM t_conversation
+        WHERE user_id = p_user_id AND id = ANY(p_ids)
+        ORDER BY id FOR NO KEY UPDATE) AS locked;
+    SELECT min(wanted) INTO v_missing FROM unnest(p_ids) AS wanted
+    WHERE wanted <> ALL(v_found);
+    IF v_missing IS NOT NULL THEN
+        PERFORM agentstate_refuse(jsonb_build_object(
+            'kind', 'not_found', 'missing', 'conversation', 'conversation_id', v_missing,
+            'nothing_pruned', true));
+    END IF;
+    DELETE FROM t_checkpoint AS c
+    WHERE c.user_id = p_user_id AND c.conversation_id = ANY(v_found)
+      AND (NOT p_keep_latest OR c.checkpoint_id < (
+        SELECT max(h.checkpoint_id) FROM t_checkpoint AS h
+        WHERE h.user_id = c.user_id AND h.conversation_id = c.conversation_id
+          AND h.namespace = c.namespace));
+    GET DIAGNOSTICS v_count = ROW_COUNT;
+    PERFORM agentstate_checkpoint_gc(p_user_id, v_found);
+    RETURN v_count;
+END $$;
+""",
+    ),
     Migration(
         9,
         "conversation items and app-/user-scoped state (agent framework sessions)",
@@ -824,11 +1080,33 @@ END $$;
 ]
 
 
-async def apply_migrations(conn: psycopg.AsyncConnection[Any]) -> list[int]:
-    """Apply missing migrations in order; return the versions applied now."""
+class MigrationLockTimeout(RuntimeError):
+    """The migration lock (or a table a migration alters) was not free in time."""
+
+
+async def apply_migrations(
+    conn: psycopg.AsyncConnection[Any], *, lock_timeout: float | None = None
+) -> list[int]:
+    """Apply missing migrations in order; return the versions applied now.
+
+    `lock_timeout` (seconds) bounds every lock wait: the migration lock another migrator
+    holds, and the table locks the migrations take (an ALTER TABLE queued behind a long
+    transaction would otherwise block every query on that table while it waits). Past it,
+    MigrationLockTimeout and nothing is applied. The lock and the setting are
+    transaction-scoped, so this works through a transaction pooler too."""
     applied_now: list[int] = []
     async with conn.transaction():
-        await conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK_ID,))
+        if lock_timeout is not None:
+            await conn.execute(
+                "SELECT set_config('lock_timeout', %s, true)", (f"{int(lock_timeout * 1000)}ms",)
+            )
+        try:
+            await conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK_ID,))
+        except psycopg.errors.LockNotAvailable:
+            raise MigrationLockTimeout(
+                f"the migration lock was not free within {lock_timeout:g}s: another "
+                "process is migrating this database (or died holding a transaction open)"
+            ) from None
         await conn.execute(CREATE_MIGRATIONS_TABLE)
         cur = conn.cursor(row_factory=tuple_row)
         await cur.execute("SELECT version FROM agentstate_schema_migrations")
@@ -836,7 +1114,13 @@ async def apply_migrations(conn: psycopg.AsyncConnection[Any]) -> list[int]:
         for migration in sorted(MIGRATIONS, key=lambda m: m.version):
             if migration.version in done:
                 continue
-            await conn.execute(migration.sql.encode())
+            try:
+                await conn.execute(migration.sql.encode())
+            except psycopg.errors.LockNotAvailable as exc:
+                raise MigrationLockTimeout(
+                    f"migration {migration.version} could not lock a table within "
+                    f"{lock_timeout:g}s ({exc.diag.message_primary}); nothing was applied"
+                ) from None
             await conn.execute(
                 "INSERT INTO agentstate_schema_migrations (version, name) VALUES (%s, %s)",
                 (migration.version, migration.name),

@@ -51,9 +51,10 @@ from agentstate.state_service.domain import (
     UpsertResult,
     VersionConflict,
 )
-from agentstate.state_service.storage import sql
+from agentstate.state_service.storage import pg_checks, sql
 from agentstate.state_service.storage.base import StateStore
 from agentstate.state_service.storage.migrations import apply_migrations
+from agentstate.state_service.storage.pg_checks import Route
 
 log = logging.getLogger(__name__)
 
@@ -280,6 +281,10 @@ def _refusal(detail: dict[str, Any], batch: str | None) -> d.StateServiceError:
             return d.message_not_found(
                 int(detail["message_id"]), int(detail["conversation_id"]), where
             )
+        if detail.get("nothing_pruned"):
+            return NotFound(
+                f"conversation {detail['conversation_id']} not found; nothing was pruned"
+            )
         return d.conversation_not_found(
             int(detail["conversation_id"]), nothing_deleted=bool(detail.get("nothing_deleted"))
         )
@@ -307,14 +312,32 @@ def _refusal(detail: dict[str, Any], batch: str | None) -> d.StateServiceError:
             expire_time=datetime.fromisoformat(detail["expire_time"]),
             stop_requested=False,
         )
-        return d.LeaseHeld(d.lease_conflict_message(held))
+        return d.lease_held(held)
     if kind == "lease_lost":
         return d.lease_taken_over(int(detail["task_id"]), int(detail["holder_task_id"]))
+    if kind == "checkpoint_conflict":
+        return d.CheckpointConflict(
+            str(detail["namespace"]), str(detail["expected"]), str(detail["current"])
+        )
+    if kind == "target_has_checkpoints":
+        return d.target_has_checkpoints(int(detail["conversation_id"]))
     if kind == "card_pending":
         return d.CardPending(int(detail["message_id"]))
     if kind == "not_awaiting":
         return d.not_awaiting(int(detail["message_id"]), str(detail["status"]))
     return StoreError(f"unexpected refusal from the database: {detail}")
+
+
+# psycopg's default: a statement is prepared on its 5th use on a connection.
+_PREPARE_THRESHOLD = 5
+
+
+class MisconfiguredStore(StoreError):
+    """A start-up check failed; `parameter` names the store parameter at fault."""
+
+    def __init__(self, parameter: str, message: str) -> None:
+        super().__init__(message)
+        self.parameter = parameter
 
 
 class PostgresStore(StateStore):
@@ -327,8 +350,23 @@ class PostgresStore(StateStore):
         timeout: float = 5.0,
         connect_timeout: float = 30.0,
         migrate: bool = True,
+        prepared_statements: bool = True,
+        migration_conninfo: str = "",
+        migration_lock_timeout: float | None = 60.0,
+        check_route: bool = True,
     ) -> None:
+        """`prepared_statements` off: psycopg never prepares (prepare_threshold None), as
+        a transaction pooler without prepared statement support needs. Migrations run on
+        `migration_conninfo` when given (straight to PostgreSQL, past a pooler), else on a
+        pooled connection. `check_route`: the start-up checks of `open()`."""
         self._migrate = migrate
+        self._conninfo = conninfo
+        self._max_size = max_size
+        self._prepared_statements = prepared_statements
+        self._migration_conninfo = migration_conninfo
+        self._migration_lock_timeout = migration_lock_timeout
+        self._check_route = check_route
+        self.route: Route | None = None  # what the start-up check found
         self._pool = GuardedPool(
             AsyncConnectionPool(
                 conninfo,
@@ -337,7 +375,12 @@ class PostgresStore(StateStore):
                 timeout=timeout,
                 open=False,
                 configure=_configure_connection,
-                kwargs={"row_factory": dict_row},
+                # Every session setting the store relies on is client-side (adapters,
+                # autocommit): nothing to reset when a pooler swaps server sessions.
+                kwargs={
+                    "row_factory": dict_row,
+                    "prepare_threshold": _PREPARE_THRESHOLD if prepared_statements else None,
+                },
                 name="agentstate-state",
             ),
             what="database",
@@ -355,12 +398,57 @@ class PostgresStore(StateStore):
         return self._pool
 
     async def open(self) -> None:
+        """Connect, check the route (MisconfiguredStore), migrate (MigrationLockTimeout)."""
         await self._pool.open()
-        if self._migrate:
+        if self._check_route:
+            await self._check_startup()
+        if not self._migrate:
+            return
+        if self._migration_conninfo:
+            async with await psycopg.AsyncConnection.connect(
+                self._migration_conninfo, autocommit=True, prepare_threshold=None
+            ) as conn:
+                applied = await apply_migrations(conn, lock_timeout=self._migration_lock_timeout)
+        else:
             async with self._pool.connection() as conn:
-                applied = await apply_migrations(conn)
-            if applied:
-                log.info("applied schema migrations %s", applied)
+                applied = await apply_migrations(conn, lock_timeout=self._migration_lock_timeout)
+        if applied:
+            log.info("applied schema migrations %s", applied)
+
+    async def _check_startup(self) -> None:
+        """Refuse a configuration the route cannot carry, before the first request."""
+        async with self._pool.connection() as conn:
+            self.route = route = await pg_checks.route_of(conn)
+            capacity = await pg_checks.server_capacity(conn)
+        log.info(
+            "database route: %s (%s)", "direct" if route.direct else "not direct", route.detail
+        )
+        # The pool plus the watcher's probe connection.
+        needed = self._max_size + 1
+        if route.direct and needed > capacity.available:
+            raise MisconfiguredStore(
+                "pool_max_size",
+                f"a pool of {self._max_size} (+1 for the health probe) is more than the server "
+                f"allows: max_connections {capacity.max_connections} - "
+                f"{capacity.reserved} reserved = {capacity.available}; lower it, or put a "
+                "pooler (PgBouncer) in front (docs/scaling.md)",
+            )
+        if not route.direct:
+            log.info(
+                "not a direct connection: the server's %d connections do not bound this "
+                "pool of %d; the pooler's client limit does (docs/scaling.md)",
+                capacity.available,
+                self._max_size,
+            )
+        if self._prepared_statements:
+            check = await pg_checks.prepared_statements_break(self._conninfo)
+            log.info("prepared statement check: %s", check.detail)
+            if check.breaks:
+                raise MisconfiguredStore(
+                    "prepared_statements",
+                    f"prepared statements are on, but the route drops them: {check.detail}; "
+                    "turn them off",
+                )
 
     async def close(self) -> None:
         await self._pool.close()
@@ -407,10 +495,11 @@ class PostgresStore(StateStore):
         batch: str | None = None,
         writes: Sequence[MessageWrite] = (),
         json_param: str = "",
+        binary: bool = False,
     ) -> list[Row]:
         """Run one statement: one round trip, its own transaction."""
         async with self._connection(batch, writes, json_param) as conn:
-            cur = await conn.execute(statement, params)
+            cur = await conn.execute(statement, params, binary=binary)
             return await cur.fetchall()
 
     # ------------------------------------------------------------------ state
@@ -734,6 +823,170 @@ class PostgresStore(StateStore):
             raise NotFound(f"no running task {task_id}", "task")
         return _lease(rows[0])
 
+    # ---------------------------------------------------- checkpoints (issue 15)
+
+    async def put_checkpoint(
+        self,
+        *,
+        user_id: str,
+        conversation_id: int,
+        checkpoint: d.NewCheckpoint,
+        expected_head: str | None,
+    ) -> datetime:
+        d.check_json_depth(checkpoint.metadata_json, "metadata_json")
+        values = checkpoint.new_values
+        rows = await self._rows(
+            sql.PUT_CHECKPOINT,
+            {
+                "user_id": user_id,
+                "conversation_id": conversation_id,
+                "namespace": checkpoint.namespace,
+                "checkpoint_id": checkpoint.checkpoint_id,
+                "parent_id": checkpoint.parent_checkpoint_id,
+                "checkpoint_type": checkpoint.checkpoint_type,
+                "checkpoint": checkpoint.checkpoint,
+                "metadata": RawJson(checkpoint.metadata_json),
+                "channel_versions": RawJson(json.dumps(checkpoint.channel_versions).encode()),
+                "check_head": expected_head is not None,
+                "expected_head": expected_head or "",
+                "channels": TextArray([v.channel for v in values]),
+                "versions": TextArray([v.version for v in values]),
+                "value_types": TextArray([v.value_type for v in values]),
+                "values": [v.value for v in values],
+            },
+            json_param="metadata_json",
+        )
+        created: datetime = rows[0]["create_time"]
+        return created
+
+    async def _select_checkpoints(
+        self,
+        *,
+        user_id: str,
+        conversation_id: int,
+        namespace: str | None,
+        checkpoint_id: str | None = None,
+        metadata_filter: bytes | None = None,
+        before_checkpoint_id: str | None = None,
+        after: tuple[str, str] | None = None,
+        limit: int,
+    ) -> list[d.StoredCheckpoint]:
+        rows = await self._rows(
+            sql.SELECT_CHECKPOINTS,
+            {
+                "user_id": user_id,
+                "conversation_id": conversation_id,
+                "namespace": namespace,
+                "checkpoint_id": checkpoint_id,
+                "before": before_checkpoint_id,
+                "after_id": after[0] if after else None,
+                "after_ns": after[1] if after else None,
+                "filter": RawJson(metadata_filter) if metadata_filter else None,
+                "limit": limit,
+            },
+            json_param="metadata_filter_json",
+            binary=True,
+        )
+        if not rows:
+            raise d.conversation_not_found(conversation_id)
+        return [_checkpoint(row) for row in rows if row["checkpoint_id"] is not None]
+
+    async def get_checkpoint(
+        self, *, user_id: str, conversation_id: int, namespace: str, checkpoint_id: str | None
+    ) -> d.StoredCheckpoint | None:
+        found = await self._select_checkpoints(
+            user_id=user_id,
+            conversation_id=conversation_id,
+            namespace=namespace,
+            checkpoint_id=checkpoint_id,
+            limit=1,
+        )
+        return found[0] if found else None
+
+    async def list_checkpoints(
+        self,
+        *,
+        user_id: str,
+        conversation_id: int,
+        namespace: str | None,
+        metadata_filter: bytes | None,
+        before_checkpoint_id: str | None,
+        page_size: int,
+        after: tuple[str, str] | None,
+    ) -> Page[d.StoredCheckpoint]:
+        found = await self._select_checkpoints(
+            user_id=user_id,
+            conversation_id=conversation_id,
+            namespace=namespace,
+            metadata_filter=metadata_filter,
+            before_checkpoint_id=before_checkpoint_id,
+            after=after,
+            limit=page_size + 1,  # one more tells whether there is a next page
+        )
+        page = found[:page_size]
+        token = ""
+        if len(found) > page_size:
+            token = d.checkpoint_page_token(page[-1].checkpoint_id, page[-1].namespace)
+        return Page(page, token)
+
+    async def put_checkpoint_writes(
+        self,
+        *,
+        user_id: str,
+        conversation_id: int,
+        namespace: str,
+        checkpoint_id: str,
+        writes: Sequence[d.CheckpointWrite],
+    ) -> int:
+        rows = await self._rows(
+            sql.PUT_CHECKPOINT_WRITES,
+            {
+                "user_id": user_id,
+                "conversation_id": conversation_id,
+                "namespace": namespace,
+                "checkpoint_id": checkpoint_id,
+                "task_ids": TextArray([w.task_id for w in writes]),
+                "idxs": BigintArray([w.idx for w in writes]),
+                "channels": TextArray([w.channel for w in writes]),
+                "value_types": TextArray([w.value_type for w in writes]),
+                "values": [w.value for w in writes],
+                "task_paths": TextArray([w.task_path for w in writes]),
+            },
+        )
+        return int(rows[0]["stored"])
+
+    async def delete_checkpoints_for_runs(self, *, user_id: str, run_ids: Sequence[str]) -> int:
+        rows = await self._rows(
+            sql.DELETE_CHECKPOINTS_FOR_RUNS, {"user_id": user_id, "run_ids": TextArray(run_ids)}
+        )
+        return int(rows[0]["deleted"])
+
+    async def copy_checkpoints(
+        self, *, user_id: str, source_conversation_id: int, target_conversation_id: int
+    ) -> int:
+        rows = await self._rows(
+            sql.COPY_CHECKPOINTS,
+            {
+                "user_id": user_id,
+                "source": source_conversation_id,
+                "target": target_conversation_id,
+            },
+        )
+        return int(rows[0]["copied"])
+
+    async def prune_checkpoints(
+        self, *, user_id: str, conversation_ids: Sequence[int], strategy: d.PruneStrategy
+    ) -> int:
+        rows = await self._rows(
+            sql.PRUNE_CHECKPOINTS,
+            {
+                "user_id": user_id,
+                "ids": BigintArray(sorted(set(conversation_ids))),
+                "keep_latest": strategy is d.PruneStrategy.KEEP_LATEST,
+            },
+        )
+        return int(rows[0]["deleted"])
+
     # ------------------------------------- conversation items, scoped state
 
     async def append_items(
@@ -849,6 +1102,45 @@ def _item(conversation_id: int, row: Row) -> d.ConversationItem:
         seq=int(row["seq"]),
         item_json=row["item"],
         item_time=row["item_time"],
+        create_time=row["create_time"],
+    )
+
+
+def _checkpoint(row: Row) -> d.StoredCheckpoint:
+    def column(name: str) -> list[Any]:
+        return row[name] or []  # array_agg over no rows is NULL
+
+    return d.StoredCheckpoint(
+        conversation_id=int(row["conversation_id"]),
+        namespace=row["namespace"],
+        checkpoint_id=row["checkpoint_id"],
+        parent_checkpoint_id=row["parent_checkpoint_id"],
+        checkpoint_type=row["checkpoint_type"],
+        checkpoint=bytes(row["checkpoint"]),
+        metadata_json=row["metadata"].encode(),
+        channel_versions=json.loads(row["channel_versions"]),
+        channel_values=[
+            d.ChannelValue(channel, version, value_type, bytes(value))
+            for channel, version, value_type, value in zip(
+                column("channels"),
+                column("versions"),
+                column("value_types"),
+                column("values"),
+                strict=True,
+            )
+        ],
+        pending_writes=[
+            d.CheckpointWrite(task_id, int(idx), channel, value_type, bytes(value), task_path)
+            for task_id, idx, channel, value_type, value, task_path in zip(
+                column("task_ids"),
+                column("idxs"),
+                column("write_channels"),
+                column("write_types"),
+                column("write_values"),
+                column("task_paths"),
+                strict=True,
+            )
+        ],
         create_time=row["create_time"],
     )
 

@@ -226,6 +226,84 @@ LIMIT %(limit)s
 FOR UPDATE OF c SKIP LOCKED
 """
 
+# ------------------------------------------------------ checkpoints (issue 15)
+
+PUT_CHECKPOINT: Final = """
+SELECT agentstate_put_checkpoint(
+    %(user_id)s, %(conversation_id)s, %(namespace)s, %(checkpoint_id)s, %(parent_id)s,
+    %(checkpoint_type)s, %(checkpoint)b, %(metadata)s, %(channel_versions)s,
+    %(check_head)s, %(expected_head)s,
+    %(channels)s::text[], %(versions)s::text[], %(value_types)s::text[], %(values)b::bytea[]
+) AS create_time
+"""
+
+PUT_CHECKPOINT_WRITES: Final = """
+SELECT agentstate_put_checkpoint_writes(
+    %(user_id)s, %(conversation_id)s, %(namespace)s, %(checkpoint_id)s,
+    %(task_ids)s::text[], %(idxs)s::integer[], %(channels)s::text[],
+    %(value_types)s::text[], %(values)b::bytea[], %(task_paths)s::text[]
+) AS stored
+"""
+
+DELETE_CHECKPOINTS_FOR_RUNS: Final = """
+SELECT agentstate_delete_checkpoints_for_runs(%(user_id)s, %(run_ids)s::text[]) AS deleted
+"""
+
+COPY_CHECKPOINTS: Final = """
+SELECT agentstate_copy_checkpoints(%(user_id)s, %(source)s, %(target)s) AS copied
+"""
+
+PRUNE_CHECKPOINTS: Final = """
+SELECT agentstate_prune_checkpoints(%(user_id)s, %(ids)s::bigint[], %(keep_latest)s) AS deleted
+"""
+
+# Checkpoints with their channel values and pending writes, newest first, one
+# statement. The conversation is the driving row: no row at all means it is
+# absent (NOT_FOUND), one row with a NULL checkpoint_id means no checkpoint.
+# Filters are optional (NULL: not applied). Run in binary format: bytea arrays
+# cost a hex round trip in text (about 2 ms for 40 kB); JSON comes back as text.
+SELECT_CHECKPOINTS: Final = """
+SELECT conv.id AS conversation_id, c.namespace, c.checkpoint_id, c.parent_checkpoint_id,
+       c.checkpoint_type, c.checkpoint, c.metadata::text AS metadata,
+       c.channel_versions::text AS channel_versions, c.create_time,
+       v.channels, v.versions, v.value_types, v.values,
+       w.task_ids, w.idxs, w.write_channels, w.write_types, w.write_values, w.task_paths
+FROM t_conversation AS conv
+LEFT JOIN LATERAL (
+    SELECT * FROM t_checkpoint AS c
+    WHERE c.user_id = conv.user_id AND c.conversation_id = conv.id
+      AND (%(namespace)s::text IS NULL OR c.namespace = %(namespace)s::text)
+      AND (%(checkpoint_id)s::text IS NULL OR c.checkpoint_id = %(checkpoint_id)s::text)
+      AND (%(before)s::text IS NULL OR c.checkpoint_id < %(before)s::text)
+      AND (%(after_id)s::text IS NULL
+           OR (c.checkpoint_id, c.namespace) < (%(after_id)s::text, %(after_ns)s::text))
+      AND (%(filter)s::jsonb IS NULL OR c.metadata @> %(filter)s::jsonb)
+    ORDER BY c.checkpoint_id DESC, c.namespace DESC
+    LIMIT %(limit)s
+) AS c ON true
+LEFT JOIN LATERAL (
+    SELECT array_agg(b.channel) AS channels, array_agg(b.version) AS versions,
+           array_agg(b.value_type) AS value_types, array_agg(b.value) AS values
+    FROM jsonb_each_text(c.channel_versions) AS cv
+    JOIN t_checkpoint_blob AS b
+      ON b.user_id = c.user_id AND b.conversation_id = c.conversation_id
+     AND b.namespace = c.namespace AND b.channel = cv.key AND b.version = cv.value
+) AS v ON c.checkpoint_id IS NOT NULL
+LEFT JOIN LATERAL (
+    SELECT array_agg(x.task_id ORDER BY x.task_path, x.task_id, x.idx) AS task_ids,
+           array_agg(x.idx ORDER BY x.task_path, x.task_id, x.idx) AS idxs,
+           array_agg(x.channel ORDER BY x.task_path, x.task_id, x.idx) AS write_channels,
+           array_agg(x.value_type ORDER BY x.task_path, x.task_id, x.idx) AS write_types,
+           array_agg(x.value ORDER BY x.task_path, x.task_id, x.idx) AS write_values,
+           array_agg(x.task_path ORDER BY x.task_path, x.task_id, x.idx) AS task_paths
+    FROM t_checkpoint_write AS x
+    WHERE x.user_id = c.user_id AND x.conversation_id = c.conversation_id
+      AND x.namespace = c.namespace AND x.checkpoint_id = c.checkpoint_id
+) AS w ON c.checkpoint_id IS NOT NULL
+WHERE conv.user_id = %(user_id)s AND conv.id = %(conversation_id)s
+ORDER BY c.checkpoint_id DESC, c.namespace DESC
+"""
+
 # ------------------------------------------ conversation items, scoped state
 
 _ITEM_COLUMNS = "seq, item, item_time, create_time"

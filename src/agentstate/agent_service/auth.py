@@ -1,0 +1,325 @@
+"""Who the end user of a call is: one identity function for every AgentService RPC.
+
+AGENT_AUTH_MODE picks how a caller proves it (README "Authentication"):
+
+- `jwt`: an `authorization: Bearer <token>` metadata entry holding a signed JWT (OIDC
+  access or ID token). Its signature is checked with the issuer's public keys (a JWKS URL,
+  fetched and cached, or a JWKS/PEM file), and its `iss`, `aud`, `exp` (and `nbf`, `iat`
+  when present) with AGENT_JWT_LEEWAY_SECONDS of clock skew. Only public-key algorithms
+  are accepted. The user is the AGENT_JWT_USER_CLAIM claim.
+- `proxy`: an authenticating proxy in front of the service has checked the user and sends
+  `agentstate-user-id`; the call must also carry `agentstate-proxy-secret` equal to
+  AGENT_PROXY_SECRET, so a pod that merely reaches the port cannot claim to be the proxy
+  (k8s/base/agent.yaml adds a NetworkPolicy admitting only the proxy's pods).
+- `dev-header`: the bare `agentstate-user-id` header, trusted from anyone: local
+  development and tests only; the service logs a warning at start-up.
+
+Refusals are UNAUTHENTICATED with an ErrorInfo reason (UNAUTHENTICATED: no or malformed
+credentials; TOKEN_EXPIRED; TOKEN_INVALID; PROXY_UNTRUSTED) and a message that says what
+to do; why a token was refused (wrong audience, bad signature, ...) goes to the log, not
+to the caller.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+import jwt
+from cryptography.hazmat.primitives import serialization
+
+from agentstate.agent_service import errors
+from agentstate.agent_service.config import MIN_PROXY_SECRET_CHARS, AgentServiceSettings
+from agentstate.common.config import ConfigError
+
+log = logging.getLogger(__name__)
+
+USER_ID_METADATA_KEY = "agentstate-user-id"
+PROXY_SECRET_METADATA_KEY = "agentstate-proxy-secret"
+AUTHORIZATION_METADATA_KEY = "authorization"
+
+# ErrorInfo reasons of UNAUTHENTICATED.
+NO_CREDENTIALS = "UNAUTHENTICATED"  # the reason a missing identity always had
+TOKEN_EXPIRED = "TOKEN_EXPIRED"
+TOKEN_INVALID = "TOKEN_INVALID"
+PROXY_UNTRUSTED = "PROXY_UNTRUSTED"
+
+# An unknown `kid` refetches the JWKS (the issuer rotated its keys), at most this often:
+# tokens with made-up kids must not turn the service into a load generator on the issuer.
+_MIN_REFETCH_SECONDS = 10.0
+_JWKS_TIMEOUT_SECONDS = 5.0
+
+Metadata = Sequence[tuple[str, str | bytes]]
+
+
+class Authenticator(Protocol):
+    mode: str
+
+    async def user_id(self, metadata: Metadata) -> str:
+        """The calling end user; raises errors.Unauthenticated (or Unavailable)."""
+        ...
+
+
+def _values(metadata: Metadata, key: str) -> list[str]:
+    return [
+        value if isinstance(value, str) else value.decode(errors="replace")
+        for name, value in metadata
+        if name == key
+    ]
+
+
+def _one(metadata: Metadata, key: str, missing: str) -> str:
+    values = _values(metadata, key)
+    if not values:
+        raise errors.Unauthenticated(missing, reason=NO_CREDENTIALS)
+    if len(values) > 1:
+        # Which one would the gateway have meant? Refuse rather than pick one.
+        raise errors.Unauthenticated(
+            f"the request metadata carries {key} {len(values)} times; send it exactly once",
+            reason=NO_CREDENTIALS,
+        )
+    return values[0]
+
+
+def valid_user_id(user_id: object, where: str) -> str:
+    if not isinstance(user_id, str) or not user_id or len(user_id) > 128:
+        raise errors.InvalidInput(f"{where} must be 1..128 printable characters")
+    if not user_id.isprintable():
+        raise errors.InvalidInput(f"{where} must be 1..128 printable characters")
+    return user_id
+
+
+class DevHeaderAuth:
+    """The bare header, from anyone: development only."""
+
+    mode = "dev-header"
+
+    async def user_id(self, metadata: Metadata) -> str:
+        header = _one(
+            metadata,
+            USER_ID_METADATA_KEY,
+            f"the request metadata carries no {USER_ID_METADATA_KEY}",
+        )
+        return valid_user_id(header, USER_ID_METADATA_KEY)
+
+
+class ProxyAuth:
+    """The header, from the authenticating proxy only (it also sends the shared secret)."""
+
+    mode = "proxy"
+
+    def __init__(self, secret: str) -> None:
+        self._secret = secret.encode()
+
+    async def user_id(self, metadata: Metadata) -> str:
+        sent = _values(metadata, PROXY_SECRET_METADATA_KEY)
+        # Constant-time comparison: the secret must not leak through timing.
+        if len(sent) != 1 or not hmac.compare_digest(sent[0].encode(), self._secret):
+            log.warning("refused a call that did not come through the authenticating proxy")
+            raise errors.Unauthenticated(
+                "this service accepts calls only through its authenticating proxy; "
+                "send the request to the proxy's address",
+                reason=PROXY_UNTRUSTED,
+            )
+        header = _one(
+            metadata,
+            USER_ID_METADATA_KEY,
+            f"the proxy sent no {USER_ID_METADATA_KEY}: sign in through the proxy",
+        )
+        return valid_user_id(header, USER_ID_METADATA_KEY)
+
+
+class _KeySource(Protocol):
+    async def key_for(self, kid: str | None) -> Any: ...
+
+
+def _match(keys: jwt.PyJWKSet, kid: str | None) -> jwt.PyJWK | None:
+    if kid is None:
+        # A token without `kid` is only unambiguous against a set of one key.
+        return keys.keys[0] if len(keys.keys) == 1 else None
+    return next((key for key in keys.keys if key.key_id == kid), None)
+
+
+class _FileKeys:
+    """A JWKS JSON file or a PEM public key, read once at start-up."""
+
+    def __init__(self, path: str) -> None:
+        try:
+            text = Path(path).read_text()
+        except OSError as exc:
+            raise ConfigError(f"AGENT_JWT_KEY_FILE={path!r} cannot be read: {exc}") from None
+        self._pem: Any = None
+        self._jwks: jwt.PyJWKSet | None = None
+        try:
+            if text.lstrip().startswith("{"):
+                self._jwks = jwt.PyJWKSet.from_dict(json.loads(text))
+            else:
+                self._pem = serialization.load_pem_public_key(text.encode())
+        except (ValueError, jwt.PyJWKSetError, jwt.InvalidKeyError) as exc:
+            raise ConfigError(
+                f"AGENT_JWT_KEY_FILE={path!r} is neither a JWKS nor a PEM public key: {exc}"
+            ) from None
+
+    async def key_for(self, kid: str | None) -> Any:
+        if self._pem is not None:
+            return self._pem
+        assert self._jwks is not None
+        found = _match(self._jwks, kid)
+        if found is None:
+            raise _Refused("no key of AGENT_JWT_KEY_FILE has the token's kid")
+        return found.key
+
+
+class _RemoteKeys:
+    """The issuer's JWKS over HTTP(S): PyJWKClient keeps it for the cache lifetime; a kid
+    not in it refetches (key rotation), rate-limited."""
+
+    def __init__(self, url: str, cache_seconds: float) -> None:
+        self._client = jwt.PyJWKClient(
+            url, cache_jwk_set=True, lifespan=cache_seconds, timeout=_JWKS_TIMEOUT_SECONDS
+        )
+        self._last_refetch = -_MIN_REFETCH_SECONDS
+        self._lock = asyncio.Lock()
+
+    async def _jwk_set(self, refresh: bool) -> jwt.PyJWKSet:
+        try:
+            # urllib under the hood: off the event loop.
+            return await asyncio.to_thread(self._client.get_jwk_set, refresh)
+        except jwt.PyJWKClientConnectionError as exc:
+            log.warning("the JWKS at AGENT_JWT_JWKS_URL could not be fetched: %s", exc)
+            raise errors.Unavailable(
+                "the identity provider's signing keys cannot be fetched right now; retry later"
+            ) from None
+        except jwt.PyJWKClientError as exc:
+            log.warning("the JWKS at AGENT_JWT_JWKS_URL is unusable: %s", exc)
+            raise errors.Unavailable(
+                "the identity provider's signing keys cannot be used right now; retry later"
+            ) from None
+
+    async def key_for(self, kid: str | None) -> Any:
+        async with self._lock:  # one fetch at a time; the others use its result
+            found = _match(await self._jwk_set(refresh=False), kid)
+            now = time.monotonic()
+            if found is None and now - self._last_refetch >= _MIN_REFETCH_SECONDS:
+                self._last_refetch = now
+                found = _match(await self._jwk_set(refresh=True), kid)
+        if found is None:
+            raise _Refused("no key of the JWKS has the token's kid")
+        return found.key
+
+
+class _Refused(Exception):
+    """Why a token was refused: logged, never sent."""
+
+
+class JwtAuth:
+    mode = "jwt"
+
+    def __init__(self, settings: AgentServiceSettings, keys: _KeySource) -> None:
+        self._issuer = settings.jwt_issuer
+        self._audience = settings.jwt_audience
+        self._algorithms = list(settings.jwt_algorithms)
+        self._leeway = settings.jwt_leeway_seconds
+        self._claim = settings.jwt_user_claim
+        self._keys = keys
+
+    async def user_id(self, metadata: Metadata) -> str:
+        header = _one(
+            metadata,
+            AUTHORIZATION_METADATA_KEY,
+            "no credentials: send the end user's access token as "
+            "`authorization: Bearer <token>` metadata",
+        )
+        scheme, _, token = header.strip().partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            raise errors.Unauthenticated(
+                "the authorization metadata must be `Bearer <token>`", reason=NO_CREDENTIALS
+            )
+        try:
+            claims = await self._verify(token.strip())
+        except jwt.ExpiredSignatureError:
+            raise errors.Unauthenticated(
+                "the access token has expired: get a new one and retry", reason=TOKEN_EXPIRED
+            ) from None
+        except (jwt.InvalidTokenError, _Refused) as exc:
+            log.info("refused an access token: %s", exc)
+            raise errors.Unauthenticated(
+                "the access token was refused: it is not a valid token for this service; "
+                "sign in again to get one",
+                reason=TOKEN_INVALID,
+            ) from None
+        user = claims.get(self._claim)
+        if not isinstance(user, str) or not user or len(user) > 128 or not user.isprintable():
+            log.info("refused an access token: its %s claim is not a usable user id", self._claim)
+            raise errors.Unauthenticated(
+                "the access token carries no usable user id; sign in again to get one",
+                reason=TOKEN_INVALID,
+            )
+        return user
+
+    async def _verify(self, token: str) -> dict[str, Any]:
+        header = jwt.get_unverified_header(token)
+        algorithm = header.get("alg")
+        # Before any key lookup: `none`, HS* and anything not configured never get that far.
+        if algorithm not in self._algorithms:
+            raise _Refused(f"algorithm {algorithm!r} is not in AGENT_JWT_ALGORITHMS")
+        kid = header.get("kid")
+        key = await self._keys.key_for(kid if isinstance(kid, str) else None)
+        claims: dict[str, Any] = jwt.decode(
+            token,
+            key=key,
+            algorithms=[algorithm],
+            audience=self._audience,
+            issuer=self._issuer,
+            leeway=self._leeway,
+            options={"require": ["exp", "iss", "aud", self._claim]},
+        )
+        return claims
+
+
+def build_authenticator(settings: AgentServiceSettings) -> Authenticator:
+    """The configured authenticator; ConfigError says what a mode is missing."""
+    if settings.auth_mode == "dev-header":
+        log.warning(
+            "AGENT_AUTH_MODE=dev-header: the %s header is trusted from any caller, so "
+            "anyone who reaches this service can act as any user. Development only: use "
+            'jwt or proxy in production (README "Authentication")',
+            USER_ID_METADATA_KEY,
+        )
+        return DevHeaderAuth()
+    if settings.auth_mode == "proxy":
+        secret = settings.proxy_secret.get_secret_value()
+        if len(secret) < MIN_PROXY_SECRET_CHARS:
+            raise ConfigError(
+                f"AGENT_AUTH_MODE=proxy needs AGENT_PROXY_SECRET of at least "
+                f"{MIN_PROXY_SECRET_CHARS} characters (the value the proxy sends in "
+                f"{PROXY_SECRET_METADATA_KEY})"
+            )
+        return ProxyAuth(secret)
+    missing = [
+        name
+        for name, value in (
+            ("AGENT_JWT_ISSUER", settings.jwt_issuer),
+            ("AGENT_JWT_AUDIENCE", settings.jwt_audience),
+        )
+        if not value
+    ]
+    if missing or bool(settings.jwt_jwks_url) == bool(settings.jwt_key_file):
+        raise ConfigError(
+            "AGENT_AUTH_MODE=jwt (the default) needs AGENT_JWT_ISSUER, AGENT_JWT_AUDIENCE "
+            "and one of AGENT_JWT_JWKS_URL or AGENT_JWT_KEY_FILE"
+            + (f"; missing: {', '.join(missing)}" if missing else "")
+            + "; for local development only, AGENT_AUTH_MODE=dev-header"
+        )
+    keys: _KeySource
+    if settings.jwt_key_file:
+        keys = _FileKeys(settings.jwt_key_file)
+    else:
+        keys = _RemoteKeys(settings.jwt_jwks_url, settings.jwt_jwks_cache_seconds)
+    return JwtAuth(settings, keys)
