@@ -55,3 +55,20 @@ def test_the_check_sees_a_service_import(tmp_path: Path) -> None:
         "agentstate.agent_service.errors",
         "agentstate.state_service.storage",
     }
+
+
+def test_integrations_import_no_service() -> None:
+    """The framework adapters sit on the client only (never the services' internals)."""
+    test_lower_layers_import_no_service("integrations")
+
+
+def test_frameworks_are_optional_extras() -> None:
+    """The core install does not pull the agent frameworks in: each is an extra."""
+    import tomllib
+
+    project = tomllib.loads((SRC.parents[1] / "pyproject.toml").read_text())["project"]
+    core = " ".join(project["dependencies"])
+    extras = project["optional-dependencies"]
+    for extra, package in (("openai-agents", "openai-agents"), ("adk", "google-adk")):
+        assert package not in core
+        assert any(req.startswith(package) for req in extras[extra])

@@ -38,6 +38,8 @@ READS = {
         "GetCheckpoint",
         "ListCheckpoints",
         "GetLease",
+        "ListItems",
+        "GetScopedState",
     },
     "agentstate.agent.v1.AgentService": {"ListConversations", "ListMessages", "GetRagHistory"},
 }

@@ -249,3 +249,37 @@ async def test_every_language_retries_reads_with_the_service_config(
                 "conversation_id": cid,
             }, report
             assert blips.attempts["GetConversation"] == 3, report
+
+
+async def test_go_reads_an_openai_agents_session(
+    builds: dict[str, Future[Built]], state_process_address: str
+) -> None:
+    """The point of a language-neutral store: what an OpenAI Agents SDK session wrote in
+    Python, a Go service reads over gRPC (the conversation by its key, then its items)."""
+    from agentstate.client.aio import AsyncStateClient
+    from agentstate.integrations.openai_agents import AgentStateSession, session_key
+
+    client = built(builds, "go")
+    user_id = f"go-openai-{uuid.uuid4()}"
+    written: list[Any] = [
+        {"role": "user", "content": QUESTION},
+        {"type": "function_call", "call_id": "c1", "name": "query_order", "arguments": "{}"},
+        {"role": "assistant", "content": "订单 88235 已支付待发货"},
+    ]
+    async with AsyncStateClient.connect(state_process_address) as state:
+        session = AgentStateSession("support-42", client=state, user_id=user_id)
+        await session.add_items(written[:2])
+        await session.add_items(written[2:])
+        conversation_id = await session.conversation_id()
+    # Not subprocess.run in this loop's thread: nothing here serves it, but keep it off-loop.
+    out = await asyncio.to_thread(
+        run_client,
+        client,
+        "session_items",
+        state_process_address,
+        user_id,
+        session_key("support-42"),
+    )
+    assert out["conversation_id"] == conversation_id
+    assert out["items"] == written and out["seqs"] == [1, 2, 3] and out["revision"] == 3
+    assert out["newest"] == written[-1]

@@ -50,7 +50,8 @@ JARS = [
     "netty-transport-native-unix-common",
 ]
 JAVA_PROGRAMS = ["AgentClient", "RetryCheck"]  # tests/java/NAME.java
-GO_PROGRAMS = ["state_client", "retry_check", "checkpoint_reader"]  # tests/go/NAME.go
+# tests/go/NAME.go
+GO_PROGRAMS = ["state_client", "retry_check", "checkpoint_reader", "session_items"]
 JAVA_TOOLS = ["protoc", "grpc_java_plugin", "javac", "java"]
 # Short-lived JVMs: the C1 compiler alone halves javac's time here (measured 8.5 s -> 4.7 s).
 FAST_JVM = ["-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC"]

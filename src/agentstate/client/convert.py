@@ -18,20 +18,27 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from agentstate.client.types import (
     AcquiredLease,
+    AppendedEvent,
+    AppendedItems,
     BegunTurn,
     ChannelValue,
     CheckpointWrite,
+    ClearedItems,
     Compaction,
     CompactionNote,
     Conversation,
     Deleted,
+    Item,
+    ItemsPage,
     LeaseInfo,
     MessageRecord,
     NewCheckpoint,
+    NewItem,
     NewRecord,
     NoOpenCard,
     OpenCard,
     Page,
+    PoppedItem,
     PruneStrategy,
     RecordRole,
     RecordStatus,
@@ -39,6 +46,7 @@ from agentstate.client.types import (
     RecordWrite,
     ResolvedConversation,
     SavedState,
+    ScopedStates,
     StateChange,
     StateSnapshot,
     StoredCheckpoint,
@@ -640,4 +648,140 @@ def prune_checkpoints(
             user_id=user_id, conversation_ids=list(conversation_ids), strategy=_PRUNE[strategy]
         ),
         lambda r: int(r.checkpoints_deleted),
+    )
+
+
+# ------------------------------------------- conversation items, scoped state
+
+
+def _timestamp(value: datetime) -> Timestamp:
+    ts = Timestamp()
+    ts.FromDatetime(value)
+    return ts
+
+
+def new_item_pb(item: NewItem) -> pb.NewItem:
+    message = pb.NewItem(item_json=payload_bytes(item.item))
+    if item.item_time is not None:
+        message.item_time.CopyFrom(_timestamp(item.item_time))
+    return message
+
+
+def item_of(message: pb.ConversationItem) -> Item:
+    return Item(
+        conversation_id=message.conversation_id,
+        seq=int(message.seq),
+        item_json=message.item_json,
+        item_time=_time(message.item_time),
+        create_time=_time(message.create_time),
+    )
+
+
+def _snapshot_of(message: pb.ScopedState) -> StateSnapshot:
+    return StateSnapshot(message.payload, int(message.version), _time(message.update_time))
+
+
+def append_items(
+    user_id: str, conversation_id: str, items: Sequence[NewItem], expected_revision: int | None
+) -> Op[AppendedItems]:
+    request = pb.AppendItemsRequest(
+        user_id=user_id, conversation_id=conversation_id, items=[new_item_pb(i) for i in items]
+    )
+    if expected_revision is not None:
+        request.expected_revision = expected_revision
+    return Op(
+        "AppendItems",
+        request,
+        lambda r: AppendedItems([item_of(i) for i in r.items], int(r.revision)),
+    )
+
+
+def list_items(
+    user_id: str,
+    conversation_id: str,
+    *,
+    last_n: int | None,
+    min_item_time: datetime | None,
+    page_size: int,
+    page_token: str,
+) -> Op[ItemsPage]:
+    request = pb.ListItemsRequest(
+        user_id=user_id, conversation_id=conversation_id, page_size=page_size, page_token=page_token
+    )
+    if last_n is not None:
+        request.last_n = last_n
+    if min_item_time is not None:
+        request.min_item_time.CopyFrom(_timestamp(min_item_time))
+    return Op(
+        "ListItems",
+        request,
+        lambda r: ItemsPage(
+            [item_of(i) for i in r.items], r.next_page_token, int(r.revision), _time(r.update_time)
+        ),
+    )
+
+
+def pop_item(user_id: str, conversation_id: str, expected_revision: int | None) -> Op[PoppedItem]:
+    request = pb.PopItemRequest(user_id=user_id, conversation_id=conversation_id)
+    if expected_revision is not None:
+        request.expected_revision = expected_revision
+    return Op(
+        "PopItem",
+        request,
+        lambda r: PoppedItem(item_of(r.item) if r.HasField("item") else None, int(r.revision)),
+    )
+
+
+def clear_items(user_id: str, conversation_id: str) -> Op[ClearedItems]:
+    return Op(
+        "ClearItems",
+        pb.ClearItemsRequest(user_id=user_id, conversation_id=conversation_id),
+        lambda r: ClearedItems(int(r.items_deleted), int(r.revision)),
+    )
+
+
+def get_scoped_state(user_id: str, app_name: str) -> Op[ScopedStates]:
+    return Op(
+        "GetScopedState",
+        pb.GetScopedStateRequest(user_id=user_id, app_name=app_name),
+        lambda r: ScopedStates(
+            _snapshot_of(r.app_state) if r.HasField("app_state") else None,
+            _snapshot_of(r.user_state) if r.HasField("user_state") else None,
+        ),
+    )
+
+
+def append_event(
+    user_id: str,
+    conversation_id: str,
+    *,
+    item: NewItem | None,
+    expected_revision: int | None,
+    state_key: str,
+    state_delta: Payload | None,
+    app_name: str,
+    app_state_delta: Payload | None,
+    user_state_delta: Payload | None,
+) -> Op[AppendedEvent]:
+    request = pb.AppendEventRequest(
+        user_id=user_id,
+        conversation_id=conversation_id,
+        state_key=state_key,
+        app_name=app_name,
+        state_delta_json=payload_bytes(state_delta) if state_delta is not None else b"",
+        app_state_delta_json=payload_bytes(app_state_delta) if app_state_delta is not None else b"",
+        user_state_delta_json=(
+            payload_bytes(user_state_delta) if user_state_delta is not None else b""
+        ),
+    )
+    if item is not None:
+        request.item.CopyFrom(new_item_pb(item))
+    if expected_revision is not None:
+        request.expected_revision = expected_revision
+    return Op(
+        "AppendEvent",
+        request,
+        lambda r: AppendedEvent(
+            item_of(r.item) if r.HasField("item") else None, int(r.revision), int(r.state_version)
+        ),
     )

@@ -22,22 +22,29 @@ from agentstate.client.errors import NotFound, from_rpc_error
 from agentstate.client.settings import DEFAULT_TIMEOUT_SECONDS, ClientSettings
 from agentstate.client.types import (
     AcquiredLease,
+    AppendedEvent,
+    AppendedItems,
     BegunTurn,
     CheckpointWrite,
+    ClearedItems,
     Compaction,
     CompactionNote,
     Conversation,
     Deleted,
+    ItemsPage,
     LeaseInfo,
     MessageRecord,
     NewCheckpoint,
+    NewItem,
     NewRecord,
     Page,
+    PoppedItem,
     PruneStrategy,
     RecordUpdate,
     RecordWrite,
     ResolvedConversation,
     SavedState,
+    ScopedStates,
     StateChange,
     StateSnapshot,
     StoredCheckpoint,
@@ -443,3 +450,102 @@ class StateClient:
     ) -> int:
         """Keep each namespace's newest checkpoint (or none), all or nothing."""
         return self._call(ops.prune_checkpoints(user_id, conversation_ids, strategy), timeout)
+
+    # ---- conversation items and scoped state (agent framework sessions) ----
+
+    def append_items(
+        self,
+        user_id: str,
+        conversation_id: str,
+        items: Sequence[NewItem],
+        *,
+        expected_revision: int | None = None,
+        timeout: float | None = None,
+    ) -> AppendedItems:
+        """Append items (JSON objects) at the end of the conversation's item list in one
+        transaction; concurrent appends all land. expected_revision: None appends
+        unconditionally, N only if the item revision is N (else VersionConflict)."""
+        return self._call(
+            ops.append_items(user_id, conversation_id, items, expected_revision), timeout
+        )
+
+    def list_items(
+        self,
+        user_id: str,
+        conversation_id: str,
+        *,
+        last_n: int | None = None,
+        min_item_time: datetime | None = None,
+        page_size: int = 0,
+        page_token: str = "",
+        timeout: float | None = None,
+    ) -> ItemsPage:
+        """Items oldest first: all, or the newest `last_n`, optionally only those at or after
+        `min_item_time`; page_size 0 means 1000."""
+        return self._call(
+            ops.list_items(
+                user_id,
+                conversation_id,
+                last_n=last_n,
+                min_item_time=min_item_time,
+                page_size=page_size,
+                page_token=page_token,
+            ),
+            timeout,
+        )
+
+    def pop_item(
+        self,
+        user_id: str,
+        conversation_id: str,
+        *,
+        expected_revision: int | None = None,
+        timeout: float | None = None,
+    ) -> PoppedItem:
+        """Remove and return the newest item (`item` None when the list is empty)."""
+        return self._call(ops.pop_item(user_id, conversation_id, expected_revision), timeout)
+
+    def clear_items(
+        self, user_id: str, conversation_id: str, *, timeout: float | None = None
+    ) -> ClearedItems:
+        """Remove all the conversation's items (the conversation and its state stay)."""
+        return self._call(ops.clear_items(user_id, conversation_id), timeout)
+
+    def get_scoped_state(
+        self, user_id: str, app_name: str, *, timeout: float | None = None
+    ) -> ScopedStates:
+        """The app-scoped state of `app_name` and the user's state in it (None: unwritten)."""
+        return self._call(ops.get_scoped_state(user_id, app_name), timeout)
+
+    def append_event(
+        self,
+        user_id: str,
+        conversation_id: str,
+        *,
+        item: NewItem | None = None,
+        expected_revision: int | None = None,
+        state_key: str = "",
+        state_delta: Payload | None = None,
+        app_name: str = "",
+        app_state_delta: Payload | None = None,
+        user_state_delta: Payload | None = None,
+        timeout: float | None = None,
+    ) -> AppendedEvent:
+        """In one transaction: check expected_revision (VersionConflict), append `item`,
+        merge `state_delta` into the conversation state under `state_key` and the app and
+        user deltas into `app_name`'s scoped state. `state_delta`'s "temp:" keys are
+        never stored."""
+        return self._call(
+            ops.append_event(
+                user_id,
+                conversation_id,
+                item=item,
+                expected_revision=expected_revision,
+                state_key=state_key,
+                state_delta=state_delta,
+                app_name=app_name,
+                app_state_delta=app_state_delta,
+                user_state_delta=user_state_delta,
+            ),
+            timeout,
+        )

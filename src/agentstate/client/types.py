@@ -289,3 +289,67 @@ class StoredCheckpoint:
     channel_values: list[ChannelValue]  # those of channel_versions that are stored
     pending_writes: list[CheckpointWrite]  # by task path, task id, idx
     create_time: datetime
+
+
+# ------------------------------------------- conversation items, scoped state
+
+
+@dataclass(frozen=True)
+class NewItem:
+    """An item to append: a JSON object (UTF-8 bytes, or a mapping that is serialised)
+    and the caller's time for it (None: the time of the append)."""
+
+    item: bytes | dict[str, Any]
+    item_time: datetime | None = None
+
+
+@dataclass(frozen=True)
+class Item:
+    """One item of a conversation's ordered item list."""
+
+    conversation_id: str
+    seq: int  # larger for a later append, never reused
+    item_json: bytes
+    item_time: datetime
+    create_time: datetime
+
+
+@dataclass(frozen=True)
+class AppendedItems:
+    items: list[Item]
+    revision: int  # the conversation's item revision after the append
+
+
+@dataclass(frozen=True)
+class ItemsPage:
+    items: list[Item]  # oldest first
+    next_page_token: str  # "" on the last page
+    revision: int  # the item revision when the page was read
+    update_time: datetime  # when the conversation last changed
+
+
+@dataclass(frozen=True)
+class PoppedItem:
+    item: Item | None  # None: the list was empty
+    revision: int
+
+
+@dataclass(frozen=True)
+class ClearedItems:
+    deleted: int
+    revision: int
+
+
+@dataclass(frozen=True)
+class ScopedStates:
+    """An application's app-scoped state and one user's user-scoped state in it."""
+
+    app: StateSnapshot | None  # None: never written
+    user: StateSnapshot | None
+
+
+@dataclass(frozen=True)
+class AppendedEvent:
+    item: Item | None  # None when no item was appended
+    revision: int  # the item revision after the call
+    state_version: int  # the conversation state's version under the state key (0: none)

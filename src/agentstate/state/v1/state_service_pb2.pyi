@@ -2494,6 +2494,539 @@ class PruneCheckpointsResponse(_message.Message):
 Global___PruneCheckpointsResponse: _TypeAlias = PruneCheckpointsResponse  # noqa: Y015
 
 @_typing.final
+class ConversationItem(_message.Message):
+    """----------------------------------------------------------------------------
+    Conversation items and scoped state (AppendItems ... AppendEvent).
+
+    One item of a conversation's ordered item list.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONVERSATION_ID_FIELD_NUMBER: _builtins.int
+    SEQ_FIELD_NUMBER: _builtins.int
+    ITEM_JSON_FIELD_NUMBER: _builtins.int
+    ITEM_TIME_FIELD_NUMBER: _builtins.int
+    CREATE_TIME_FIELD_NUMBER: _builtins.int
+    conversation_id: _builtins.str
+    """The conversation it belongs to."""
+    seq: _builtins.int
+    """Its position: larger for a later append, never reused (pops leave gaps)."""
+    item_json: _builtins.bytes
+    """The item: a UTF-8 JSON object, as it was appended."""
+    @_builtins.property
+    def item_time(self) -> _timestamp_pb2.Timestamp:
+        """The caller's time for the item (for example an ADK event's timestamp);
+        the time of the append when the caller gave none. Microsecond precision.
+        """
+
+    @_builtins.property
+    def create_time(self) -> _timestamp_pb2.Timestamp:
+        """When it was appended."""
+
+    def __init__(
+        self,
+        *,
+        conversation_id: _builtins.str = ...,
+        seq: _builtins.int = ...,
+        item_json: _builtins.bytes = ...,
+        item_time: _timestamp_pb2.Timestamp | None = ...,
+        create_time: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "item_time", b"item_time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "create_time", b"create_time", "item_json", b"item_json", "item_time", b"item_time", "seq", b"seq"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ConversationItem: _TypeAlias = ConversationItem  # noqa: Y015
+
+@_typing.final
+class NewItem(_message.Message):
+    """An item to append."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ITEM_JSON_FIELD_NUMBER: _builtins.int
+    ITEM_TIME_FIELD_NUMBER: _builtins.int
+    item_json: _builtins.bytes
+    """A UTF-8 JSON object, at most the configured payload size. Required."""
+    @_builtins.property
+    def item_time(self) -> _timestamp_pb2.Timestamp:
+        """The caller's time for the item; unset means the time of the append."""
+
+    def __init__(
+        self,
+        *,
+        item_json: _builtins.bytes = ...,
+        item_time: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["item_time", b"item_time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["item_json", b"item_json", "item_time", b"item_time"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___NewItem: _TypeAlias = NewItem  # noqa: Y015
+
+@_typing.final
+class AppendItemsRequest(_message.Message):
+    """Request for AppendItems."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    USER_ID_FIELD_NUMBER: _builtins.int
+    CONVERSATION_ID_FIELD_NUMBER: _builtins.int
+    ITEMS_FIELD_NUMBER: _builtins.int
+    EXPECTED_REVISION_FIELD_NUMBER: _builtins.int
+    user_id: _builtins.str
+    """The owner. Required."""
+    conversation_id: _builtins.str
+    """The conversation. Required."""
+    expected_revision: _builtins.int
+    """Compare-and-set on the item revision. Absent: append unconditionally.
+    N >= 0: append only if the current revision is N (0: never changed).
+    """
+    @_builtins.property
+    def items(self) -> _containers.RepeatedCompositeFieldContainer[Global___NewItem]:
+        """1..1000 items, appended in this order."""
+
+    def __init__(
+        self,
+        *,
+        user_id: _builtins.str = ...,
+        conversation_id: _builtins.str = ...,
+        items: _abc.Iterable[Global___NewItem] | None = ...,
+        expected_revision: _builtins.int | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_expected_revision", b"_expected_revision", "expected_revision", b"expected_revision"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_expected_revision", b"_expected_revision", "conversation_id", b"conversation_id", "expected_revision", b"expected_revision", "items", b"items", "user_id", b"user_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__expected_revision: _TypeAlias = _typing.Literal["expected_revision"]  # noqa: Y015
+    _WhichOneofArgType__expected_revision: _TypeAlias = _typing.Literal["_expected_revision", b"_expected_revision"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__expected_revision) -> _WhichOneofReturnType__expected_revision | None: ...
+
+Global___AppendItemsRequest: _TypeAlias = AppendItemsRequest  # noqa: Y015
+
+@_typing.final
+class AppendItemsResponse(_message.Message):
+    """Response of AppendItems."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ITEMS_FIELD_NUMBER: _builtins.int
+    REVISION_FIELD_NUMBER: _builtins.int
+    revision: _builtins.int
+    """The item revision after the append."""
+    @_builtins.property
+    def items(self) -> _containers.RepeatedCompositeFieldContainer[Global___ConversationItem]:
+        """The stored items with their seq, in request order."""
+
+    def __init__(
+        self,
+        *,
+        items: _abc.Iterable[Global___ConversationItem] | None = ...,
+        revision: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["items", b"items", "revision", b"revision"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AppendItemsResponse: _TypeAlias = AppendItemsResponse  # noqa: Y015
+
+@_typing.final
+class ListItemsRequest(_message.Message):
+    """Request for ListItems."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    USER_ID_FIELD_NUMBER: _builtins.int
+    CONVERSATION_ID_FIELD_NUMBER: _builtins.int
+    LAST_N_FIELD_NUMBER: _builtins.int
+    MIN_ITEM_TIME_FIELD_NUMBER: _builtins.int
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    user_id: _builtins.str
+    """The owner. Required."""
+    conversation_id: _builtins.str
+    """The conversation. Required."""
+    last_n: _builtins.int
+    """When set: only the newest `last_n` items (of those `min_item_time`
+    selects), still returned oldest first. 0 returns none. Negative:
+    INVALID_ARGUMENT.
+    """
+    page_size: _builtins.int
+    """1..10000; 0 means 1000."""
+    page_token: _builtins.str
+    """Empty for the first page, else a previous response's next_page_token
+    (from a call with the same selection).
+    """
+    @_builtins.property
+    def min_item_time(self) -> _timestamp_pb2.Timestamp:
+        """When set: only items whose item_time is at or after it."""
+
+    def __init__(
+        self,
+        *,
+        user_id: _builtins.str = ...,
+        conversation_id: _builtins.str = ...,
+        last_n: _builtins.int | None = ...,
+        min_item_time: _timestamp_pb2.Timestamp | None = ...,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_last_n", b"_last_n", "last_n", b"last_n", "min_item_time", b"min_item_time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_last_n", b"_last_n", "conversation_id", b"conversation_id", "last_n", b"last_n", "min_item_time", b"min_item_time", "page_size", b"page_size", "page_token", b"page_token", "user_id", b"user_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__last_n: _TypeAlias = _typing.Literal["last_n"]  # noqa: Y015
+    _WhichOneofArgType__last_n: _TypeAlias = _typing.Literal["_last_n", b"_last_n"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__last_n) -> _WhichOneofReturnType__last_n | None: ...
+
+Global___ListItemsRequest: _TypeAlias = ListItemsRequest  # noqa: Y015
+
+@_typing.final
+class ListItemsResponse(_message.Message):
+    """Response of ListItems."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ITEMS_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    REVISION_FIELD_NUMBER: _builtins.int
+    UPDATE_TIME_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.str
+    """Empty when there are no more pages."""
+    revision: _builtins.int
+    """The item revision when the page was read."""
+    @_builtins.property
+    def items(self) -> _containers.RepeatedCompositeFieldContainer[Global___ConversationItem]:
+        """Oldest first."""
+
+    @_builtins.property
+    def update_time(self) -> _timestamp_pb2.Timestamp:
+        """When the conversation last changed."""
+
+    def __init__(
+        self,
+        *,
+        items: _abc.Iterable[Global___ConversationItem] | None = ...,
+        next_page_token: _builtins.str = ...,
+        revision: _builtins.int = ...,
+        update_time: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["update_time", b"update_time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["items", b"items", "next_page_token", b"next_page_token", "revision", b"revision", "update_time", b"update_time"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListItemsResponse: _TypeAlias = ListItemsResponse  # noqa: Y015
+
+@_typing.final
+class PopItemRequest(_message.Message):
+    """Request for PopItem."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    USER_ID_FIELD_NUMBER: _builtins.int
+    CONVERSATION_ID_FIELD_NUMBER: _builtins.int
+    EXPECTED_REVISION_FIELD_NUMBER: _builtins.int
+    user_id: _builtins.str
+    """The owner. Required."""
+    conversation_id: _builtins.str
+    """The conversation. Required."""
+    expected_revision: _builtins.int
+    """Compare-and-set on the item revision, as in AppendItemsRequest."""
+    def __init__(
+        self,
+        *,
+        user_id: _builtins.str = ...,
+        conversation_id: _builtins.str = ...,
+        expected_revision: _builtins.int | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_expected_revision", b"_expected_revision", "expected_revision", b"expected_revision"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_expected_revision", b"_expected_revision", "conversation_id", b"conversation_id", "expected_revision", b"expected_revision", "user_id", b"user_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__expected_revision: _TypeAlias = _typing.Literal["expected_revision"]  # noqa: Y015
+    _WhichOneofArgType__expected_revision: _TypeAlias = _typing.Literal["_expected_revision", b"_expected_revision"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__expected_revision) -> _WhichOneofReturnType__expected_revision | None: ...
+
+Global___PopItemRequest: _TypeAlias = PopItemRequest  # noqa: Y015
+
+@_typing.final
+class PopItemResponse(_message.Message):
+    """Response of PopItem."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ITEM_FIELD_NUMBER: _builtins.int
+    REVISION_FIELD_NUMBER: _builtins.int
+    revision: _builtins.int
+    """The item revision after the call."""
+    @_builtins.property
+    def item(self) -> Global___ConversationItem:
+        """The removed item; unset when the list was empty."""
+
+    def __init__(
+        self,
+        *,
+        item: Global___ConversationItem | None = ...,
+        revision: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["item", b"item"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["item", b"item", "revision", b"revision"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PopItemResponse: _TypeAlias = PopItemResponse  # noqa: Y015
+
+@_typing.final
+class ClearItemsRequest(_message.Message):
+    """Request for ClearItems."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    USER_ID_FIELD_NUMBER: _builtins.int
+    CONVERSATION_ID_FIELD_NUMBER: _builtins.int
+    user_id: _builtins.str
+    """The owner. Required."""
+    conversation_id: _builtins.str
+    """The conversation. Required."""
+    def __init__(
+        self,
+        *,
+        user_id: _builtins.str = ...,
+        conversation_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "user_id", b"user_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ClearItemsRequest: _TypeAlias = ClearItemsRequest  # noqa: Y015
+
+@_typing.final
+class ClearItemsResponse(_message.Message):
+    """Response of ClearItems."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ITEMS_DELETED_FIELD_NUMBER: _builtins.int
+    REVISION_FIELD_NUMBER: _builtins.int
+    items_deleted: _builtins.int
+    """How many items were removed."""
+    revision: _builtins.int
+    """The item revision after the call."""
+    def __init__(
+        self,
+        *,
+        items_deleted: _builtins.int = ...,
+        revision: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["items_deleted", b"items_deleted", "revision", b"revision"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ClearItemsResponse: _TypeAlias = ClearItemsResponse  # noqa: Y015
+
+@_typing.final
+class ScopedState(_message.Message):
+    """A scoped state: a JSON object with a version."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PAYLOAD_FIELD_NUMBER: _builtins.int
+    VERSION_FIELD_NUMBER: _builtins.int
+    UPDATE_TIME_FIELD_NUMBER: _builtins.int
+    payload: _builtins.bytes
+    """The state as a UTF-8 JSON object."""
+    version: _builtins.int
+    """1 after the first write, +1 after each write."""
+    @_builtins.property
+    def update_time(self) -> _timestamp_pb2.Timestamp:
+        """When it was last written."""
+
+    def __init__(
+        self,
+        *,
+        payload: _builtins.bytes = ...,
+        version: _builtins.int = ...,
+        update_time: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["update_time", b"update_time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["payload", b"payload", "update_time", b"update_time", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ScopedState: _TypeAlias = ScopedState  # noqa: Y015
+
+@_typing.final
+class GetScopedStateRequest(_message.Message):
+    """Request for GetScopedState."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    USER_ID_FIELD_NUMBER: _builtins.int
+    APP_NAME_FIELD_NUMBER: _builtins.int
+    user_id: _builtins.str
+    """The user whose user-scoped state is read. Required."""
+    app_name: _builtins.str
+    """The application: 1..128 printable characters. Required. App-scoped
+    state is shared by every user of the application.
+    """
+    def __init__(
+        self,
+        *,
+        user_id: _builtins.str = ...,
+        app_name: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["app_name", b"app_name", "user_id", b"user_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetScopedStateRequest: _TypeAlias = GetScopedStateRequest  # noqa: Y015
+
+@_typing.final
+class GetScopedStateResponse(_message.Message):
+    """Response of GetScopedState."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    APP_STATE_FIELD_NUMBER: _builtins.int
+    USER_STATE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def app_state(self) -> Global___ScopedState:
+        """The application's state; unset when none was written."""
+
+    @_builtins.property
+    def user_state(self) -> Global___ScopedState:
+        """The user's state in the application; unset when none was written."""
+
+    def __init__(
+        self,
+        *,
+        app_state: Global___ScopedState | None = ...,
+        user_state: Global___ScopedState | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["app_state", b"app_state", "user_state", b"user_state"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["app_state", b"app_state", "user_state", b"user_state"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetScopedStateResponse: _TypeAlias = GetScopedStateResponse  # noqa: Y015
+
+@_typing.final
+class AppendEventRequest(_message.Message):
+    """Request for AppendEvent."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    USER_ID_FIELD_NUMBER: _builtins.int
+    CONVERSATION_ID_FIELD_NUMBER: _builtins.int
+    ITEM_FIELD_NUMBER: _builtins.int
+    EXPECTED_REVISION_FIELD_NUMBER: _builtins.int
+    STATE_KEY_FIELD_NUMBER: _builtins.int
+    STATE_DELTA_JSON_FIELD_NUMBER: _builtins.int
+    APP_NAME_FIELD_NUMBER: _builtins.int
+    APP_STATE_DELTA_JSON_FIELD_NUMBER: _builtins.int
+    USER_STATE_DELTA_JSON_FIELD_NUMBER: _builtins.int
+    user_id: _builtins.str
+    """The owner. Required."""
+    conversation_id: _builtins.str
+    """The conversation. Required."""
+    expected_revision: _builtins.int
+    """Compare-and-set on the item revision (the caller's view of the session),
+    as in AppendItemsRequest.
+    """
+    state_key: _builtins.str
+    """Which conversation state `state_delta` merges into; empty means
+    "agent_state". 1..64 characters of [A-Za-z0-9_.:-].
+    """
+    state_delta_json: _builtins.bytes
+    """A UTF-8 JSON object merged into the conversation's state, without its
+    keys that start with "temp:"; empty: none.
+    """
+    app_name: _builtins.str
+    """The application of the scoped deltas (as GetScopedStateRequest).
+    Required when either of them is not empty.
+    """
+    app_state_delta_json: _builtins.bytes
+    """A UTF-8 JSON object merged into the app-scoped state; empty: none."""
+    user_state_delta_json: _builtins.bytes
+    """A UTF-8 JSON object merged into the user-scoped state; empty: none."""
+    @_builtins.property
+    def item(self) -> Global___NewItem:
+        """The event to append as an item; unset: apply only the state deltas."""
+
+    def __init__(
+        self,
+        *,
+        user_id: _builtins.str = ...,
+        conversation_id: _builtins.str = ...,
+        item: Global___NewItem | None = ...,
+        expected_revision: _builtins.int | None = ...,
+        state_key: _builtins.str = ...,
+        state_delta_json: _builtins.bytes = ...,
+        app_name: _builtins.str = ...,
+        app_state_delta_json: _builtins.bytes = ...,
+        user_state_delta_json: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_expected_revision", b"_expected_revision", "expected_revision", b"expected_revision", "item", b"item"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_expected_revision", b"_expected_revision", "app_name", b"app_name", "app_state_delta_json", b"app_state_delta_json", "conversation_id", b"conversation_id", "expected_revision", b"expected_revision", "item", b"item", "state_delta_json", b"state_delta_json", "state_key", b"state_key", "user_id", b"user_id", "user_state_delta_json", b"user_state_delta_json"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__expected_revision: _TypeAlias = _typing.Literal["expected_revision"]  # noqa: Y015
+    _WhichOneofArgType__expected_revision: _TypeAlias = _typing.Literal["_expected_revision", b"_expected_revision"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__expected_revision) -> _WhichOneofReturnType__expected_revision | None: ...
+
+Global___AppendEventRequest: _TypeAlias = AppendEventRequest  # noqa: Y015
+
+@_typing.final
+class AppendEventResponse(_message.Message):
+    """Response of AppendEvent."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ITEM_FIELD_NUMBER: _builtins.int
+    REVISION_FIELD_NUMBER: _builtins.int
+    STATE_VERSION_FIELD_NUMBER: _builtins.int
+    revision: _builtins.int
+    """The item revision after the call."""
+    state_version: _builtins.int
+    """The conversation state's version under `state_key`; 0 when it has none."""
+    @_builtins.property
+    def item(self) -> Global___ConversationItem:
+        """The appended item; unset when the request had none."""
+
+    def __init__(
+        self,
+        *,
+        item: Global___ConversationItem | None = ...,
+        revision: _builtins.int = ...,
+        state_version: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["item", b"item"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["item", b"item", "revision", b"revision", "state_version", b"state_version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AppendEventResponse: _TypeAlias = AppendEventResponse  # noqa: Y015
+
+@_typing.final
 class ResolveConversationRequest(_message.Message):
     """Request for ResolveConversation."""
 

@@ -166,6 +166,36 @@ class StateServiceStub:
                 request_serializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.PruneCheckpointsRequest.SerializeToString,
                 response_deserializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.PruneCheckpointsResponse.FromString,
                 _registered_method=True)
+        self.AppendItems = channel.unary_unary(
+                '/agentstate.state.v1.StateService/AppendItems',
+                request_serializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.AppendItemsRequest.SerializeToString,
+                response_deserializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.AppendItemsResponse.FromString,
+                _registered_method=True)
+        self.ListItems = channel.unary_unary(
+                '/agentstate.state.v1.StateService/ListItems',
+                request_serializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.ListItemsRequest.SerializeToString,
+                response_deserializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.ListItemsResponse.FromString,
+                _registered_method=True)
+        self.PopItem = channel.unary_unary(
+                '/agentstate.state.v1.StateService/PopItem',
+                request_serializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.PopItemRequest.SerializeToString,
+                response_deserializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.PopItemResponse.FromString,
+                _registered_method=True)
+        self.ClearItems = channel.unary_unary(
+                '/agentstate.state.v1.StateService/ClearItems',
+                request_serializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.ClearItemsRequest.SerializeToString,
+                response_deserializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.ClearItemsResponse.FromString,
+                _registered_method=True)
+        self.GetScopedState = channel.unary_unary(
+                '/agentstate.state.v1.StateService/GetScopedState',
+                request_serializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.GetScopedStateRequest.SerializeToString,
+                response_deserializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.GetScopedStateResponse.FromString,
+                _registered_method=True)
+        self.AppendEvent = channel.unary_unary(
+                '/agentstate.state.v1.StateService/AppendEvent',
+                request_serializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.AppendEventRequest.SerializeToString,
+                response_deserializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.AppendEventResponse.FromString,
+                _registered_method=True)
         self.ResolveConversation = channel.unary_unary(
                 '/agentstate.state.v1.StateService/ResolveConversation',
                 request_serializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.ResolveConversationRequest.SerializeToString,
@@ -476,6 +506,80 @@ class StateServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AppendItems(self, request, context):
+        """------------------------------------------------------------------------
+        Conversation items and scoped state: what agent frameworks keep as a
+        "session" (OpenAI Agents SDK session items, Google ADK events and its
+        app:/user: state). Added by issue 15; every write locks the conversation
+        row, runs in ONE transaction, and is NOT_FOUND once the conversation is
+        deleted (items go with DeleteConversation, in its transaction).
+
+        A conversation's items form an ordered list. Each item gets a `seq` that
+        grows with every append and is never reused. The conversation's item
+        `revision` grows by at least 1 with every change to its items (append,
+        pop, clear) and with every AppendEvent; writes may compare-and-set on it
+        (`expected_revision`), and a mismatch is ABORTED carrying the current
+        revision (ErrorInfo VERSION_CONFLICT, metadata `current_version`).
+
+        AppendItems adds items at the end of the list, in request order, in ONE
+        transaction. Two callers appending at once both land, one after the other.
+        Errors: NOT_FOUND (conversation absent or deleted), ABORTED
+        (`expected_revision` differs), INVALID_ARGUMENT (an item is not a JSON
+        object PostgreSQL JSONB can hold; 0 or more than 1000 items),
+        RESOURCE_EXHAUSTED (an item over the configured payload limit).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListItems(self, request, context):
+        """ListItems returns items oldest first: all of them, or only the newest
+        `last_n`, optionally only those with `item_time` at or after
+        `min_item_time`, in pages. NOT_FOUND when the conversation is absent.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PopItem(self, request, context):
+        """PopItem removes the newest item and returns it (none when the list is
+        empty). Errors: NOT_FOUND, ABORTED (as AppendItems).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ClearItems(self, request, context):
+        """ClearItems removes all the conversation's items; the conversation itself,
+        its state and its message records stay. NOT_FOUND when absent.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetScopedState(self, request, context):
+        """GetScopedState returns the app-scoped and the user-scoped state of an
+        application (Google ADK's `app:` and `user:` state). Either may be absent.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AppendEvent(self, request, context):
+        """AppendEvent records one agent event in ONE transaction: it checks
+        `expected_revision`, appends the item (when given), merges
+        `state_delta` into the conversation's state under `state_key`,
+        `app_state_delta` into the app-scoped and `user_state_delta` into the
+        user-scoped state (each a top-level merge: a key in the delta replaces
+        the stored key, JSON null included). Keys of `state_delta` starting with
+        "temp:" are never stored (the scoped deltas' keys carry no prefix).
+        Errors: as AppendItems, plus INVALID_ARGUMENT for a delta that is not a
+        JSON object or an app/user delta without `app_name`.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ResolveConversation(self, request, context):
         """---- Conversation keys (added with the Python client, for framework
         adapters whose thread/session ids are chosen by the caller) ----
@@ -644,6 +748,36 @@ def add_StateServiceServicer_to_server(servicer, server):
                     servicer.PruneCheckpoints,
                     request_deserializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.PruneCheckpointsRequest.FromString,
                     response_serializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.PruneCheckpointsResponse.SerializeToString,
+            ),
+            'AppendItems': grpc.unary_unary_rpc_method_handler(
+                    servicer.AppendItems,
+                    request_deserializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.AppendItemsRequest.FromString,
+                    response_serializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.AppendItemsResponse.SerializeToString,
+            ),
+            'ListItems': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListItems,
+                    request_deserializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.ListItemsRequest.FromString,
+                    response_serializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.ListItemsResponse.SerializeToString,
+            ),
+            'PopItem': grpc.unary_unary_rpc_method_handler(
+                    servicer.PopItem,
+                    request_deserializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.PopItemRequest.FromString,
+                    response_serializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.PopItemResponse.SerializeToString,
+            ),
+            'ClearItems': grpc.unary_unary_rpc_method_handler(
+                    servicer.ClearItems,
+                    request_deserializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.ClearItemsRequest.FromString,
+                    response_serializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.ClearItemsResponse.SerializeToString,
+            ),
+            'GetScopedState': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetScopedState,
+                    request_deserializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.GetScopedStateRequest.FromString,
+                    response_serializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.GetScopedStateResponse.SerializeToString,
+            ),
+            'AppendEvent': grpc.unary_unary_rpc_method_handler(
+                    servicer.AppendEvent,
+                    request_deserializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.AppendEventRequest.FromString,
+                    response_serializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.AppendEventResponse.SerializeToString,
             ),
             'ResolveConversation': grpc.unary_unary_rpc_method_handler(
                     servicer.ResolveConversation,
@@ -1360,6 +1494,168 @@ class StateService:
             '/agentstate.state.v1.StateService/PruneCheckpoints',
             agentstate_dot_state_dot_v1_dot_state__service__pb2.PruneCheckpointsRequest.SerializeToString,
             agentstate_dot_state_dot_v1_dot_state__service__pb2.PruneCheckpointsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AppendItems(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agentstate.state.v1.StateService/AppendItems',
+            agentstate_dot_state_dot_v1_dot_state__service__pb2.AppendItemsRequest.SerializeToString,
+            agentstate_dot_state_dot_v1_dot_state__service__pb2.AppendItemsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListItems(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agentstate.state.v1.StateService/ListItems',
+            agentstate_dot_state_dot_v1_dot_state__service__pb2.ListItemsRequest.SerializeToString,
+            agentstate_dot_state_dot_v1_dot_state__service__pb2.ListItemsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PopItem(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agentstate.state.v1.StateService/PopItem',
+            agentstate_dot_state_dot_v1_dot_state__service__pb2.PopItemRequest.SerializeToString,
+            agentstate_dot_state_dot_v1_dot_state__service__pb2.PopItemResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ClearItems(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agentstate.state.v1.StateService/ClearItems',
+            agentstate_dot_state_dot_v1_dot_state__service__pb2.ClearItemsRequest.SerializeToString,
+            agentstate_dot_state_dot_v1_dot_state__service__pb2.ClearItemsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetScopedState(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agentstate.state.v1.StateService/GetScopedState',
+            agentstate_dot_state_dot_v1_dot_state__service__pb2.GetScopedStateRequest.SerializeToString,
+            agentstate_dot_state_dot_v1_dot_state__service__pb2.GetScopedStateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AppendEvent(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agentstate.state.v1.StateService/AppendEvent',
+            agentstate_dot_state_dot_v1_dot_state__service__pb2.AppendEventRequest.SerializeToString,
+            agentstate_dot_state_dot_v1_dot_state__service__pb2.AppendEventResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -238,6 +238,56 @@ class StateServiceStub:
     messages and states) stay. All or nothing: NOT_FOUND naming an absent
     conversation, and nothing changes.
     """
+    AppendItems: _grpc.UnaryUnaryMultiCallable[_state_service_pb2.AppendItemsRequest, _state_service_pb2.AppendItemsResponse]
+    """------------------------------------------------------------------------
+    Conversation items and scoped state: what agent frameworks keep as a
+    "session" (OpenAI Agents SDK session items, Google ADK events and its
+    app:/user: state). Added by issue 15; every write locks the conversation
+    row, runs in ONE transaction, and is NOT_FOUND once the conversation is
+    deleted (items go with DeleteConversation, in its transaction).
+
+    A conversation's items form an ordered list. Each item gets a `seq` that
+    grows with every append and is never reused. The conversation's item
+    `revision` grows by at least 1 with every change to its items (append,
+    pop, clear) and with every AppendEvent; writes may compare-and-set on it
+    (`expected_revision`), and a mismatch is ABORTED carrying the current
+    revision (ErrorInfo VERSION_CONFLICT, metadata `current_version`).
+
+    AppendItems adds items at the end of the list, in request order, in ONE
+    transaction. Two callers appending at once both land, one after the other.
+    Errors: NOT_FOUND (conversation absent or deleted), ABORTED
+    (`expected_revision` differs), INVALID_ARGUMENT (an item is not a JSON
+    object PostgreSQL JSONB can hold; 0 or more than 1000 items),
+    RESOURCE_EXHAUSTED (an item over the configured payload limit).
+    """
+    ListItems: _grpc.UnaryUnaryMultiCallable[_state_service_pb2.ListItemsRequest, _state_service_pb2.ListItemsResponse]
+    """ListItems returns items oldest first: all of them, or only the newest
+    `last_n`, optionally only those with `item_time` at or after
+    `min_item_time`, in pages. NOT_FOUND when the conversation is absent.
+    """
+    PopItem: _grpc.UnaryUnaryMultiCallable[_state_service_pb2.PopItemRequest, _state_service_pb2.PopItemResponse]
+    """PopItem removes the newest item and returns it (none when the list is
+    empty). Errors: NOT_FOUND, ABORTED (as AppendItems).
+    """
+    ClearItems: _grpc.UnaryUnaryMultiCallable[_state_service_pb2.ClearItemsRequest, _state_service_pb2.ClearItemsResponse]
+    """ClearItems removes all the conversation's items; the conversation itself,
+    its state and its message records stay. NOT_FOUND when absent.
+    """
+    GetScopedState: _grpc.UnaryUnaryMultiCallable[_state_service_pb2.GetScopedStateRequest, _state_service_pb2.GetScopedStateResponse]
+    """GetScopedState returns the app-scoped and the user-scoped state of an
+    application (Google ADK's `app:` and `user:` state). Either may be absent.
+    """
+    AppendEvent: _grpc.UnaryUnaryMultiCallable[_state_service_pb2.AppendEventRequest, _state_service_pb2.AppendEventResponse]
+    """AppendEvent records one agent event in ONE transaction: it checks
+    `expected_revision`, appends the item (when given), merges
+    `state_delta` into the conversation's state under `state_key`,
+    `app_state_delta` into the app-scoped and `user_state_delta` into the
+    user-scoped state (each a top-level merge: a key in the delta replaces
+    the stored key, JSON null included). Keys of `state_delta` starting with
+    "temp:" are never stored (the scoped deltas' keys carry no prefix).
+    Errors: as AppendItems, plus INVALID_ARGUMENT for a delta that is not a
+    JSON object or an app/user delta without `app_name`.
+    """
     ResolveConversation: _grpc.UnaryUnaryMultiCallable[_state_service_pb2.ResolveConversationRequest, _state_service_pb2.ResolveConversationResponse]
     """---- Conversation keys (added with the Python client, for framework
     adapters whose thread/session ids are chosen by the caller) ----
@@ -459,6 +509,56 @@ class StateServiceAsyncStub(StateServiceStub):
     remaining checkpoint uses go too. The conversations themselves (and their
     messages and states) stay. All or nothing: NOT_FOUND naming an absent
     conversation, and nothing changes.
+    """
+    AppendItems: _aio.UnaryUnaryMultiCallable[_state_service_pb2.AppendItemsRequest, _state_service_pb2.AppendItemsResponse]  # type: ignore[assignment]
+    """------------------------------------------------------------------------
+    Conversation items and scoped state: what agent frameworks keep as a
+    "session" (OpenAI Agents SDK session items, Google ADK events and its
+    app:/user: state). Added by issue 15; every write locks the conversation
+    row, runs in ONE transaction, and is NOT_FOUND once the conversation is
+    deleted (items go with DeleteConversation, in its transaction).
+
+    A conversation's items form an ordered list. Each item gets a `seq` that
+    grows with every append and is never reused. The conversation's item
+    `revision` grows by at least 1 with every change to its items (append,
+    pop, clear) and with every AppendEvent; writes may compare-and-set on it
+    (`expected_revision`), and a mismatch is ABORTED carrying the current
+    revision (ErrorInfo VERSION_CONFLICT, metadata `current_version`).
+
+    AppendItems adds items at the end of the list, in request order, in ONE
+    transaction. Two callers appending at once both land, one after the other.
+    Errors: NOT_FOUND (conversation absent or deleted), ABORTED
+    (`expected_revision` differs), INVALID_ARGUMENT (an item is not a JSON
+    object PostgreSQL JSONB can hold; 0 or more than 1000 items),
+    RESOURCE_EXHAUSTED (an item over the configured payload limit).
+    """
+    ListItems: _aio.UnaryUnaryMultiCallable[_state_service_pb2.ListItemsRequest, _state_service_pb2.ListItemsResponse]  # type: ignore[assignment]
+    """ListItems returns items oldest first: all of them, or only the newest
+    `last_n`, optionally only those with `item_time` at or after
+    `min_item_time`, in pages. NOT_FOUND when the conversation is absent.
+    """
+    PopItem: _aio.UnaryUnaryMultiCallable[_state_service_pb2.PopItemRequest, _state_service_pb2.PopItemResponse]  # type: ignore[assignment]
+    """PopItem removes the newest item and returns it (none when the list is
+    empty). Errors: NOT_FOUND, ABORTED (as AppendItems).
+    """
+    ClearItems: _aio.UnaryUnaryMultiCallable[_state_service_pb2.ClearItemsRequest, _state_service_pb2.ClearItemsResponse]  # type: ignore[assignment]
+    """ClearItems removes all the conversation's items; the conversation itself,
+    its state and its message records stay. NOT_FOUND when absent.
+    """
+    GetScopedState: _aio.UnaryUnaryMultiCallable[_state_service_pb2.GetScopedStateRequest, _state_service_pb2.GetScopedStateResponse]  # type: ignore[assignment]
+    """GetScopedState returns the app-scoped and the user-scoped state of an
+    application (Google ADK's `app:` and `user:` state). Either may be absent.
+    """
+    AppendEvent: _aio.UnaryUnaryMultiCallable[_state_service_pb2.AppendEventRequest, _state_service_pb2.AppendEventResponse]  # type: ignore[assignment]
+    """AppendEvent records one agent event in ONE transaction: it checks
+    `expected_revision`, appends the item (when given), merges
+    `state_delta` into the conversation's state under `state_key`,
+    `app_state_delta` into the app-scoped and `user_state_delta` into the
+    user-scoped state (each a top-level merge: a key in the delta replaces
+    the stored key, JSON null included). Keys of `state_delta` starting with
+    "temp:" are never stored (the scoped deltas' keys carry no prefix).
+    Errors: as AppendItems, plus INVALID_ARGUMENT for a delta that is not a
+    JSON object or an app/user delta without `app_name`.
     """
     ResolveConversation: _aio.UnaryUnaryMultiCallable[_state_service_pb2.ResolveConversationRequest, _state_service_pb2.ResolveConversationResponse]  # type: ignore[assignment]
     """---- Conversation keys (added with the Python client, for framework
@@ -834,6 +934,92 @@ class StateServiceServicer(metaclass=_abc_1.ABCMeta):
         remaining checkpoint uses go too. The conversations themselves (and their
         messages and states) stay. All or nothing: NOT_FOUND naming an absent
         conversation, and nothing changes.
+        """
+
+    @_abc_1.abstractmethod
+    def AppendItems(
+        self,
+        request: _state_service_pb2.AppendItemsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_state_service_pb2.AppendItemsResponse, _abc.Awaitable[_state_service_pb2.AppendItemsResponse]]:
+        """------------------------------------------------------------------------
+        Conversation items and scoped state: what agent frameworks keep as a
+        "session" (OpenAI Agents SDK session items, Google ADK events and its
+        app:/user: state). Added by issue 15; every write locks the conversation
+        row, runs in ONE transaction, and is NOT_FOUND once the conversation is
+        deleted (items go with DeleteConversation, in its transaction).
+
+        A conversation's items form an ordered list. Each item gets a `seq` that
+        grows with every append and is never reused. The conversation's item
+        `revision` grows by at least 1 with every change to its items (append,
+        pop, clear) and with every AppendEvent; writes may compare-and-set on it
+        (`expected_revision`), and a mismatch is ABORTED carrying the current
+        revision (ErrorInfo VERSION_CONFLICT, metadata `current_version`).
+
+        AppendItems adds items at the end of the list, in request order, in ONE
+        transaction. Two callers appending at once both land, one after the other.
+        Errors: NOT_FOUND (conversation absent or deleted), ABORTED
+        (`expected_revision` differs), INVALID_ARGUMENT (an item is not a JSON
+        object PostgreSQL JSONB can hold; 0 or more than 1000 items),
+        RESOURCE_EXHAUSTED (an item over the configured payload limit).
+        """
+
+    @_abc_1.abstractmethod
+    def ListItems(
+        self,
+        request: _state_service_pb2.ListItemsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_state_service_pb2.ListItemsResponse, _abc.Awaitable[_state_service_pb2.ListItemsResponse]]:
+        """ListItems returns items oldest first: all of them, or only the newest
+        `last_n`, optionally only those with `item_time` at or after
+        `min_item_time`, in pages. NOT_FOUND when the conversation is absent.
+        """
+
+    @_abc_1.abstractmethod
+    def PopItem(
+        self,
+        request: _state_service_pb2.PopItemRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_state_service_pb2.PopItemResponse, _abc.Awaitable[_state_service_pb2.PopItemResponse]]:
+        """PopItem removes the newest item and returns it (none when the list is
+        empty). Errors: NOT_FOUND, ABORTED (as AppendItems).
+        """
+
+    @_abc_1.abstractmethod
+    def ClearItems(
+        self,
+        request: _state_service_pb2.ClearItemsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_state_service_pb2.ClearItemsResponse, _abc.Awaitable[_state_service_pb2.ClearItemsResponse]]:
+        """ClearItems removes all the conversation's items; the conversation itself,
+        its state and its message records stay. NOT_FOUND when absent.
+        """
+
+    @_abc_1.abstractmethod
+    def GetScopedState(
+        self,
+        request: _state_service_pb2.GetScopedStateRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_state_service_pb2.GetScopedStateResponse, _abc.Awaitable[_state_service_pb2.GetScopedStateResponse]]:
+        """GetScopedState returns the app-scoped and the user-scoped state of an
+        application (Google ADK's `app:` and `user:` state). Either may be absent.
+        """
+
+    @_abc_1.abstractmethod
+    def AppendEvent(
+        self,
+        request: _state_service_pb2.AppendEventRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_state_service_pb2.AppendEventResponse, _abc.Awaitable[_state_service_pb2.AppendEventResponse]]:
+        """AppendEvent records one agent event in ONE transaction: it checks
+        `expected_revision`, appends the item (when given), merges
+        `state_delta` into the conversation's state under `state_key`,
+        `app_state_delta` into the app-scoped and `user_state_delta` into the
+        user-scoped state (each a top-level merge: a key in the delta replaces
+        the stored key, JSON null included). Keys of `state_delta` starting with
+        "temp:" are never stored (the scoped deltas' keys carry no prefix).
+        Errors: as AppendItems, plus INVALID_ARGUMENT for a delta that is not a
+        JSON object or an app/user delta without `app_name`.
         """
 
     @_abc_1.abstractmethod

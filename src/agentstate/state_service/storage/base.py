@@ -15,20 +15,28 @@ from datetime import datetime
 
 from agentstate.state_service.domain import (
     AcquiredLease,
+    AppendedEvent,
+    AppendedItems,
     BegunTurn,
     CheckpointWrite,
+    ClearedItems,
     Compaction,
     Conversation,
     DeleteCounts,
+    EventAppend,
+    ItemsPage,
     Lease,
     MessageRecord,
     MessageUpdate,
     MessageWrite,
     NewCheckpoint,
+    NewItem,
     NewMessage,
     Page,
+    PoppedItem,
     PruneStrategy,
     ResolvedConversation,
+    ScopedStates,
     StateDelta,
     StoredCheckpoint,
     StoredState,
@@ -60,29 +68,18 @@ class StateStore(abc.ABC):
         max_state_bytes: int | None = None,
     ) -> UpsertResult:
         """Replace the whole state (`payload`) or apply a `delta` to the stored one,
-                apply message writes and record compactions atomically (UpsertState); with
-                `task_id`, also release that turn's lease (EndTurn).
+        apply message writes and record compactions atomically (UpsertState); with
+        `task_id`, also release that turn's lease (EndTurn).
 
-        <<<<<<< HEAD
                 expected_version (whole saves): None = unconditional, 0 = create only, N = only
-                if the stored version is N (else VersionConflict); a delta's own base_version
-                is the same compare-and-set. NotFound when the conversation does not exist;
-                LeaseLost when `task_id` is given and another task holds the conversation's
-                lease (that turn's lapsed and was taken over). For a delta: InvalidArgument
-                for a part that is not JSON the database takes or a range beyond the stored
-                context, FailedPrecondition when the stored "context" is not an array,
-                PayloadTooLarge when the resulting state (as get_state would return it) is
-                over `max_state_bytes`. Nothing changes on any error.
-        =======
-                expected_version: None = unconditional, 0 = create only, N = only if the
-                stored version is N (else VersionConflict). NotFound when the conversation
-                does not exist; LeaseLost when `task_id` is given and another task has been
-                granted the conversation's lease since (this turn's lapsed and was taken
-                over), even if that turn has finished and the lease is free: fenced by task,
-                not by the lease row. A lease that merely lapsed, or that this task released
-                itself, with no other grant in between, still saves. Nothing changes on any
-                error.
-        >>>>>>> main
+        if the stored version is N (else VersionConflict); a delta's own base_version
+        is the same compare-and-set. NotFound when the conversation does not exist;
+        LeaseLost when `task_id` is given and another task holds the conversation's
+        lease (that turn's lapsed and was taken over). For a delta: InvalidArgument
+        for a part that is not JSON the database takes or a range beyond the stored
+        context, FailedPrecondition when the stored "context" is not an array,
+        PayloadTooLarge when the resulting state (as get_state would return it) is
+        over `max_state_bytes`. Nothing changes on any error.
         """
 
     @abc.abstractmethod
@@ -215,6 +212,58 @@ class StateStore(abc.ABC):
     @abc.abstractmethod
     async def request_stop(self, *, user_id: str, task_id: int) -> Lease:
         """NotFound when no unexpired lease has this task id."""
+
+    # ------------------------------------- conversation items, scoped state
+
+    @abc.abstractmethod
+    async def append_items(
+        self,
+        *,
+        user_id: str,
+        conversation_id: int,
+        items: Sequence[NewItem],
+        expected_revision: int | None,
+    ) -> AppendedItems:
+        """Append items in order, under the conversation's lock, in one transaction.
+
+        NotFound (conversation absent), RevisionConflict (`expected_revision` set and
+        not the current revision). Nothing changes on any error."""
+
+    @abc.abstractmethod
+    async def list_items(
+        self,
+        *,
+        user_id: str,
+        conversation_id: int,
+        last_n: int | None,
+        min_item_time: datetime | None,
+        page_size: int,
+        after_seq: int | None,
+    ) -> ItemsPage:
+        """Oldest first: the items at or after `min_item_time`, only the newest
+        `last_n` of them when set, from after `after_seq`. NotFound when absent."""
+
+    @abc.abstractmethod
+    async def pop_item(
+        self, *, user_id: str, conversation_id: int, expected_revision: int | None
+    ) -> PoppedItem:
+        """Remove and return the newest item (None when empty). Errors as append_items."""
+
+    @abc.abstractmethod
+    async def clear_items(self, *, user_id: str, conversation_id: int) -> ClearedItems:
+        """Remove every item of the conversation. NotFound when absent."""
+
+    @abc.abstractmethod
+    async def get_scoped_state(self, *, user_id: str, app_name: str) -> ScopedStates:
+        """The app-scoped and the user-scoped state (None where none was written)."""
+
+    @abc.abstractmethod
+    async def append_event(
+        self, *, user_id: str, conversation_id: int, event: EventAppend
+    ) -> AppendedEvent:
+        """In one transaction: check the revision, append the item (if any), merge the
+        deltas into the conversation state, the app- and the user-scoped state.
+        Errors as append_items. Nothing changes on any error."""
 
     # -------------------------------------------------------------- retention
 

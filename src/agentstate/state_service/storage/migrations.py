@@ -903,6 +903,181 @@ END $$;
 """,
     ),
     Migration(
+        9,
+        "conversation items and app-/user-scoped state (agent framework sessions)",
+        """
+-- An ordered item list per conversation (OpenAI Agents session items, ADK
+-- events). `item_revision` counts changes to it and draws the items' seqs, so a
+-- seq is never reused and a compare-and-set on the revision sees every change.
+ALTER TABLE t_conversation ADD COLUMN item_revision bigint NOT NULL DEFAULT 0;
+
+CREATE TABLE t_conversation_item (
+    user_id         text NOT NULL,
+    conversation_id bigint NOT NULL,
+    seq             bigint NOT NULL,
+    item            jsonb NOT NULL CHECK (jsonb_typeof(item) = 'object'),
+    item_time       timestamptz NOT NULL,
+    create_time     timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (user_id, conversation_id, seq),
+    -- Gone in the same transaction as the conversation; a late append finds no
+    -- conversation row to lock (NOT_FOUND), so nothing comes back.
+    CONSTRAINT t_conversation_item_conversation_fkey FOREIGN KEY (user_id, conversation_id)
+        REFERENCES t_conversation (user_id, id) ON DELETE CASCADE
+);
+
+-- App-scoped (user_id '') and user-scoped state of an application. Not a child of
+-- a conversation: it outlives every session of the app or the user.
+CREATE TABLE t_scoped_state (
+    app_name    text NOT NULL,
+    user_id     text NOT NULL,
+    payload     jsonb NOT NULL CHECK (jsonb_typeof(payload) = 'object'),
+    version     bigint NOT NULL CHECK (version > 0),
+    update_time timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (app_name, user_id)
+);
+
+-- Lock the conversation (as every write does) and check the caller's revision.
+-- Returns the current revision.
+CREATE FUNCTION agentstate_lock_items(p_user_id text, p_conversation_id bigint,
+                                      p_expected_revision bigint)
+RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_revision bigint;
+BEGIN
+    PERFORM agentstate_touch_conversation(p_user_id, p_conversation_id);
+    SELECT item_revision INTO v_revision FROM t_conversation
+    WHERE user_id = p_user_id AND id = p_conversation_id;
+    IF p_expected_revision IS NOT NULL AND p_expected_revision <> v_revision THEN
+        PERFORM agentstate_refuse(jsonb_build_object(
+            'kind', 'revision_conflict', 'expected', p_expected_revision,
+            'current', v_revision));
+    END IF;
+    RETURN v_revision;
+END $$;
+
+-- AppendItems: one row per item appended, in order.
+CREATE FUNCTION agentstate_append_items(p_user_id text, p_conversation_id bigint,
+    p_items text[], p_item_times timestamptz[], p_expected_revision bigint)
+RETURNS TABLE (seq bigint, item jsonb, item_time timestamptz, create_time timestamptz,
+               revision bigint)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_revision bigint;
+    n integer := coalesce(array_length(p_items, 1), 0);
+BEGIN
+    v_revision := agentstate_lock_items(p_user_id, p_conversation_id, p_expected_revision);
+    UPDATE t_conversation SET item_revision = item_revision + n
+    WHERE user_id = p_user_id AND id = p_conversation_id;
+    RETURN QUERY
+    INSERT INTO t_conversation_item AS t (user_id, conversation_id, seq, item, item_time)
+    SELECT p_user_id, p_conversation_id, v_revision + i, p_items[i]::jsonb,
+           coalesce(p_item_times[i], now())
+    FROM generate_series(1, n) AS i
+    ORDER BY i
+    RETURNING t.seq, t.item, t.item_time, t.create_time, v_revision + n;
+END $$;
+
+-- PopItem: one row; NULL item columns when the list was empty.
+CREATE FUNCTION agentstate_pop_item(p_user_id text, p_conversation_id bigint,
+                                    p_expected_revision bigint)
+RETURNS TABLE (seq bigint, item jsonb, item_time timestamptz, create_time timestamptz,
+               revision bigint)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_revision bigint;
+    v_item t_conversation_item;
+BEGIN
+    v_revision := agentstate_lock_items(p_user_id, p_conversation_id, p_expected_revision);
+    DELETE FROM t_conversation_item AS t
+    WHERE t.user_id = p_user_id AND t.conversation_id = p_conversation_id
+      AND t.seq = (SELECT max(m.seq) FROM t_conversation_item AS m
+                   WHERE m.user_id = p_user_id AND m.conversation_id = p_conversation_id)
+    RETURNING t.* INTO v_item;
+    IF v_item.seq IS NOT NULL THEN
+        UPDATE t_conversation SET item_revision = item_revision + 1
+        WHERE user_id = p_user_id AND id = p_conversation_id
+        RETURNING item_revision INTO v_revision;
+    END IF;
+    RETURN QUERY SELECT v_item.seq, v_item.item, v_item.item_time, v_item.create_time,
+                        v_revision;
+END $$;
+
+-- ClearItems.
+CREATE FUNCTION agentstate_clear_items(p_user_id text, p_conversation_id bigint,
+                                       OUT deleted bigint, OUT revision bigint)
+LANGUAGE plpgsql AS $$
+BEGIN
+    revision := agentstate_lock_items(p_user_id, p_conversation_id, NULL);
+    DELETE FROM t_conversation_item
+    WHERE user_id = p_user_id AND conversation_id = p_conversation_id;
+    GET DIAGNOSTICS deleted = ROW_COUNT;
+    IF deleted > 0 THEN
+        UPDATE t_conversation SET item_revision = item_revision + 1
+        WHERE user_id = p_user_id AND id = p_conversation_id
+        RETURNING item_revision INTO revision;
+    END IF;
+END $$;
+
+-- Merge a delta into one scoped state (top level: the delta's keys win).
+CREATE FUNCTION agentstate_merge_scoped_state(p_app_name text, p_user_id text, p_delta jsonb)
+RETURNS void
+LANGUAGE sql AS $$
+    INSERT INTO t_scoped_state AS s (app_name, user_id, payload, version)
+    VALUES (p_app_name, p_user_id, p_delta, 1)
+    ON CONFLICT (app_name, user_id) DO UPDATE
+    SET payload = s.payload || EXCLUDED.payload, version = s.version + 1, update_time = now()
+$$;
+
+-- AppendEvent: the revision check, the item, the three deltas; one row.
+CREATE FUNCTION agentstate_append_event(p_user_id text, p_conversation_id bigint,
+    p_item text, p_item_time timestamptz, p_expected_revision bigint, p_state_key text,
+    p_state_delta jsonb, p_app_name text, p_app_delta jsonb, p_user_delta jsonb)
+RETURNS TABLE (seq bigint, item jsonb, item_time timestamptz, create_time timestamptz,
+               revision bigint, state_version bigint)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_revision bigint;
+    v_item t_conversation_item;
+    v_state_version bigint;
+BEGIN
+    v_revision := agentstate_lock_items(p_user_id, p_conversation_id, p_expected_revision)
+                  + 1;
+    UPDATE t_conversation SET item_revision = v_revision
+    WHERE user_id = p_user_id AND id = p_conversation_id;
+    IF p_item IS NOT NULL THEN
+        INSERT INTO t_conversation_item AS t (user_id, conversation_id, seq, item, item_time)
+        VALUES (p_user_id, p_conversation_id, v_revision, p_item::jsonb,
+                coalesce(p_item_time, now()))
+        RETURNING t.* INTO v_item;
+    END IF;
+    IF p_state_delta IS NOT NULL THEN
+        INSERT INTO t_agent_state AS s (user_id, session_id, state_key, payload, version)
+        VALUES (p_user_id, p_conversation_id, p_state_key, p_state_delta, 1)
+        ON CONFLICT (user_id, session_id, state_key) DO UPDATE
+        SET payload = s.payload || EXCLUDED.payload, version = s.version + 1,
+            update_time = now()
+        RETURNING s.version INTO v_state_version;
+    ELSE
+        SELECT s.version INTO v_state_version FROM t_agent_state AS s
+        WHERE s.user_id = p_user_id AND s.session_id = p_conversation_id
+          AND s.state_key = p_state_key;
+    END IF;
+    IF p_app_delta IS NOT NULL THEN
+        PERFORM agentstate_merge_scoped_state(p_app_name, '', p_app_delta);
+    END IF;
+    IF p_user_delta IS NOT NULL THEN
+        PERFORM agentstate_merge_scoped_state(p_app_name, p_user_id, p_user_delta);
+    END IF;
+    RETURN QUERY SELECT v_item.seq, v_item.item, v_item.item_time, v_item.create_time,
+                        v_revision, coalesce(v_state_version, 0);
+END $$;
+""",
+    ),
+    Migration(
         10,
         "delta saves: context messages as rows, the rest of the state as one row",
         """

@@ -321,6 +321,8 @@ def _refusal(detail: dict[str, Any], batch: str | None) -> d.StateServiceError:
         return d.fields_name_context()
     if kind == "too_large":
         return d.state_too_large(int(detail["size"]), int(detail["limit"]))
+    if kind == "revision_conflict":
+        return d.RevisionConflict(int(detail["expected"]), int(detail["current"]))
     if kind == "version_conflict":
         return VersionConflict(int(detail["expected"]), int(detail["current"]))
     if kind == "status_mismatch":
@@ -1094,6 +1096,124 @@ class PostgresStore(StateStore):
             },
         )
         return int(rows[0]["deleted"])
+
+    # ------------------------------------- conversation items, scoped state
+
+    async def append_items(
+        self,
+        *,
+        user_id: str,
+        conversation_id: int,
+        items: Sequence[d.NewItem],
+        expected_revision: int | None,
+    ) -> d.AppendedItems:
+        rows = await self._rows(
+            sql.APPEND_ITEMS,
+            {
+                "user_id": user_id,
+                "conversation_id": conversation_id,
+                "items": TextArray([i.item_json for i in items]),
+                "item_times": [i.item_time for i in items],
+                "expected_revision": expected_revision,
+            },
+        )
+        return d.AppendedItems(
+            [_item(conversation_id, row) for row in rows], int(rows[-1]["revision"])
+        )
+
+    async def list_items(
+        self,
+        *,
+        user_id: str,
+        conversation_id: int,
+        last_n: int | None,
+        min_item_time: datetime | None,
+        page_size: int,
+        after_seq: int | None,
+    ) -> d.ItemsPage:
+        rows = await self._rows(
+            sql.LIST_ITEMS,
+            {
+                "user_id": user_id,
+                "conversation_id": conversation_id,
+                "last_n": last_n,
+                "min_item_time": min_item_time,
+                "after_seq": after_seq,
+                "limit": page_size + 1,
+            },
+        )
+        if not rows:
+            raise d.conversation_not_found(conversation_id)
+        found = [_item(conversation_id, r) for r in rows if r["seq"] is not None]
+        items = found[:page_size]
+        token = str(items[-1].seq) if len(found) > page_size else ""
+        first = rows[0]
+        return d.ItemsPage(
+            items, token, int(first["item_revision"]), first["conversation_update_time"]
+        )
+
+    async def pop_item(
+        self, *, user_id: str, conversation_id: int, expected_revision: int | None
+    ) -> d.PoppedItem:
+        (row,) = await self._rows(
+            sql.POP_ITEM,
+            {
+                "user_id": user_id,
+                "conversation_id": conversation_id,
+                "expected_revision": expected_revision,
+            },
+        )
+        item = _item(conversation_id, row) if row["seq"] is not None else None
+        return d.PoppedItem(item, int(row["revision"]))
+
+    async def clear_items(self, *, user_id: str, conversation_id: int) -> d.ClearedItems:
+        (row,) = await self._rows(
+            sql.CLEAR_ITEMS, {"user_id": user_id, "conversation_id": conversation_id}
+        )
+        return d.ClearedItems(int(row["deleted"]), int(row["revision"]))
+
+    async def get_scoped_state(self, *, user_id: str, app_name: str) -> d.ScopedStates:
+        rows = await self._rows(sql.SELECT_SCOPED_STATE, {"user_id": user_id, "app_name": app_name})
+        states = {
+            row["user_id"]: StoredState(row["payload"], int(row["version"]), row["update_time"])
+            for row in rows
+        }
+        return d.ScopedStates(app=states.get(""), user=states.get(user_id))
+
+    async def append_event(
+        self, *, user_id: str, conversation_id: int, event: d.EventAppend
+    ) -> d.AppendedEvent:
+        (row,) = await self._rows(
+            sql.APPEND_EVENT,
+            {
+                "user_id": user_id,
+                "conversation_id": conversation_id,
+                "item": event.item.item_json.decode() if event.item else None,
+                "item_time": event.item.item_time if event.item else None,
+                "expected_revision": event.expected_revision,
+                "state_key": event.state_key,
+                "state_delta": _text(event.state_delta),
+                "app_name": event.app_name,
+                "app_delta": _text(event.app_delta),
+                "user_delta": _text(event.user_delta),
+            },
+        )
+        item = _item(conversation_id, row) if row["seq"] is not None else None
+        return d.AppendedEvent(item, int(row["revision"]), int(row["state_version"]))
+
+
+def _text(data: bytes | None) -> str | None:
+    return data.decode() if data is not None else None
+
+
+def _item(conversation_id: int, row: Row) -> d.ConversationItem:
+    return d.ConversationItem(
+        conversation_id=conversation_id,
+        seq=int(row["seq"]),
+        item_json=row["item"],
+        item_time=row["item_time"],
+        create_time=row["create_time"],
+    )
 
 
 def _checkpoint(row: Row) -> d.StoredCheckpoint:

@@ -339,3 +339,61 @@ LEFT JOIN LATERAL (
 WHERE conv.user_id = %(user_id)s AND conv.id = %(conversation_id)s
 ORDER BY c.checkpoint_id DESC, c.namespace DESC
 """
+
+# ------------------------------------------ conversation items, scoped state
+
+_ITEM_COLUMNS = "seq, item, item_time, create_time"
+
+APPEND_ITEMS: Final = """
+SELECT seq, item, item_time, create_time, revision
+FROM agentstate_append_items(%(user_id)s, %(conversation_id)s, %(items)s::text[],
+                             %(item_times)s::timestamptz[], %(expected_revision)s::bigint)
+"""
+
+# No row: no such conversation. A row with a NULL seq: no (more) items. The
+# newest `last_n` of the selection (NULL: all), then a page of them oldest first.
+LIST_ITEMS: Final = f"""
+SELECT c.item_revision, c.update_time AS conversation_update_time, i.*
+FROM t_conversation AS c
+LEFT JOIN LATERAL (
+    SELECT {_ITEM_COLUMNS} FROM (
+        SELECT {_ITEM_COLUMNS} FROM t_conversation_item
+        WHERE user_id = c.user_id AND conversation_id = c.id
+          AND (%(min_item_time)s::timestamptz IS NULL
+               OR item_time >= %(min_item_time)s::timestamptz)
+        ORDER BY seq DESC
+        LIMIT %(last_n)s::bigint
+    ) AS newest
+    WHERE %(after_seq)s::bigint IS NULL OR seq > %(after_seq)s::bigint
+    ORDER BY seq
+    LIMIT %(limit)s
+) AS i ON true
+WHERE c.user_id = %(user_id)s AND c.id = %(conversation_id)s
+ORDER BY i.seq
+"""
+
+POP_ITEM: Final = """
+SELECT seq, item, item_time, create_time, revision
+FROM agentstate_pop_item(%(user_id)s, %(conversation_id)s, %(expected_revision)s::bigint)
+"""
+
+CLEAR_ITEMS: Final = """
+SELECT deleted, revision FROM agentstate_clear_items(%(user_id)s, %(conversation_id)s)
+"""
+
+# user_id '' is the app-scoped row (a real user_id is never empty).
+SELECT_SCOPED_STATE: Final = """
+SELECT user_id, payload, version, update_time FROM t_scoped_state
+WHERE app_name = %(app_name)s AND user_id IN ('', %(user_id)s)
+"""
+
+APPEND_EVENT: Final = """
+SELECT seq, item, item_time, create_time, revision, state_version
+FROM agentstate_append_event(
+    p_user_id => %(user_id)s, p_conversation_id => %(conversation_id)s,
+    p_item => %(item)s::text, p_item_time => %(item_time)s::timestamptz,
+    p_expected_revision => %(expected_revision)s::bigint, p_state_key => %(state_key)s,
+    p_state_delta => %(state_delta)s::jsonb, p_app_name => %(app_name)s,
+    p_app_delta => %(app_delta)s::jsonb, p_user_delta => %(user_delta)s::jsonb
+)
+"""

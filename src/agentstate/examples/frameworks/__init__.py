@@ -1,0 +1,1 @@
+"""Agent frameworks on the state service, end to end and offline (see docs/frameworks/)."""

@@ -1,0 +1,334 @@
+"""A Google ADK `BaseSessionService` kept in the state service.
+
+    state = AsyncStateClient.connect("127.0.0.1:50051")
+    runner = Runner(agent=agent, app_name="shop", session_service=AgentStateSessionService(state))
+
+An ADK session is a conversation of ADK's `user_id`, found by the external key
+"adk:<app_name>:<session_id>". Its events are the conversation's items; its session-scoped
+state is the conversation's state under the key "adk.session"; `app:` and `user:` state are
+the service's app- and user-scoped state of `app_name`. `temp:` state lives only in the
+session object of the running invocation and is never stored.
+
+`append_event` is ONE AppendEvent call, so the event, the session state, `app:` and `user:`
+state change together or not at all, and it is compare-and-set on the session's revision:
+a caller whose session object is older than the stored session gets ADK's
+StaleSessionError and nothing is written. Deleting a session deletes the conversation with
+its events and state in one transaction; a late append is SessionNotFoundError.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import uuid
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from typing import Any
+
+from google.adk.errors._stale_session_error import StaleSessionError
+from google.adk.errors.already_exists_error import AlreadyExistsError
+from google.adk.errors.session_not_found_error import SessionNotFoundError
+from google.adk.events.event import Event
+from google.adk.sessions import _session_util
+from google.adk.sessions.base_session_service import (
+    BaseSessionService,
+    GetSessionConfig,
+    ListSessionsResponse,
+)
+from google.adk.sessions.session import Session
+from google.adk.sessions.state import State
+
+from agentstate.client.aio import AsyncStateClient
+from agentstate.client.errors import InvalidArgument, NotFound, PayloadTooLarge, VersionConflict
+from agentstate.client.types import Conversation, NewItem, StateSnapshot
+
+KEY_PREFIX = "adk:"
+SESSION_STATE_KEY = "adk.session"  # the conversation state holding session-scoped state
+PAGE_SIZE = 1000  # items per ListItems page (a page must fit one gRPC message)
+MAX_KEY_CHARS = 256
+MAX_CACHED_IDS = 10_000
+STALE_SESSION_MESSAGE = (
+    "The session has been modified in storage since it was loaded. "
+    "Please reload the session before appending more events."
+)
+
+
+def session_key(app_name: str, session_id: str) -> str:
+    """The conversation external key of an ADK session."""
+    return f"{KEY_PREFIX}{app_name}:{session_id}"
+
+
+def _check_names(app_name: str, user_id: str) -> None:
+    # ADK's own services take any string; ours keys by them, so an empty one is refused
+    # here, by ADK's convention for bad arguments (ValueError), not as a gRPC status.
+    if not app_name or not isinstance(app_name, str):
+        raise ValueError("app_name must be a non-empty string")
+    if not user_id or not isinstance(user_id, str):
+        raise ValueError("user_id must be a non-empty string")
+
+
+class AgentStateSessionService(BaseSessionService):
+    """ADK sessions in the state service (see the module docstring)."""
+
+    def __init__(self, client: AsyncStateClient) -> None:
+        self._client = client
+        # (app, user, session id) -> conversation id, so that an event is one call. Ids are
+        # never reused: a deleted session's entry only ever leads to NOT_FOUND.
+        self._ids: dict[tuple[str, str, str], str] = {}
+
+    # ------------------------------------------------------------ lookups
+
+    async def _conversation(
+        self, app_name: str, user_id: str, session_id: str, *, create: bool
+    ) -> tuple[Conversation, bool] | None:
+        """The session's conversation and whether this call created it; None when absent."""
+        _check_names(app_name, user_id)
+        key = session_key(app_name, session_id)
+        if not session_id or len(key) > MAX_KEY_CHARS or "\x00" in key:
+            raise ValueError(
+                f"session id {session_id[:40]!r} is not usable: 1..{MAX_KEY_CHARS} characters "
+                "with the app name, without NUL"
+            )
+        try:
+            resolved = await self._client.resolve_conversation(
+                user_id, key, create=create, title=session_id[:200]
+            )
+        except NotFound:
+            return None
+        except InvalidArgument as exc:
+            raise ValueError(exc.message) from exc
+        if len(self._ids) >= MAX_CACHED_IDS:
+            self._ids.clear()
+        self._ids[(app_name, user_id, session_id)] = resolved.conversation.conversation_id
+        return resolved.conversation, resolved.created
+
+    async def _scoped(self, app_name: str, user_id: str) -> dict[str, Any]:
+        """app: and user: state with their prefixes, to merge into a session's state."""
+        scoped = await self._client.get_scoped_state(user_id, app_name)
+        merged = {State.APP_PREFIX + k: v for k, v in _object(scoped.app).items()}
+        merged.update({State.USER_PREFIX + k: v for k, v in _object(scoped.user).items()})
+        return merged
+
+    # ------------------------------------------------------------- the API
+
+    async def create_session(
+        self,
+        *,
+        app_name: str,
+        user_id: str,
+        state: dict[str, Any] | None = None,
+        session_id: str | None = None,
+    ) -> Session:
+        session_id = session_id.strip() if session_id else None
+        session_id = session_id or str(uuid.uuid4())
+        found = await self._conversation(app_name, user_id, session_id, create=True)
+        assert found is not None
+        conversation, created = found
+        if not created:
+            raise AlreadyExistsError(f"Session with id {session_id} already exists.")
+        # As ADK's persistent services: values that are not JSON become their string form
+        # (with a warning); temp: keys are dropped.
+        deltas = _session_util.extract_json_safe_state_delta(state or {})
+        revision = 0
+        if any(deltas.values()):
+            try:
+                appended = await self._client.append_event(
+                    user_id,
+                    conversation.conversation_id,
+                    expected_revision=0,
+                    state_key=SESSION_STATE_KEY,
+                    state_delta=deltas["session"] or None,
+                    app_name=app_name,
+                    app_state_delta=deltas["app"] or None,
+                    user_state_delta=deltas["user"] or None,
+                )
+            except (InvalidArgument, PayloadTooLarge) as exc:
+                # Nothing of the session may stay behind a refused create.
+                await self._client.delete_conversation(user_id, conversation.conversation_id)
+                raise ValueError(f"session state refused: {exc.message}") from exc
+            revision = appended.revision
+        merged = await self._scoped(app_name, user_id)
+        merged.update(deltas["session"])
+        session = Session(
+            app_name=app_name,
+            user_id=user_id,
+            id=session_id,
+            state=merged,
+            events=[],
+            last_update_time=conversation.create_time.timestamp(),
+        )
+        session._storage_update_marker = str(revision)
+        return session
+
+    async def get_session(
+        self,
+        *,
+        app_name: str,
+        user_id: str,
+        session_id: str,
+        config: GetSessionConfig | None = None,
+    ) -> Session | None:
+        session_id = session_id.strip() if session_id else session_id
+        found = await self._conversation(app_name, user_id, session_id, create=False)
+        if found is None:
+            return None
+        conversation_id = found[0].conversation_id
+        config = config or GetSessionConfig()
+        try:
+            # Items first: a state read after them is at least as new as their revision,
+            # so a session built from both is never newer than its marker says.
+            events, revision, update_time = await self._events(user_id, conversation_id, config)
+            session_state = _object(
+                await self._client.find_state(user_id, conversation_id, state_key=SESSION_STATE_KEY)
+            )
+        except NotFound:
+            return None  # deleted meanwhile
+        merged = await self._scoped(app_name, user_id)
+        merged.update(session_state)
+        session = Session(
+            app_name=app_name,
+            user_id=user_id,
+            id=session_id,
+            state=merged,
+            events=events,
+            last_update_time=update_time.timestamp(),
+        )
+        session._storage_update_marker = str(revision)
+        return session
+
+    async def _events(
+        self, user_id: str, conversation_id: str, config: GetSessionConfig
+    ) -> tuple[list[Event], int, datetime]:
+        min_time = None
+        if config.after_timestamp is not None:
+            min_time = datetime.fromtimestamp(config.after_timestamp, UTC)
+        if config.num_recent_events == 0:
+            page = await self._client.list_items(user_id, conversation_id, last_n=0, page_size=1)
+            return [], page.revision, page.update_time
+        events: list[Event] = []
+        token = ""
+        while True:
+            page = await self._client.list_items(
+                user_id,
+                conversation_id,
+                last_n=config.num_recent_events,
+                min_item_time=min_time,
+                page_size=PAGE_SIZE,
+                page_token=token,
+            )
+            events.extend(Event.model_validate_json(item.item_json) for item in page.items)
+            token = page.next_page_token
+            if not token:
+                return events, page.revision, page.update_time
+
+    async def list_sessions(
+        self, *, app_name: str, user_id: str | None = None
+    ) -> ListSessionsResponse:
+        """The user's sessions of `app_name`, least recently updated first, without events.
+        The state service keeps every user's data apart, so `user_id` is required here
+        (ValueError without it)."""
+        if user_id is None:
+            raise ValueError(
+                "AgentStateSessionService.list_sessions needs a user_id: the state service "
+                "lists one user's conversations at a time"
+            )
+        _check_names(app_name, user_id)
+        prefix = session_key(app_name, "")
+        scoped = await self._scoped(app_name, user_id)
+        sessions: list[Session] = []
+        async for conversation in self._all_conversations(user_id):
+            if not conversation.external_key.startswith(prefix):
+                continue
+            session_state = _object(
+                await self._client.find_state(
+                    user_id, conversation.conversation_id, state_key=SESSION_STATE_KEY
+                )
+            )
+            sessions.append(
+                Session(
+                    app_name=app_name,
+                    user_id=user_id,
+                    id=conversation.external_key.removeprefix(prefix),
+                    state={**scoped, **session_state},
+                    events=[],
+                    last_update_time=conversation.update_time.timestamp(),
+                )
+            )
+        sessions.sort(key=lambda s: (s.last_update_time, s.user_id, s.id))
+        return ListSessionsResponse(sessions=sessions)
+
+    async def _all_conversations(self, user_id: str) -> AsyncIterator[Conversation]:
+        token = ""
+        while True:
+            page = await self._client.list_conversations(user_id, page_size=500, page_token=token)
+            for conversation in page.items:
+                yield conversation
+            token = page.next_page_token
+            if not token:
+                return
+
+    async def delete_session(self, *, app_name: str, user_id: str, session_id: str) -> None:
+        """Delete the session's conversation, events and state in one transaction; a
+        session that does not exist is not an error (as ADK's own services)."""
+        session_id = session_id.strip() if session_id else session_id
+        found = await self._conversation(app_name, user_id, session_id, create=False)
+        self._ids.pop((app_name, user_id, session_id), None)
+        if found is None:
+            return
+        with contextlib.suppress(NotFound):  # deleted meanwhile
+            await self._client.delete_conversation(user_id, found[0].conversation_id)
+
+    async def get_user_state(self, *, app_name: str, user_id: str) -> dict[str, Any]:
+        _check_names(app_name, user_id)
+        scoped = await self._client.get_scoped_state(user_id, app_name)
+        return _object(scoped.user)
+
+    async def append_event(self, session: Session, event: Event) -> Event:
+        if event.partial:
+            return event
+        # As the base class: temp: state reaches this invocation's session object only.
+        self._apply_temp_state(session, event)
+        event = self._trim_temp_delta_state(event)
+        conversation_id = self._ids.get((session.app_name, session.user_id, session.id))
+        if conversation_id is None:
+            found = await self._conversation(
+                session.app_name, session.user_id, session.id, create=False
+            )
+            if found is None:
+                raise SessionNotFoundError(f"Session {session.id} not found.")
+            conversation_id = found[0].conversation_id
+        deltas = _session_util.extract_json_safe_state_delta(event.actions.state_delta or {})
+        marker = session._storage_update_marker
+        try:
+            appended = await self._client.append_event(
+                session.user_id,
+                conversation_id,
+                item=NewItem(
+                    event.model_dump_json(exclude_none=True).encode(),
+                    item_time=datetime.fromtimestamp(event.timestamp, UTC),
+                ),
+                expected_revision=int(marker) if marker is not None else None,
+                state_key=SESSION_STATE_KEY,
+                state_delta=deltas["session"] or None,
+                app_name=session.app_name,
+                app_state_delta=deltas["app"] or None,
+                user_state_delta=deltas["user"] or None,
+            )
+        except VersionConflict as exc:
+            raise StaleSessionError(STALE_SESSION_MESSAGE) from exc
+        except NotFound as exc:
+            self._ids.pop((session.app_name, session.user_id, session.id), None)
+            raise SessionNotFoundError(f"Session {session.id} not found.") from exc
+        except (InvalidArgument, PayloadTooLarge) as exc:
+            raise ValueError(f"event refused by the state service: {exc.message}") from exc
+        session._storage_update_marker = str(appended.revision)
+        session.last_update_time = event.timestamp
+        return self._commit_event_to_session(session, event)
+
+
+def _object(snapshot: StateSnapshot | None) -> dict[str, Any]:
+    if snapshot is None:
+        return {}
+    value = json.loads(snapshot.payload)
+    assert isinstance(value, dict)
+    return value

@@ -1,0 +1,177 @@
+"""An OpenAI Agents SDK `Session` kept in the state service.
+
+    state = AsyncStateClient.connect("127.0.0.1:50051")
+    session = AgentStateSession("support-42", client=state, user_id="alice")
+    await Runner.run(agent, "Where is my order?", session=session)
+
+The session's items are the items of one conversation of `user_id`, found by the external
+key "openai:<session_id>" (created on first use; two processes starting the same session at
+once get the same conversation). Semantics are those of the SDK's SQLiteSession: items in
+the order added, `get_items(limit)` the newest `limit` oldest first, `pop_item` removes and
+returns the newest, `clear_session` removes them all. What the SQLite file does not give:
+`add_items` from any number of processes or hosts all land (each call is one transaction
+under the conversation's lock), the items go with DeleteConversation in one transaction,
+and a service in another language reads them over gRPC (ListItems).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, cast
+
+from agents.memory.session import SessionABC
+from agents.memory.session_settings import SessionSettings, resolve_session_limit
+
+from agentstate.client.errors import InvalidArgument, NotFound, PayloadTooLarge
+from agentstate.client.types import Item, NewItem
+
+if TYPE_CHECKING:
+    from agents.items import TResponseInputItem
+
+    from agentstate.client.aio import AsyncStateClient
+
+KEY_PREFIX = "openai:"
+MAX_SESSION_ID_CHARS = 256 - len(KEY_PREFIX)  # external keys are at most 256 characters
+MAX_ITEMS_PER_CALL = 1000  # AppendItems' limit
+PAGE_SIZE = 1000  # items per ListItems page (a page must fit one gRPC message)
+
+
+def session_key(session_id: str) -> str:
+    """The conversation external key of an OpenAI Agents session."""
+    return KEY_PREFIX + session_id
+
+
+class AgentStateSession(SessionABC):
+    """A `Session` whose items live in the state service (see the module docstring)."""
+
+    def __init__(
+        self,
+        session_id: str,
+        *,
+        client: AsyncStateClient,
+        user_id: str,
+        session_settings: SessionSettings | None = None,
+    ) -> None:
+        if not isinstance(session_id, str) or not session_id:
+            raise ValueError("session_id must be a non-empty string")
+        if len(session_id) > MAX_SESSION_ID_CHARS or "\x00" in session_id:
+            raise ValueError(
+                f"session_id must be at most {MAX_SESSION_ID_CHARS} characters without NUL"
+            )
+        if not isinstance(user_id, str) or not user_id:
+            raise ValueError("user_id must be a non-empty string")
+        self.session_id = session_id
+        self.session_settings = session_settings or SessionSettings()
+        self.user_id = user_id
+        self._client = client
+        self._conversation_id: str | None = None
+
+    @property
+    def key(self) -> str:
+        return session_key(self.session_id)
+
+    async def conversation_id(self, *, create: bool = True) -> str | None:
+        """The conversation holding this session's items (None: none yet, and not `create`)."""
+        if self._conversation_id is None:
+            try:
+                resolved = await self._client.resolve_conversation(
+                    self.user_id, self.key, create=create, title=self.session_id[:200]
+                )
+            except NotFound:
+                return None
+            except InvalidArgument as exc:
+                raise ValueError(f"invalid session: {exc.message}") from exc
+            self._conversation_id = resolved.conversation.conversation_id
+        return self._conversation_id
+
+    async def get_items(self, limit: int | None = None) -> list[TResponseInputItem]:
+        """The newest `limit` items oldest first; all of them when `limit` is None (or the
+        session settings' limit) or negative, none when it is 0 (as SQLiteSession)."""
+        wanted = resolve_session_limit(limit, self.session_settings)
+        last_n = wanted if wanted is not None and wanted >= 0 else None
+        if last_n == 0:
+            return []
+        try:
+            items = await self._list(last_n)
+        except NotFound:
+            # Deleted from elsewhere (DeleteConversation): an empty session, as SQLiteSession
+            # is for a session id it has no rows of.
+            self._conversation_id = None
+            return []
+        return [_decode(item) for item in items]
+
+    async def _list(self, last_n: int | None) -> list[Item]:
+        conversation_id = await self.conversation_id(create=False)
+        if conversation_id is None:
+            return []
+        found: list[Item] = []
+        token = ""
+        while True:
+            page = await self._client.list_items(
+                self.user_id,
+                conversation_id,
+                last_n=last_n,
+                page_size=PAGE_SIZE,
+                page_token=token,
+            )
+            found.extend(page.items)
+            token = page.next_page_token
+            if not token:
+                return found
+
+    async def add_items(self, items: list[TResponseInputItem]) -> None:
+        """Append `items` in one transaction (up to 1000 items). TypeError / ValueError for
+        an item that is not JSON (as json.dumps raises them), before anything is stored."""
+        if not items:
+            return
+        # allow_nan=False: NaN is not JSON, and a reader in another language could not
+        # parse it back.
+        encoded = [NewItem(json.dumps(item, allow_nan=False).encode()) for item in items]
+        # AppendItems takes up to 1000 items: a larger batch (never one turn's worth) is
+        # several transactions, each in order.
+        for start in range(0, len(encoded), MAX_ITEMS_PER_CALL):
+            await self._append(encoded[start : start + MAX_ITEMS_PER_CALL])
+
+    async def _append(self, encoded: list[NewItem]) -> None:
+        for attempt in range(2):
+            conversation_id = await self.conversation_id()
+            assert conversation_id is not None
+            try:
+                await self._client.append_items(self.user_id, conversation_id, encoded)
+                return
+            except NotFound:
+                # The conversation was deleted meanwhile: the session starts afresh under
+                # its key (its old items never come back), as SQLiteSession after a clear.
+                self._conversation_id = None
+                if attempt:
+                    raise
+            except PayloadTooLarge as exc:
+                raise ValueError(f"item too large for the state service: {exc.message}") from exc
+            except InvalidArgument as exc:
+                raise ValueError(f"item refused by the state service: {exc.message}") from exc
+
+    async def pop_item(self) -> TResponseInputItem | None:
+        """Remove and return the newest item; None when the session is empty."""
+        conversation_id = await self.conversation_id(create=False)
+        if conversation_id is None:
+            return None
+        try:
+            popped = await self._client.pop_item(self.user_id, conversation_id)
+        except NotFound:
+            self._conversation_id = None
+            return None
+        return _decode(popped.item) if popped.item is not None else None
+
+    async def clear_session(self) -> None:
+        """Remove every item (the conversation itself stays, empty)."""
+        conversation_id = await self.conversation_id(create=False)
+        if conversation_id is None:
+            return
+        try:
+            await self._client.clear_items(self.user_id, conversation_id)
+        except NotFound:
+            self._conversation_id = None
+
+
+def _decode(item: Item) -> TResponseInputItem:
+    return cast("TResponseInputItem", json.loads(item.item_json))
