@@ -334,9 +334,14 @@ def test_approve_on_a_fresh_conversation_once_despite_a_double_click(
     page.wait(lambda: "Approved by you" in page.text(".card .outcome"), timeout=20)
     page.idle()
     assert len(page.confirms()) == 1  # the second click found the buttons disabled
-    assert "Done" in page.text("#messages")
     page.screenshot("02-approved")
     _, before = api(console_url, user, "GET", f"/api/conversations/{conversation_id}/messages")
+    # The approved call, told by the outcome_text the agent wrote on its record.
+    (ran,) = [
+        i for r in before["records"] for i in r["items"] if i.get("tool_name") == "cancel_order"
+    ]
+    assert ran["words"] == "已执行完成。"
+    assert "cancel_order" in page.text("#messages") and "已执行完成。" in page.text("#messages")
     # A second answer to the same card (another tab, a replayed request): refused, no change.
     status, events = api(
         console_url,
