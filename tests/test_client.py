@@ -161,7 +161,14 @@ async def test_leases_and_turns(client: AsyncStateClient, user_id: str) -> None:
     assert pending.value.awaiting_message_id == begun.records[1].message_id
     acquired = await client.acquire_lease(user_id, cid, holder="h", ttl_ms=60_000)
     assert acquired.lapsed_task_id == "" and acquired.lease.holder == "h"
+    held = await client.get_lease(user_id, cid)
+    assert held is not None and held.task_id == acquired.lease.task_id and held.holder == "h"
+    assert held.acquire_time is not None and held.acquire_time <= held.expire_time
     assert await client.release_lease(user_id, acquired.lease.task_id)
+    assert await client.get_lease(user_id, cid) is None
+    with pytest.raises(NotFound) as absent:
+        await client.get_lease("someone-else", cid)
+    assert absent.value.missing == "conversation"
 
 
 @pytest.fixture
@@ -242,6 +249,7 @@ def test_sync_client_on_a_state_process(state_process_address: str, user_id: str
             client.get_message(user_id, cid, "1")
         assert absent.value.missing == "message"
         assert client.find_state(user_id, cid) is not None
+        assert client.get_lease(user_id, cid) is None
         assert client.delete_conversation(user_id, cid).states == 1
     with pytest.raises(Exception):  # noqa: B017 - closed
         client.get_state(user_id, cid)

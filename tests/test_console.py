@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -211,3 +212,88 @@ def test_demo_web_starts_all_three_and_prints_the_url() -> None:
         demo.send_signal(signal.SIGTERM)
         rest, _ = demo.communicate(timeout=60)
     assert demo.returncode == 0, "".join(lines) + rest
+
+
+def test_an_error_record_shows_the_streamed_text_as_partial_and_the_metadata_error() -> None:
+    sentence = "模型响应超时，这一轮没有完成，请稍后重试。"
+    record = pb.MessageRecord(
+        message_id="4",
+        conversation_id="1",
+        role=pb.MESSAGE_ROLE_ASSISTANT,
+        blocks_json=json.dumps([{"type": "text", "text": "订单88235的金额是"}]).encode(),
+        status=pb.MESSAGE_STATUS_ERROR,
+        metadata_json=json.dumps({"error": sentence}, ensure_ascii=False).encode(),
+    )
+    view = record_view(record)
+    assert view["error"] and view["partial"]
+    assert view["error_text"] == sentence
+    assert view["items"] == [{"kind": "text", "text": "订单88235的金额是"}]
+    # Nothing streamed before the failure: no partial answer, the sentence still shown.
+    empty = record_view(
+        pb.MessageRecord(
+            message_id="5",
+            role=pb.MESSAGE_ROLE_ASSISTANT,
+            blocks_json=b"[]",
+            status=pb.MESSAGE_STATUS_ERROR,
+            metadata_json=json.dumps({"error": sentence}).encode(),
+        )
+    )
+    assert (empty["partial"], empty["error_text"], empty["items"]) == (False, sentence, [])
+
+
+def _get(url: str, headers: dict[str, str]) -> tuple[int, Any]:
+    request = urllib.request.Request(url, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def test_the_console_is_the_trusted_proxy_of_an_agent_in_proxy_mode(
+    state_process_address: str,
+) -> None:
+    """As in k8s: the agent in AGENT_AUTH_MODE=proxy believes the console's user only with
+    the shared secret (CONSOLE_AGENT_PROXY_SECRET); without it the page is told to sign in."""
+    from agentstate.dev.processes import ServiceProcess
+
+    secret = "s" * 40
+    agent = ServiceProcess(
+        "agentstate.agent_service",
+        {
+            "AGENT_LISTEN_ADDRESS": "127.0.0.1:0",
+            "AGENT_AUTH_MODE": "proxy",
+            "AGENT_PROXY_SECRET": secret,
+            "AGENT_STATE_ADDRESS": state_process_address,
+            "AGENT_PROFILE": "order_demo",
+            "ORDERS_DATABASE_URL": "",
+        },
+    )
+    consoles: list[ServiceProcess] = []
+    try:
+        agent_address = agent.wait_ready()
+        urls = []
+        for given in (secret, ""):
+            console = ServiceProcess(
+                "agentstate.console",
+                {
+                    "CONSOLE_LISTEN_ADDRESS": "127.0.0.1:0",
+                    "CONSOLE_AGENT_ADDRESS": agent_address,
+                    "CONSOLE_STATE_ADDRESS": state_process_address,
+                    "CONSOLE_USER_HEADER": "X-Forwarded-User",
+                    "CONSOLE_DEV_USER": "",
+                    "CONSOLE_AGENT_PROXY_SECRET": given,
+                },
+            )
+            consoles.append(console)
+            urls.append(console.wait_ready())
+        user = {"X-Forwarded-User": "proxied-user"}
+        assert _get(urls[0] + "/api/conversations", user) == (
+            200,
+            {"conversations": [], "next_page_token": ""},
+        )
+        status, refused = _get(urls[1] + "/api/conversations", user)
+        assert status == 401 and refused["error"] == "You are not signed in."
+    finally:
+        codes = [c.terminate() for c in reversed(consoles)] + [agent.terminate()]
+        assert codes == [0] * len(codes), "\n".join(s.output for s in [*consoles, agent])

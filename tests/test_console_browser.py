@@ -84,6 +84,7 @@ def console_url(database_url: str) -> Iterator[str]:
             "agentstate.agent_service",
             {
                 "AGENT_LISTEN_ADDRESS": "127.0.0.1:0",
+                "AGENT_AUTH_MODE": "dev-header",  # the console passes agentstate-user-id
                 "AGENT_STATE_ADDRESS": state_address,
                 "AGENT_PROFILE": "order_demo",
                 "ORDERS_DATABASE_URL": "",  # in memory, seeded per user
@@ -294,7 +295,14 @@ def test_the_worked_example_ask_card_cancel_reply(browser: WebDriver, console_ur
     ]
     reply = page.all("#messages .msg.assistant")[-1].text
     assert "88235" in reply and "3378.00" in reply
-    assert "Declined by you: not run" in page.text("#messages")  # the cancel_order call
+    # The cancel_order call, told by the outcome_text the agent wrote on the real record.
+    assert "你在确认卡片上点了取消，操作没有执行。" in page.text("#messages")
+    _, history = api(
+        console_url, page.user, "GET", f"/api/conversations/{conversation_id}/messages"
+    )
+    records = history["records"]
+    (declined,) = [i for r in records for i in r["items"] if i.get("tool_name") == "cancel_order"]
+    assert declined["words"] == "你在确认卡片上点了取消，操作没有执行。"
     page.wait(lambda: page.text("[data-field=context-count]") == "8")
     assert page.text("[data-field=pending]") == "none"
     assert "free" in page.text("[data-field=lease]")
@@ -326,9 +334,14 @@ def test_approve_on_a_fresh_conversation_once_despite_a_double_click(
     page.wait(lambda: "Approved by you" in page.text(".card .outcome"), timeout=20)
     page.idle()
     assert len(page.confirms()) == 1  # the second click found the buttons disabled
-    assert "Done" in page.text("#messages")
     page.screenshot("02-approved")
     _, before = api(console_url, user, "GET", f"/api/conversations/{conversation_id}/messages")
+    # The approved call, told by the outcome_text the agent wrote on its record.
+    (ran,) = [
+        i for r in before["records"] for i in r["items"] if i.get("tool_name") == "cancel_order"
+    ]
+    assert ran["words"] == "已执行完成。"
+    assert "cancel_order" in page.text("#messages") and "已执行完成。" in page.text("#messages")
     # A second answer to the same card (another tab, a replayed request): refused, no change.
     status, events = api(
         console_url,

@@ -72,3 +72,52 @@ def test_frameworks_are_optional_extras() -> None:
     for extra, package in (("openai-agents", "openai-agents"), ("adk", "google-adk")):
         assert package not in core
         assert any(req.startswith(package) for req in extras[extra])
+
+
+CONSOLE_MAY_IMPORT = (
+    "agentstate.client",
+    "agentstate.common",
+    "agentstate.agent.v1",  # the agent API stubs
+    "agentstate.console",
+)
+
+
+def console_offences(files: list[Path]) -> dict[str, list[str]]:
+    """The console's agentstate imports outside what it may use."""
+    offending = {
+        str(path.relative_to(SRC)): sorted(
+            m
+            for m in imported_modules(path)
+            if (m == "agentstate" or m.startswith("agentstate."))
+            and not any(m == p or m.startswith(p + ".") for p in CONSOLE_MAY_IMPORT)
+        )
+        for path in files
+    }
+    return {k: v for k, v in offending.items() if v}
+
+
+def test_the_console_sits_on_the_client_and_the_agent_api_only() -> None:
+    files = sorted((SRC / "console").rglob("*.py"))
+    assert files
+    assert console_offences(files) == {}
+
+
+def test_the_console_check_sees_state_stubs_and_internals() -> None:
+    probe = SRC / "console" / "_probe_not_a_module.py"
+    source = (
+        "from agentstate.state.v1 import state_service_pb2\n"
+        "import agentstate.agent_service.auth\n"
+        "from agentstate.client import AsyncStateClient\n"
+    )
+    probe.write_text(source)
+    try:
+        found = console_offences([probe])
+    finally:
+        probe.unlink()
+    assert found == {
+        "console/_probe_not_a_module.py": [
+            "agentstate.agent_service.auth",
+            "agentstate.state.v1",
+            "agentstate.state.v1.state_service_pb2",
+        ]
+    }

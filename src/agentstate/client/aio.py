@@ -300,6 +300,14 @@ class AsyncStateClient:
             ops.acquire_lease(user_id, conversation_id, holder, ttl_ms, max_user_leases), timeout
         )
 
+    async def get_lease(
+        self, user_id: str, conversation_id: str, *, timeout: float | None = None
+    ) -> LeaseInfo | None:
+        """The conversation's lease as it is now; None when no turn holds it. A lease
+        whose expire_time has passed was never released (its turn died).
+        NotFound when the conversation is missing or another user's."""
+        return await self._call(ops.get_lease(user_id, conversation_id), timeout)
+
     async def renew_lease(
         self, user_id: str, task_id: str, ttl_ms: int, *, timeout: float | None = None
     ) -> LeaseInfo:

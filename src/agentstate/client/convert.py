@@ -163,6 +163,7 @@ def lease_of(message: pb.Lease) -> LeaseInfo:
         stop_requested=message.stop_requested,
         expire_time=_time(message.expire_time),
         holder=message.holder,
+        acquire_time=_time(message.acquire_time) if message.HasField("acquire_time") else None,
     )
 
 
@@ -397,6 +398,14 @@ def acquire_lease(
             max_user_leases=max_user_leases,
         ),
         lambda r: AcquiredLease(lease_of(r.lease), r.lapsed_task_id),
+    )
+
+
+def get_lease(user_id: str, conversation_id: str) -> Op[LeaseInfo | None]:
+    return Op(
+        "GetLease",
+        pb.GetLeaseRequest(user_id=user_id, conversation_id=conversation_id),
+        lambda r: lease_of(r.lease) if r.HasField("lease") else None,
     )
 
 

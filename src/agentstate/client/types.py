@@ -140,6 +140,7 @@ class LeaseInfo:
     stop_requested: bool
     expire_time: datetime
     holder: str = ""
+    acquire_time: datetime | None = None  # set by get_lease; other calls may leave it None
 
 
 @dataclass(frozen=True)

@@ -27,12 +27,14 @@ from starlette.staticfiles import StaticFiles
 
 from agentstate.agent.v1 import agent_service_pb2 as pb
 from agentstate.agent.v1 import agent_service_pb2_grpc as pb_grpc
+from agentstate.client import StateError
 from agentstate.common.service_config import channel_options
 from agentstate.console.config import ConsoleSettings
 from agentstate.console.present import event_view, record_view
 from agentstate.console.state_reads import StateReader
 
 USER_ID_METADATA_KEY = "agentstate-user-id"
+PROXY_SECRET_METADATA_KEY = "agentstate-proxy-secret"
 STATIC = Path(__file__).parent / "static"
 _ID = re.compile(r"^[0-9]{1,20}$")
 MAX_QUESTION_CHARS = 8000
@@ -88,6 +90,13 @@ def explain(error: grpc.aio.AioRpcError) -> tuple[int, str]:
     return 502, f"The service failed ({error.code().name}). Try again."
 
 
+def explain_state_error(error: StateError) -> tuple[int, str]:
+    """As explain, for the public client's typed errors."""
+    if error.code in _CODES:
+        return _CODES[error.code]
+    return 502, f"The service failed ({error.code.name}). Try again."
+
+
 def _id(value: Any, what: str, *, empty_ok: bool = False) -> str:
     text = "" if value is None else str(value)
     if empty_ok and text == "":
@@ -129,7 +138,10 @@ class Console:
         return user
 
     def metadata(self, request: Request) -> tuple[tuple[str, str], ...]:
-        return ((USER_ID_METADATA_KEY, self.user_of(request)),)
+        user = ((USER_ID_METADATA_KEY, self.user_of(request)),)
+        secret = self.settings.agent_proxy_secret.get_secret_value()
+        # An agent in AGENT_AUTH_MODE=proxy believes the user only with its shared secret.
+        return (*user, (PROXY_SECRET_METADATA_KEY, secret)) if secret else user
 
     @property
     def timeout(self) -> float:
@@ -158,6 +170,9 @@ def create_app(settings: ConsoleSettings, on_ready: Callable[[], None] | None = 
         except grpc.aio.AioRpcError as exc:
             status, message = explain(exc)
             return JSONResponse({"error": message, "code": exc.code().name}, status_code=status)
+        except StateError as exc:  # the inspector's reads (agentstate.client)
+            status, message = explain_state_error(exc)
+            return JSONResponse({"error": message, "code": exc.code.name}, status_code=status)
 
     async def index(request: Request) -> Response:
         return FileResponse(STATIC / "index.html")

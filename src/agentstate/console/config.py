@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Self
 
-from pydantic import Field, model_validator
+from pydantic import Field, SecretStr, model_validator
 
 from agentstate.common.config import EnvSettings
 
@@ -37,6 +37,16 @@ class ConsoleSettings(EnvSettings):
         default="",
         validation_alias="CONSOLE_DEV_USER",
         description="development only: the user of requests without the proxy's header",
+    )
+    agent_proxy_secret: SecretStr = Field(
+        default=SecretStr(""),
+        validation_alias="CONSOLE_AGENT_PROXY_SECRET",
+        description=(
+            "sent as agentstate-proxy-secret on every agent call when set: the agent's "
+            "AGENT_PROXY_SECRET, for an agent in AGENT_AUTH_MODE=proxy (the console is then "
+            "its trusted proxy)"
+        ),
+        json_schema_extra={"shown_default": "empty"},
     )
     rpc_timeout_seconds: float = Field(
         default=10.0,

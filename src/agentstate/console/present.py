@@ -137,16 +137,20 @@ def record_view(record: Any, now: datetime | None = None) -> dict[str, Any]:
                     "words": _tool_words(block, results.get(block.get("id")), record, card_status),
                 }
             )
+    # An ERROR record keeps the failure's sentence in metadata {"error": …}; its blocks
+    # are what was streamed before the failure, shown as a partial answer.
+    failed = record.status == pb.MESSAGE_STATUS_ERROR
     error_text = ""
-    if record.status == pb.MESSAGE_STATUS_ERROR:
-        error_text = next((i["text"] for i in items if i["kind"] == "text"), "")
+    if failed and isinstance(metadata, dict) and isinstance(metadata.get("error"), str):
+        error_text = metadata["error"]
     return {
         "message_id": record.message_id,
         "role": ROLES.get(record.role, "assistant"),
         "status_words": RECORD_WORDS.get(record.status, ""),
         "streaming": record.status == pb.MESSAGE_STATUS_STREAMING,
-        "error": record.status == pb.MESSAGE_STATUS_ERROR,
+        "error": failed,
         "error_text": error_text,
+        "partial": failed and any(i["kind"] == "text" for i in items),
         "items": items,
         "card": card_view(card, now) if isinstance(card, dict) else None,
         "create_time": _iso(record.create_time),

@@ -12,11 +12,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-import grpc
-
-from agentstate.common.service_config import channel_options
-from agentstate.state.v1 import state_service_pb2 as spb
-from agentstate.state.v1 import state_service_pb2_grpc as spb_grpc
+from agentstate.client import AsyncStateClient
 
 
 @dataclass(frozen=True)
@@ -28,8 +24,8 @@ class Inspection:
     lease: dict[str, Any] | None  # None: no turn holds it
 
 
-def _iso(ts: Any) -> str | None:
-    return ts.ToDatetime(tzinfo=UTC).isoformat() if ts.seconds or ts.nanos else None
+def _iso(when: datetime | None) -> str | None:
+    return when.isoformat() if when is not None else None
 
 
 def _block_summary(block: dict[str, Any]) -> str:
@@ -75,59 +71,49 @@ def describe_state(payload: bytes, version: int, update_time: str | None) -> dic
 
 
 class StateReader:
-    """Read-only calls to the state service, scoped to one user each."""
+    """Read-only calls to the state service (through the public client), scoped to one
+    user each."""
 
     def __init__(self, address: str, timeout: float) -> None:
-        self._channel = grpc.aio.insecure_channel(address, options=channel_options())
-        self._stub: Any = spb_grpc.StateServiceStub(self._channel)
-        self._timeout = timeout
+        self._client = AsyncStateClient.connect(address, timeout_seconds=timeout)
 
     async def close(self) -> None:
-        await self._channel.close(None)
+        await self._client.close()
 
     async def inspect(self, user_id: str, conversation_id: str) -> Inspection:
-        """NOT_FOUND (as grpc.aio.AioRpcError) when the conversation is not the user's."""
-        ids = {"user_id": user_id, "conversation_id": conversation_id}
-        # The lease first: it says NOT_FOUND for a missing conversation, where GetState
-        # cannot tell it from a conversation with no state yet without a trailer.
-        lease = (await self._stub.GetLease(spb.GetLeaseRequest(**ids), timeout=self._timeout)).lease
-        compactions = (
-            await self._stub.ListCompactions(
-                spb.ListCompactionsRequest(**ids), timeout=self._timeout
-            )
-        ).compactions
-        try:
-            stored = await self._stub.GetState(spb.GetStateRequest(**ids), timeout=self._timeout)
-            state: dict[str, Any] | None = describe_state(
-                stored.payload, stored.version, _iso(stored.update_time)
-            )
-        except grpc.aio.AioRpcError as exc:
-            if exc.code() != grpc.StatusCode.NOT_FOUND:
-                raise
-            state = None  # the conversation exists (GetLease said so): no state saved yet
+        """agentstate.client.NotFound when the conversation is not the user's."""
+        lease = await self._client.get_lease(user_id, conversation_id)
+        compactions = await self._client.list_compactions(user_id, conversation_id)
+        # find_state: None when the conversation exists but has no state saved yet.
+        stored = await self._client.find_state(user_id, conversation_id)
+        state = (
+            None
+            if stored is None
+            else describe_state(stored.payload, stored.version, _iso(stored.update_time))
+        )
         now = datetime.now(UTC)
         return Inspection(
             state=state,
             compactions=[
                 {
-                    "messages_before": c.messages_before,
-                    "messages_after": c.messages_after,
-                    "tokens_before": c.tokens_before,
-                    "tokens_after": c.tokens_after,
-                    "summary_chars": c.summary_chars,
-                    "reason": c.reason,
+                    "messages_before": c.note.messages_before,
+                    "messages_after": c.note.messages_after,
+                    "tokens_before": c.note.tokens_before,
+                    "tokens_after": c.note.tokens_after,
+                    "summary_chars": c.note.summary_chars,
+                    "reason": c.note.reason,
                     "create_time": _iso(c.create_time),
                 }
                 for c in compactions
             ],
             lease=None
-            if not lease.task_id
+            if lease is None
             else {
                 "task_id": lease.task_id,
                 "holder": lease.holder,
                 "since": _iso(lease.acquire_time),
                 "expires": _iso(lease.expire_time),
-                "lapsed": lease.expire_time.ToDatetime(tzinfo=UTC) <= now,
+                "lapsed": lease.expire_time <= now,
                 "stop_requested": lease.stop_requested,
             },
         )

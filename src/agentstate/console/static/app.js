@@ -154,6 +154,9 @@ function renderRecord(view, cid) {
     }
   }
   if (view.card) div.append(renderCard(view.card, cid));
+  // A failed turn: what was streamed stays as a partial answer, then the failure's sentence.
+  if (view.partial) div.append(el("div", "status partial", "(partial answer: the turn did not finish)"));
+  if (view.error_text) div.append(el("div", "error-text", view.error_text));
   if (view.status_words) div.append(el("div", "status", view.status_words));
   if (view.role === "user" && !view.items.length && !view.card) return null;  // a card's answer
   return div;
