@@ -355,10 +355,10 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
     async def DeleteConversation(
         self, request: pb.DeleteConversationRequest, context: Context
     ) -> pb.DeleteConversationResponse:
+        user_id = await self._user(context)  # who is asking comes first, as in every RPC
         if not request.conversation_id:
             # Said for this RPC, not as the batch's conversation_ids[0] it becomes.
             raise errors.InvalidInput("conversation_id is required")
-        user_id = await self._user(context)
         deleted = await self._state.delete_conversations(user_id, [request.conversation_id])
         return pb.DeleteConversationResponse(messages_deleted=deleted.messages)
 
