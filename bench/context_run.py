@@ -22,9 +22,9 @@ from pathlib import Path
 from agentstate.agent_service.context.manager import ContextReport
 from agentstate.common.embedded_postgres import EmbeddedPostgres
 from agentstate.state.v1 import state_service_pb2 as spb
-from tests.agent_harness import RecordingModel, Stack
-from tests.source_example import QUESTION
-from tests.test_context import ADDRESS, fetch_report_tool
+from tests.agent_service.test_context import ADDRESS, fetch_report_tool
+from tests.support.agent_harness import RecordingModel, Stack
+from tests.support.source_example import QUESTION
 
 
 async def run(dsn: str, turns: int, budget: int) -> None:

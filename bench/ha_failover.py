@@ -1,8 +1,8 @@
 """Failover of a Patroni cluster under 8 compare-and-set writers, measured round by round.
 
-Starts the cluster of tests/patroni_cluster.py (1 etcd + 3 PostgreSQL nodes, synchronous
+Starts the cluster of tests/support/patroni_cluster.py (1 etcd + 3 PostgreSQL nodes, synchronous
 mode strict) and one state service process on its multi-host URL; then, each round,
-runs the writers of tests/ha_failover.py, kills -9 the primary's postmaster, waits for
+runs the writers of tests/support/ha_failover.py, kills -9 the primary's postmaster, waits for
 the writes to come back, checks every acknowledged write against the final states, and
 waits for the old primary to rejoin as a replica before the next round. One service
 process serves every round.
@@ -20,8 +20,8 @@ import asyncio
 import time
 
 from agentstate.dev.processes import ServiceProcess
-from tests.ha_failover import run_failover
-from tests.patroni_cluster import PatroniCluster, missing_tools
+from tests.support.ha_failover import run_failover
+from tests.support.patroni_cluster import PatroniCluster, missing_tools
 
 
 async def rounds(count: int) -> None:

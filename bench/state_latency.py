@@ -27,7 +27,7 @@ import grpc
 from agentstate.dev.processes import ServiceProcess
 from agentstate.state.v1 import state_service_pb2 as pb
 from agentstate.state.v1 import state_service_pb2_grpc as pb_grpc
-from tests.source_example import source_agent_state
+from tests.support.source_example import source_agent_state
 
 
 def grown_state(messages: int) -> dict[str, Any]:

@@ -14,9 +14,9 @@ import tempfile
 from pathlib import Path
 
 from agentstate.common.embedded_postgres import EmbeddedPostgres
-from tests.agent_harness import Stack
-from tests.source_example import QUESTION
-from tests.telemetry_tools import install_in_memory, span_tree
+from tests.support.agent_harness import Stack
+from tests.support.source_example import QUESTION
+from tests.support.telemetry_tools import install_in_memory, span_tree
 
 
 async def run(dsn: str) -> None:

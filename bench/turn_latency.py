@@ -27,7 +27,7 @@ from agentstate.agent.v1 import agent_service_pb2 as pb
 from agentstate.agent.v1 import agent_service_pb2_grpc as pb_grpc
 from agentstate.agent_service.auth import USER_ID_METADATA_KEY
 from agentstate.dev.processes import ServiceProcess
-from tests.telemetry_tools import OtlpReceiver
+from tests.support.telemetry_tools import OtlpReceiver
 
 QUESTION = "我买的那块Apple Watch还没发货的话，帮我取消吧，不想要了。"
 

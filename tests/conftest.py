@@ -31,8 +31,8 @@ from agentstate.state_service.servicer import StateServicer
 from agentstate.state_service.storage.base import StateStore
 from agentstate.state_service.storage.memory import MemoryStore
 from agentstate.state_service.storage.postgres import PostgresStore
-from tests.agent_harness import Stack
-from tests.telemetry_tools import install_in_memory
+from tests.support.agent_harness import Stack
+from tests.support.telemetry_tools import install_in_memory
 
 TEST_MAX_PAYLOAD_BYTES = 1024 * 1024
 

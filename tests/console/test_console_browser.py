@@ -1,0 +1,519 @@
+"""The web console in a real browser: Debian's chromium driven by Selenium, against real
+processes (state service on PostgreSQL, agent service with the order demo, the console).
+
+Each test signs in as its own user through the trusted-proxy header (set with the
+DevTools protocol, as an authenticating proxy would), so the tests share one browser and
+one set of services. Screenshots go to tests/artifacts/console/; docs/console.png (the
+README's) is taken by the worked example.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import shutil
+import tempfile
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agentstate.dev.processes import ServiceProcess
+from tests.support import paths
+
+webdriver = pytest.importorskip("selenium.webdriver")
+from selenium.common.exceptions import (  # noqa: E402
+    NoSuchElementException,
+    StaleElementReferenceException,
+)
+from selenium.webdriver.common.action_chains import ActionChains  # noqa: E402
+from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.remote.webdriver import WebDriver  # noqa: E402
+from selenium.webdriver.remote.webelement import WebElement  # noqa: E402
+from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
+
+ROOT = paths.REPO
+ARTIFACTS = ROOT / "tests" / "artifacts" / "console"
+README_SCREENSHOT = ROOT / "docs" / "console.png"
+CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
+QUESTION = "我买的那块Apple Watch还没发货的话，帮我取消吧，不想要了。"
+STATUS_QUESTION = "我的订单88235现在什么状态？"
+USER_HEADER = "X-Forwarded-User"
+# Words the page must never show: internal status names of records, blocks and cards.
+INTERNAL_NAMES = [
+    "AWAITING_CONFIRM",
+    "STREAMING",
+    "INTERRUPTED",
+    "MESSAGE_STATUS",
+    "asking",
+    "denied",
+    "allowed",
+    "TOOL_CALL_STATUS",
+]
+
+if not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)):
+    if os.environ.get("CI"):
+        pytest.fail("CI: chromium/chromedriver missing (scripts/install_browser.sh)", pytrace=False)
+    pytest.skip(
+        "chromium + chromium-driver not installed (scripts/install_browser.sh installs them)",
+        allow_module_level=True,
+    )
+
+
+@pytest.fixture(scope="module")
+def console_url(database_url: str) -> Iterator[str]:
+    """State service, agent service (order demo, slowed a little, small context budget so a
+    long turn compacts) and the console, each its own process on loopback."""
+    services: list[ServiceProcess] = []
+    try:
+        state = ServiceProcess(
+            "agentstate.state_service",
+            {
+                "STATE_LISTEN_ADDRESS": "127.0.0.1:0",
+                "STATE_STORE": "postgres",
+                "DATABASE_URL": database_url,
+            },
+        )
+        services.append(state)
+        state_address = state.wait_ready()
+        agent = ServiceProcess(
+            "agentstate.agent_service",
+            {
+                "AGENT_LISTEN_ADDRESS": "127.0.0.1:0",
+                "AGENT_AUTH_MODE": "dev-header",  # the console passes agentstate-user-id
+                "AGENT_STATE_ADDRESS": state_address,
+                "AGENT_PROFILE": "order_demo",
+                "ORDERS_DATABASE_URL": "",  # in memory, seeded per user
+                "AGENT_SCRIPTED_STEP_DELAY_SECONDS": "0.4",
+                "AGENT_CONTEXT_BUDGET_TOKENS": "2000",
+                "AGENT_LEASE_RENEW_SECONDS": "0.2",
+            },
+        )
+        services.append(agent)
+        agent_address = agent.wait_ready()
+        console = ServiceProcess(
+            "agentstate.console",
+            {
+                "CONSOLE_LISTEN_ADDRESS": "127.0.0.1:0",
+                "CONSOLE_AGENT_ADDRESS": agent_address,
+                "CONSOLE_STATE_ADDRESS": state_address,
+                "CONSOLE_USER_HEADER": USER_HEADER,
+                "CONSOLE_DEV_USER": "",
+                "CONSOLE_HISTORY_PAGE_SIZE": "2",
+            },
+        )
+        services.append(console)
+        yield console.wait_ready()
+    finally:
+        codes = [s.terminate() for s in reversed(services)]
+        assert codes == [0] * len(codes), "\n".join(s.output for s in services)
+
+
+@pytest.fixture(scope="module")
+def browser(console_url: str) -> Iterator[WebDriver]:
+    """One headless chromium for the module; it quits before the services stop (an open
+    keep-alive connection would hold the console's shutdown)."""
+    from selenium.webdriver.chrome.service import Service
+
+    profile = tempfile.mkdtemp(prefix="agentstate-chromium-")
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+        "--window-size=1400,900",
+        f"--user-data-dir={profile}",
+    ):
+        options.add_argument(arg)
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    driver.execute_cdp_cmd("Network.enable", {})
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+class Page:
+    """The console as one user sees it."""
+
+    def __init__(self, driver: WebDriver, base: str, user: str) -> None:
+        self.driver, self.base, self.user = driver, base, user
+        driver.execute_cdp_cmd("Network.setExtraHTTPHeaders", {"headers": {USER_HEADER: user}})
+
+    def open(self, conversation_id: str = "") -> None:
+        self.driver.get("about:blank")  # a fresh page load, even for the URL already open
+        self.driver.get(f"{self.base}/#/c/{conversation_id}" if conversation_id else self.base)
+        self.wait(lambda: self.user in self.text("#user"))
+
+    def wait(self, condition: Callable[[], Any], timeout: float = 15) -> Any:
+        return WebDriverWait(self.driver, timeout, poll_frequency=0.05).until(lambda _: condition())
+
+    def find(self, css: str) -> WebElement:
+        return self.driver.find_element(By.CSS_SELECTOR, css)
+
+    def all(self, css: str) -> list[WebElement]:
+        return self.driver.find_elements(By.CSS_SELECTOR, css)
+
+    def text(self, css: str) -> str:
+        try:
+            return self.find(css).text
+        except (NoSuchElementException, StaleElementReferenceException):
+            return ""  # not there (yet), or redrawn while read: the caller waits again
+
+    def ask(self, question: str) -> None:
+        box = self.find("#question")
+        box.clear()
+        box.send_keys(question)
+        self.find("#send").click()
+
+    def open_card(self) -> Any:
+        """The open confirmation card, found by DOM (not by pixels), once the turn is over
+        (the page then redraws it from the records)."""
+        self.idle()
+        return self.wait(
+            lambda: next(
+                (
+                    c
+                    for c in self.all(".card")
+                    if c.find_elements(By.CSS_SELECTOR, "button.approve")
+                ),
+                None,
+            )
+        )
+
+    def idle(self) -> None:
+        self.wait(
+            lambda: (
+                not self.find("#send").get_attribute("disabled")
+                and not self.all("#messages .msg.live")
+            ),
+            timeout=20,
+        )
+
+    def conversation_id(self) -> str:
+        self.wait(lambda: self.driver.current_url.split("#/c/")[-1].isdigit())
+        return self.driver.current_url.split("#/c/")[-1]
+
+    def record_fetches(self) -> None:
+        """Keep every JSON body the page POSTs to /api/confirm."""
+        self.driver.execute_script(
+            """window.__confirms = [];
+            const real = window.fetch;
+            window.fetch = (url, init) => {
+              if (String(url).endsWith('/api/confirm'))
+                window.__confirms.push(JSON.parse(init.body));
+              return real(url, init);
+            };"""
+        )
+
+    def confirms(self) -> list[dict[str, Any]]:
+        return list(self.driver.execute_script("return window.__confirms"))
+
+    def show_all_history(self) -> None:
+        while self.find("#more-messages").is_displayed():
+            count = len(self.all("#messages .msg"))
+            self.find("#more-messages").click()
+            self.wait(functools.partial(self._more_than, count))
+
+    def _more_than(self, count: int) -> bool:
+        return len(self.all("#messages .msg")) > count
+
+    def screenshot(self, name: str) -> Path:
+        path = ARTIFACTS / f"{name}.png"
+        self.driver.save_screenshot(str(path))
+        return path
+
+    def no_internal_names(self) -> None:
+        shown = self.text("#chat")
+        assert not [n for n in INTERNAL_NAMES if n in shown], shown
+
+
+def api(base: str, user: str, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+    """A request as the proxy would forward it (JSON, or a turn stream's events)."""
+    request = urllib.request.Request(
+        base + path,
+        method=method,
+        data=None if body is None else json.dumps(body).encode(),
+        headers={USER_HEADER: user, "Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            raw = response.read().decode()
+            status = response.status
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read().decode())
+    if raw.startswith("data: "):
+        return status, [
+            json.loads(line[6:]) for line in raw.split("\n\n") if line.startswith("data: ")
+        ]
+    return status, json.loads(raw)
+
+
+def chat(base: str, user: str, question: str, conversation_id: str = "") -> list[dict[str, Any]]:
+    status, events = api(
+        base, user, "POST", "/api/chat", {"question": question, "conversation_id": conversation_id}
+    )
+    assert status == 200 and events[-1]["type"] == "done", events
+    return list(events)
+
+
+def new_user(name: str) -> str:
+    return f"{name}-{uuid.uuid4().hex[:8]}"
+
+
+def test_the_worked_example_ask_card_cancel_reply(browser: WebDriver, console_url: str) -> None:
+    page = Page(browser, console_url, new_user("alice"))
+    page.open()
+    page.record_fetches()
+    page.ask(QUESTION)
+    card = page.open_card()
+    message_id = card.get_attribute("data-message-id")
+    assert "88235" in card.text and message_id
+    page.screenshot("01-card")
+    conversation_id = page.conversation_id()
+    card.find_element(By.CSS_SELECTOR, "button.cancel").click()
+    page.wait(lambda: "Declined by you" in page.text(".card .outcome"), timeout=20)
+    page.idle()
+    # The confirm request carried exactly the three fields.
+    assert page.confirms() == [
+        {
+            "conversation_id": conversation_id,
+            "message_id": message_id,
+            "approved": False,
+        }
+    ]
+    reply = page.all("#messages .msg.assistant")[-1].text
+    assert "88235" in reply and "3378.00" in reply
+    # The cancel_order call, told by the outcome_text the agent wrote on the real record.
+    assert "你在确认卡片上点了取消，操作没有执行。" in page.text("#messages")
+    _, history = api(
+        console_url, page.user, "GET", f"/api/conversations/{conversation_id}/messages"
+    )
+    records = history["records"]
+    (declined,) = [i for r in records for i in r["items"] if i.get("tool_name") == "cancel_order"]
+    assert declined["words"] == "你在确认卡片上点了取消，操作没有执行。"
+    page.wait(lambda: page.text("[data-field=context-count]") == "8")
+    assert page.text("[data-field=pending]") == "none"
+    assert "free" in page.text("[data-field=lease]")
+    page.no_internal_names()
+    browser.save_screenshot(str(README_SCREENSHOT))
+    # History pages (2 records a page here): a reload shows the first page, then the rest.
+    page.open(conversation_id)
+    page.wait(lambda: page.find("#more-messages").is_displayed())
+    assert len(page.all("#messages .msg.assistant")) == 1  # the card's; the reply is on page 2
+    page.show_all_history()
+    assert page.all("#messages .msg.assistant")[-1].text == reply
+    assert "Declined by you" in page.text(".card .outcome")
+
+
+def test_approve_on_a_fresh_conversation_once_despite_a_double_click(
+    browser: WebDriver, console_url: str
+) -> None:
+    user = new_user("bob")
+    page = Page(browser, console_url, user)
+    page.open()
+    page.record_fetches()
+    page.ask(QUESTION)
+    card = page.open_card()
+    message_id = card.get_attribute("data-message-id")
+    conversation_id = page.conversation_id()
+    ActionChains(browser).double_click(
+        card.find_element(By.CSS_SELECTOR, "button.approve")
+    ).perform()
+    page.wait(lambda: "Approved by you" in page.text(".card .outcome"), timeout=20)
+    page.idle()
+    assert len(page.confirms()) == 1  # the second click found the buttons disabled
+    page.screenshot("02-approved")
+    _, before = api(console_url, user, "GET", f"/api/conversations/{conversation_id}/messages")
+    # The approved call, told by the outcome_text the agent wrote on its record.
+    (ran,) = [
+        i for r in before["records"] for i in r["items"] if i.get("tool_name") == "cancel_order"
+    ]
+    assert ran["words"] == "已执行完成。"
+    assert "cancel_order" in page.text("#messages") and "已执行完成。" in page.text("#messages")
+    # A second answer to the same card (another tab, a replayed request): refused, no change.
+    status, events = api(
+        console_url,
+        user,
+        "POST",
+        "/api/confirm",
+        {"conversation_id": conversation_id, "message_id": message_id, "approved": True},
+    )
+    assert status == 200 and events[-1] == {
+        "type": "error",
+        "message": "This card was already answered. Nothing was changed.",
+        "code": "FAILED_PRECONDITION",
+    }
+    _, after = api(console_url, user, "GET", f"/api/conversations/{conversation_id}/messages")
+    assert after == before
+
+
+def test_a_reload_mid_stream_resumes_from_the_records(browser: WebDriver, console_url: str) -> None:
+    page = Page(browser, console_url, new_user("carol"))
+    page.open()
+    page.ask(QUESTION)
+    conversation_id = page.conversation_id()
+    page.wait(lambda: page.text("#messages .msg.live"))  # the answer has started streaming
+    browser.refresh()
+    # The page comes back from the records: the turn is still running there.
+    page.wait(lambda: "still being written" in page.text("#notice"), timeout=5)
+    page.wait(lambda: page.text("[data-field=lease]") == "running", timeout=5)  # the inspector
+    page.screenshot("03-reloaded-mid-stream")
+    card = page.open_card()
+    page.wait(lambda: page.find("#notice").is_displayed() is False)
+    assert page.conversation_id() == conversation_id
+    assert len(page.all(".card")) == 1 and "88235" in card.text
+    # A closed stream (the connection drops mid-turn) says so and also resumes from the records.
+    card.find_element(By.CSS_SELECTOR, "button.cancel").click()
+    # Dropped once the agent has started the turn (before that, nothing would have happened).
+    page.wait(lambda: browser.execute_script("return window.agentstateConsole.taskId()"))
+    browser.execute_script("window.agentstateConsole.dropStream()")
+    page.wait(lambda: "connection to the reply closed" in page.text("#notice"))
+    page.screenshot("04-closed-stream")
+    page.wait(lambda: "Declined by you" in page.text(".card .outcome"), timeout=20)
+    page.wait(lambda: "3378.00" in page.text("#messages"))
+    assert len(page.all(".card")) == 1
+
+
+def test_stop_ends_the_turn(browser: WebDriver, console_url: str) -> None:
+    page = Page(browser, console_url, new_user("dave"))
+    page.open()
+    page.ask(QUESTION)
+    page.wait(lambda: page.find("#stop").is_displayed() and page.text("#messages .msg.live"))
+    page.find("#stop").click()
+    page.wait(lambda: "Stopped before it finished" in page.text("#messages"), timeout=20)
+    page.idle()
+    assert not page.all(".card button.approve")
+
+
+def test_delete_single_and_batch_with_a_confirmation_prompt(
+    browser: WebDriver, console_url: str
+) -> None:
+    user = new_user("erin")
+    ids = [chat(console_url, user, STATUS_QUESTION)[0]["conversation_id"] for _ in range(3)]
+    page = Page(browser, console_url, user)
+    page.open(ids[0])
+    page.wait(lambda: len(page.all("#conversations li")) == 3)
+    # Rename, then delete one: dismissing the prompt changes nothing, accepting deletes.
+    row = page.find(f"#conversations li[data-conversation-id='{ids[0]}']")
+    row.find_element(By.CSS_SELECTOR, "button.rename").click()
+    alert = browser.switch_to.alert
+    alert.send_keys("订单状态")
+    alert.accept()
+    page.wait(lambda: "订单状态" in page.text("#conversations"))
+    page.find(f"#conversations li[data-conversation-id='{ids[0]}'] button.delete").click()
+    assert "订单状态" in browser.switch_to.alert.text
+    browser.switch_to.alert.dismiss()
+    assert len(page.all("#conversations li")) == 3
+    page.find(f"#conversations li[data-conversation-id='{ids[0]}'] button.delete").click()
+    browser.switch_to.alert.accept()
+    page.wait(lambda: len(page.all("#conversations li")) == 2)
+    assert page.text("#chat-title") == "New conversation"  # the open one was deleted
+    for li in page.all("#conversations li"):
+        li.find_element(By.CSS_SELECTOR, "input").click()
+    page.find("#delete-selected").click()
+    assert "Delete 2 conversations?" in browser.switch_to.alert.text
+    page.screenshot("05-batch-delete-prompt") if False else None  # alerts are not drawn
+    browser.switch_to.alert.accept()
+    page.wait(lambda: not page.all("#conversations li"))
+    assert "Deleted 2 conversations" in page.text("#notice")
+    for cid in ids:
+        status, body = api(console_url, user, "GET", f"/api/conversations/{cid}/messages")
+        assert status == 404 and "does not exist" in body["error"]
+
+
+def test_the_inspector_after_a_compaction(browser: WebDriver, console_url: str) -> None:
+    user = new_user("frank")
+    events = chat(console_url, user, QUESTION)
+    conversation_id = events[0]["conversation_id"]
+    card = next(e["card"] for e in events if e["type"] == "confirm")
+    _, answered = api(
+        console_url,
+        user,
+        "POST",
+        "/api/confirm",
+        {"conversation_id": conversation_id, "message_id": card["message_id"], "approved": False},
+    )
+    assert answered[-1]["type"] == "done"
+    long_question = "我叫王小明，住在上海。" + "这是一段很长的补充说明，用来让上下文变大。" * 12
+    chat(console_url, user, long_question, conversation_id)
+    page = Page(browser, console_url, user)
+    page.open(conversation_id)
+    page.wait(lambda: "早前对话摘要" in page.text("[data-field=summary]"))
+    assert len(page.all("table.compactions tr")) == 2  # header + one compaction
+    assert int(page.text("[data-field=context-count]")) < 8
+    page.show_all_history()
+    shown = page.text("#messages")
+    # Every original message is still in the history: the question, the card, the reply.
+    assert QUESTION in shown and "Declined by you" in shown and "3378.00" in shown
+    assert "王小明" in shown
+    page.no_internal_names()
+    page.screenshot("06-compacted")
+
+
+def test_users_are_isolated_and_bad_input_changes_nothing(
+    browser: WebDriver, console_url: str
+) -> None:
+    alice, mallory = new_user("alice"), new_user("mallory")
+    events = chat(console_url, alice, QUESTION)
+    conversation_id = events[0]["conversation_id"]
+    card = next(e["card"] for e in events if e["type"] == "confirm")
+    _, before = api(console_url, alice, "GET", f"/api/conversations/{conversation_id}/messages")
+    page = Page(browser, console_url, mallory)
+    page.open(conversation_id)  # a foreign conversation id
+    page.wait(lambda: "does not exist" in page.text("#notice"))
+    assert not page.all("#conversations li") and not page.all("#messages .msg")
+    assert "Nothing to inspect" in page.text("#inspector-body")
+    page.screenshot("07-foreign-conversation")
+    page.open("999999")  # an unknown one
+    page.wait(lambda: "does not exist" in page.text("#notice"))
+    # Answering, renaming or deleting alice's conversation as mallory: refused.
+    status, refused = api(
+        console_url,
+        mallory,
+        "POST",
+        "/api/confirm",
+        {"conversation_id": conversation_id, "message_id": card["message_id"], "approved": True},
+    )
+    assert refused[-1]["type"] == "error" and "does not exist" in refused[-1]["message"]
+    for method, path, body in [
+        ("POST", f"/api/conversations/{conversation_id}/rename", {"title": "mine"}),
+        ("DELETE", f"/api/conversations/{conversation_id}", None),
+        ("GET", f"/api/conversations/{conversation_id}/inspector", None),
+    ]:
+        status, answer = api(console_url, mallory, method, path, body)
+        assert status == 404 and "does not exist" in answer["error"], (path, answer)
+    # Malformed input is refused with a sentence, before any call.
+    assert api(console_url, mallory, "GET", "/api/conversations/abc/messages") == (
+        400,
+        {"error": "The conversation id must be a number, not 'abc'."},
+    )
+    assert api(console_url, mallory, "POST", "/api/chat", {"question": "  "})[1] == {
+        "error": "Type a question first."
+    }
+    # No user from the proxy (and no development user): not signed in.
+    request = urllib.request.Request(console_url + "/api/conversations")
+    with pytest.raises(urllib.error.HTTPError) as refused_anonymous:
+        urllib.request.urlopen(request, timeout=10)
+    assert refused_anonymous.value.code == 401
+    # Alice's conversation is exactly as it was, card still open.
+    _, after = api(console_url, alice, "GET", f"/api/conversations/{conversation_id}/messages")
+    assert after == before
+    alice_page = Page(browser, console_url, alice)
+    alice_page.open(conversation_id)
+    alice_page.open_card()
+    assert [
+        li.get_attribute("data-conversation-id") for li in alice_page.all("#conversations li")
+    ] == [conversation_id]
