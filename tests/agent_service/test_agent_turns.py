@@ -331,7 +331,7 @@ async def test_shutdown_during_an_approved_call_keeps_the_card_answerable(
     release = asyncio.Event()
 
     async def slow_refund(args: dict[str, Any], context: ToolContext) -> ToolOutput:
-        runs.append(context.call_id)
+        runs.append(context.idempotency_key)
         started.set()
         if len(runs) == 1:
             await asyncio.sleep(60)  # the first attempt hangs until it is cancelled
@@ -366,7 +366,7 @@ async def test_shutdown_during_an_approved_call_keeps_the_card_answerable(
         second_replica = await stack.start_agent(extra_tools=[tool])
         again = await second_replica.confirm(user_id, conversation_id, card_id, approved=True)
         assert again.code == grpc.StatusCode.OK, again.details
-        assert release.is_set() and runs == [runs[0], runs[0]]  # same call id: idempotent key
+        assert release.is_set() and runs == [runs[0], runs[0]]  # the same stored call: the same key
         state, _ = await stack.reader.state(user_id, conversation_id)
         assert not state.pending_calls() and not state.shutdown_interrupted
     finally:
