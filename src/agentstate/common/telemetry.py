@@ -153,7 +153,9 @@ class LoggingSettings(EnvSettings):
     level: LogLevel = Field(
         default="INFO",
         validation_alias="AGENTSTATE_LOG_LEVEL",
-        description="DEBUG, INFO, WARNING, ERROR or CRITICAL",
+        description=(
+            "DEBUG, INFO, WARNING, ERROR or CRITICAL; unset, the admin commands log at WARNING"
+        ),
     )
 
 
@@ -183,9 +185,19 @@ class JsonLogFormatter(JsonFormatter):
             log_data["span_id"] = format(context.span_id, "016x")
 
 
-def configure_logging(service: str, env: Mapping[str, str] | None = None) -> None:
-    """Log to stderr as AGENTSTATE_LOG_FORMAT and AGENTSTATE_LOG_LEVEL say (ConfigError if bad)."""
+# The level of a one-shot command (an admin command) when AGENTSTATE_LOG_LEVEL
+# is not set: what it prints is its answer, and INFO diagnostics would bury it.
+QUIET_LEVEL = "WARNING"
+
+
+def configure_logging(
+    service: str, env: Mapping[str, str] | None = None, *, quiet: bool = False
+) -> None:
+    """Log to stderr as AGENTSTATE_LOG_FORMAT and AGENTSTATE_LOG_LEVEL say (ConfigError if bad).
+    `quiet`: a one-shot command, which logs at QUIET_LEVEL unless the level is set."""
     settings = LoggingSettings.from_env(env)
+    if quiet and "level" not in settings.model_fields_set:
+        settings = settings.model_copy(update={"level": QUIET_LEVEL})
     handler = logging.StreamHandler(sys.stderr)
     if settings.format == "text":
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
