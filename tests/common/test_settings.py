@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 
 import pytest
@@ -11,7 +12,7 @@ from agentstate.agent_service.cli import CliSettings
 from agentstate.agent_service.config import AgentServiceSettings
 from agentstate.agent_service.model.openai_compat import OpenAISettings
 from agentstate.client import ClientSettings
-from agentstate.common.config import ConfigError, EnvSettings
+from agentstate.common.config import DATA_DIR_RULE, ConfigError, EnvSettings
 from agentstate.common.telemetry import LoggingSettings
 from agentstate.console.config import ConsoleSettings
 from agentstate.examples.order_demo.profile import OrderDemoSettings
@@ -207,3 +208,18 @@ def test_settings_are_frozen_and_copied_with_changes() -> None:
     assert (settings.max_steps, changed.max_steps) == (4, 6)
     with pytest.raises(ValidationError):
         AgentServiceSettings(max_stpes=4)  # type: ignore[call-arg]  # a typo is an error, not a silent default
+
+
+@pytest.mark.parametrize("user", [None, "", "alice"])
+def test_the_embedded_data_directory_follows_the_rule_the_readme_states(
+    user: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if user is None:
+        monkeypatch.delenv("USER", raising=False)
+    else:
+        monkeypatch.setenv("USER", user)
+    owner = user or str(os.getuid())
+    assert StateServiceSettings().embedded_pg_dir == f"/var/tmp/agentstate-{owner}/pgdata"
+    section = README.read_text().split("\n## Embedded PostgreSQL", 1)[1].split("\n## ", 1)[0]
+    stated = " ".join(section.split())
+    assert f"The default data directory is `pgdata` in {DATA_DIR_RULE}." in stated
