@@ -34,10 +34,12 @@ from agentstate.common.grpc_server import (
     install_stop_signals,
     set_serving,
 )
+from agentstate.common.listen import check_listen_address
 
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["AgentService"].full_name
+LISTEN_SETTING = "AGENT_LISTEN_ADDRESS"
 # After the grace period, interrupted turns get this long to save before being cancelled.
 _INTERRUPT_SAVE_SECONDS = 5.0
 
@@ -114,6 +116,7 @@ class AgentServiceApp:
         settings = self.settings
         profile = self.profile
         tools = build_tools(profile, self._extra_tools)  # a bad profile fails before any I/O
+        check_listen_address(settings.listen_address, LISTEN_SETTING)  # so does a port in use
         auth = build_authenticator(settings)  # so does incomplete authentication
         limit = settings.grpc_max_message_bytes
         self._channel = state_channel(settings.state_address, limit)
@@ -157,7 +160,7 @@ class AgentServiceApp:
         )
         pb_grpc.add_AgentServiceServicer_to_server(AgentServicer(runner, state, auth), server)
         self._health = add_health_and_reflection(server, [SERVICE_NAME])
-        address = bind(server, settings.listen_address)
+        address = bind(server, settings.listen_address, LISTEN_SETTING)
         await server.start()
         self._server = server
         await set_serving(self._health, [SERVICE_NAME])
@@ -200,13 +203,18 @@ class AgentServiceApp:
             await self.profile.close()
         if self._channel is not None:
             await self._channel.close(None)
-        log.info("agent service stopped")
+        if self._server is not None:  # not after a start that failed
+            log.info("agent service stopped")
 
 
 async def serve(settings: AgentServiceSettings, profile: Profile) -> None:
     stop = asyncio.Event()
     install_stop_signals(stop)
     app = AgentServiceApp(settings, profile)
-    await app.start()
+    try:
+        await app.start()
+    except BaseException:
+        await app.stop()  # whatever it had opened (the profile's resources, say)
+        raise
     await stop.wait()
     await app.stop()
