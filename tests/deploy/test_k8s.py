@@ -46,6 +46,7 @@ from agentstate.agent_service.model.scripted import ScriptedModel
 from agentstate.agent_service.profile import load_profile
 from agentstate.agent_service.server import _INTERRUPT_SAVE_SECONDS
 from agentstate.agent_service.server import SERVICE_NAME as AGENT_SERVICE_NAME
+from agentstate.agent_service.state_health import LIVENESS_SERVICE
 from agentstate.common.telemetry import LoggingSettings
 from agentstate.dev.processes import ServiceProcess
 from agentstate.state.v1 import state_service_pb2 as spb
@@ -432,10 +433,12 @@ def test_agent_reaches_its_sidecar_and_probes_target_the_listeners(
     for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
         probe = containers["agent"][kind]
         assert probe["grpc"]["port"] == agent_port, kind
-        assert probe["grpc"].get("service", "") in {"", AGENT_SERVICE_NAME}, kind
+        assert probe["grpc"].get("service", "") in {LIVENESS_SERVICE, AGENT_SERVICE_NAME}, kind
         command = containers["state"][kind]["exec"]["command"]
         assert "STATE_LISTEN_ADDRESS" in command[-1] and STATE_SERVICE_NAME in command[-1]
     assert containers["agent"]["readinessProbe"]["grpc"]["service"] == AGENT_SERVICE_NAME
+    for kind in ("startupProbe", "livenessProbe"):  # up even while the state service is not
+        assert containers["agent"][kind]["grpc"]["service"] == LIVENESS_SERVICE, kind
 
     # Message limits: a whole AgentState fits through both hops.
     payload = int(state_env["STATE_MAX_PAYLOAD_BYTES"])

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 from collections.abc import Sequence
 from typing import Any
 
 import grpc
+from grpc_health.v1 import health_pb2
 
 from agentstate.agent.v1 import agent_service_pb2 as pb
 from agentstate.agent.v1 import agent_service_pb2_grpc as pb_grpc
@@ -22,6 +24,7 @@ from agentstate.agent_service.profile import Profile
 from agentstate.agent_service.runtime import RuntimeSettings, TurnRunner
 from agentstate.agent_service.servicer import AgentServicer
 from agentstate.agent_service.state_client import StateClient
+from agentstate.agent_service.state_health import LIVENESS_SERVICE, StateHealthWatch
 from agentstate.agent_service.tools.registry import Tool, ToolRegistry
 from agentstate.agent_service.tools.skills import load_skill_tool
 from agentstate.agent_service.turns import TurnRegistry
@@ -110,6 +113,7 @@ class AgentServiceApp:
         self._channel: grpc.aio.Channel | None = None
         self._server: grpc.aio.Server | None = None
         self._health: Any = None
+        self._state_watch: asyncio.Task[None] | None = None
         self.runner: TurnRunner | None = None
 
     async def start(self) -> str:
@@ -163,7 +167,11 @@ class AgentServiceApp:
         address = bind(server, settings.listen_address, LISTEN_SETTING)
         await server.start()
         self._server = server
-        await set_serving(self._health, [SERVICE_NAME])
+        await self._health.set(LIVENESS_SERVICE, health_pb2.HealthCheckResponse.SERVING)
+        # Readiness (overall and AgentService) follows the state service's health.
+        watch = StateHealthWatch(self._channel, settings.state_address, self._state_changed)
+        await watch.first(settings.state_timeout_seconds)
+        self._state_watch = asyncio.create_task(watch.run())
         log.info(
             "agent service listening on %s (state service %s, profile %s, model %s, auth %s)",
             address,
@@ -174,10 +182,17 @@ class AgentServiceApp:
         )
         return address
 
+    async def _state_changed(self, serving: bool) -> None:
+        await set_serving(self._health, [SERVICE_NAME], serving=serving)
+
     async def stop(self) -> None:
         """Stop taking turns; let running ones finish within the grace period;
         interrupt the rest (they save their state with shutdown_interrupted=true)."""
         self.registry.draining = True
+        if self._state_watch is not None:
+            self._state_watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._state_watch
         if self._health is not None:
             await self._health.enter_graceful_shutdown()
         tasks = [task for _, task in self.registry.running()]

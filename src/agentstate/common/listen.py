@@ -2,8 +2,9 @@
 
 The services (and the web demo) check their address before they start anything (a
 database, a profile's resources), and the console binds it first thing, so a port
-already in use costs a second, not a traceback: `cannot listen on 127.0.0.1:8080: the address is already in use; set
-CONSOLE_LISTEN_ADDRESS to another address (port 0 picks a free one)`, exit status 2.
+already in use costs a second, not a traceback: `cannot listen on 127.0.0.1:8080: the
+address is already in use; set CONSOLE_LISTEN_ADDRESS to another address (port 0 picks
+a free one)`, exit status 2.
 """
 
 from __future__ import annotations

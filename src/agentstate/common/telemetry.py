@@ -123,9 +123,10 @@ def grpc_server_interceptors() -> list[Any]:
 def grpc_client_interceptors() -> list[Any]:
     if not tracing_enabled():
         return []
-    from opentelemetry.instrumentation.grpc import aio_client_interceptors
+    from opentelemetry.instrumentation.grpc import aio_client_interceptors, filters
 
-    return list(aio_client_interceptors())
+    # Not the agent's watch on its state service's health: no span per check.
+    return list(aio_client_interceptors(filter_=filters.negate(filters.health_check())))
 
 
 def instrument_psycopg_connection(connection: Any) -> None:
