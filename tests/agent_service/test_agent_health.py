@@ -12,6 +12,8 @@ import time
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from agentstate.agent_service.server import SERVICE_NAME
 from agentstate.agent_service.state_health import LIVENESS_SERVICE, STATE_SERVICE_NAME
@@ -47,7 +49,22 @@ async def wait_for(address: str, readiness: int, within: float = 5.0) -> float:
 async def test_readiness_follows_the_state_service_and_liveness_stays_up(
     database_url: str, orders_database_url: str
 ) -> None:
-    stack = Stack(database_url, orders_database_url)
+    await readiness_follows(Stack(database_url, orders_database_url))
+
+
+async def test_readiness_follows_the_state_service_with_tracing_on(
+    telemetry: tuple[InMemorySpanExporter, InMemoryMetricReader],
+    database_url: str,
+    orders_database_url: str,
+) -> None:
+    """Both services' tracing interceptors are in place (the manifests turn tracing on)."""
+    exporter, _ = telemetry
+    await readiness_follows(Stack(database_url, orders_database_url))
+    health = [s.name for s in exporter.get_finished_spans() if "grpc.health" in s.name]
+    assert health == []  # no trace per health check
+
+
+async def readiness_follows(stack: Stack) -> None:
     await stack.start_state()
     try:
         agent = await stack.start_agent()

@@ -115,9 +115,11 @@ def meter(name: str) -> metrics.Meter:
 def grpc_server_interceptors() -> list[Any]:
     if not tracing_enabled():
         return []
-    from opentelemetry.instrumentation.grpc import aio_server_interceptor
+    from opentelemetry.instrumentation.grpc import aio_server_interceptor, filters
 
-    return [aio_server_interceptor()]
+    # Not grpc.health: a probe every few seconds is no trace worth keeping, and the
+    # interceptor cannot wrap Watch (a handler that streams by context.write()).
+    return [aio_server_interceptor(filter_=filters.negate(filters.health_check()))]
 
 
 def grpc_client_interceptors() -> list[Any]:
@@ -125,7 +127,7 @@ def grpc_client_interceptors() -> list[Any]:
         return []
     from opentelemetry.instrumentation.grpc import aio_client_interceptors, filters
 
-    # Not the agent's watch on its state service's health: no span per check.
+    # Not grpc.health (the agent's watch on its state service): no span per check.
     return list(aio_client_interceptors(filter_=filters.negate(filters.health_check())))
 
 
