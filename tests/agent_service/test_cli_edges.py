@@ -7,7 +7,6 @@ scripted model; one whose model endpoint is unreachable), and the CLI itself.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
@@ -21,7 +20,7 @@ import pytest
 
 from agentstate.agent_service.runtime import texts
 from agentstate.dev.processes import ServiceProcess
-from tests.agent_service.test_auth import AUDIENCE, ISSUER, jwks, token
+from tests.agent_service.test_auth import jwt_agent_env, token
 from tests.support.source_example import QUESTION
 
 CLI = [sys.executable, "-m", "agentstate.agent_service.cli"]
@@ -33,21 +32,9 @@ def jwt_agent_address(
 ) -> Iterator[str]:
     """The order demo behind jwt (the default mode), its model slowed so a turn takes a
     few seconds: long enough to press Ctrl-C in the middle of one."""
-    jwks_file = tmp_path_factory.mktemp("jwks") / "jwks.json"
-    jwks_file.write_text(json.dumps(jwks()))
+    env = jwt_agent_env(state_process_address, orders_database_url, tmp_path_factory.mktemp("jwks"))
     agent = ServiceProcess(
-        "agentstate.agent_service",
-        {
-            "AGENT_LISTEN_ADDRESS": "127.0.0.1:0",
-            "AGENT_STATE_ADDRESS": state_process_address,
-            "AGENT_PROFILE": "order_demo",
-            "ORDERS_DATABASE_URL": orders_database_url,
-            "AGENT_AUTH_MODE": "jwt",
-            "AGENT_JWT_ISSUER": ISSUER,
-            "AGENT_JWT_AUDIENCE": AUDIENCE,
-            "AGENT_JWT_KEY_FILE": str(jwks_file),
-            "AGENT_SCRIPTED_STEP_DELAY_SECONDS": "0.7",
-        },
+        "agentstate.agent_service", {**env, "AGENT_SCRIPTED_STEP_DELAY_SECONDS": "0.7"}
     )
     yield agent.wait_ready()
     assert agent.terminate() == 0, agent.output

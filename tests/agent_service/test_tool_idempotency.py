@@ -66,14 +66,6 @@ def cancel(order_no: str) -> Reply:
 
 
 @pytest.fixture
-async def server() -> AsyncIterator[FakeChatServer]:
-    fake = FakeChatServer()
-    await fake.start()
-    yield fake
-    await fake.stop()
-
-
-@pytest.fixture
 async def agent(stack: Stack, server: FakeChatServer) -> AsyncIterator[AgentClient]:
     model = OpenAICompatModel(settings_for(server.base_url))
     yield await stack.start_agent(model=model)
