@@ -112,6 +112,8 @@ class EmbeddedPostgres:
             return None
         if not socket_dir or not _alive(pid):
             return None  # a stale file: the server is gone
+        if not Path(socket_dir, f".s.PGSQL.{port}").exists():
+            return None  # the pid was reused by another process
         return RunningServer(
             pid, f"host={socket_dir} port={port} user={_SUPERUSER} dbname=postgres"
         )
