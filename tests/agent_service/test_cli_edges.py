@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -140,6 +141,23 @@ def test_without_a_token_a_jwt_service_is_answered_with_the_variable_to_set(
         "agentstate-cli: UNAUTHENTICATED: the agent service wants the end user's access "
         "token: set AGENTSTATE_TOKEN\n"
     )
+
+
+def test_an_expired_or_refused_token_names_the_variable_that_holds_it(
+    jwt_agent_address: str,
+) -> None:
+    for access_token, said in [
+        (token("alice", exp=int(time.time()) - 600), "has expired: set a new one"),
+        (token("alice", aud="another-service"), "was refused: it is not a valid token"),
+    ]:
+        env = {**cli_env(jwt_agent_address, None), "AGENTSTATE_TOKEN": access_token}
+        done = subprocess.run(
+            [*CLI, "conversations"], capture_output=True, text=True, timeout=60, env=env
+        )
+        assert done.returncode == 1, done.stderr
+        assert done.stderr.startswith(
+            f"agentstate-cli: UNAUTHENTICATED: the access token in AGENTSTATE_TOKEN {said}"
+        ), done.stderr
 
 
 def test_the_error_line_starts_a_line_of_its_own(
