@@ -167,4 +167,3 @@ def test_the_console_check_sees_state_stubs_and_internals(tmp_path: Path) -> Non
             "agentstate.state.v1.state_service_pb2",
         ]
     }
-

@@ -9,7 +9,7 @@ import math
 import subprocess
 import sys
 import warnings
-from typing import Any
+from typing import Any, cast
 
 import grpc
 import pytest
@@ -158,7 +158,7 @@ def _rpc_name(method: str | bytes) -> str:
     return (method.decode() if isinstance(method, bytes) else method).rsplit("/", 1)[-1]
 
 
-class _CountingInterceptor(grpc.UnaryUnaryClientInterceptor):  # type: ignore[misc]
+class _CountingInterceptor(grpc.UnaryUnaryClientInterceptor):  # type: ignore[type-arg]
     """grpc's own (sync) interceptor kind: counts the calls going through it."""
 
     def __init__(self) -> None:
@@ -169,7 +169,7 @@ class _CountingInterceptor(grpc.UnaryUnaryClientInterceptor):  # type: ignore[mi
         return continuation(details, request)
 
 
-class _AsyncCountingInterceptor(grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[misc]
+class _AsyncCountingInterceptor(grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[type-arg]
     def __init__(self) -> None:
         self.methods: list[str] = []
 
@@ -189,7 +189,9 @@ def test_the_sync_client_takes_interceptors(state_process_address: str, user_id:
 
 async def test_the_async_client_takes_interceptors(state_address: str, user_id: str) -> None:
     counting = _AsyncCountingInterceptor()
-    async with AsyncStateClient.connect(state_address, interceptors=[counting]) as client:
+    # grpc-stubs leave grpc.aio.ClientInterceptor a placeholder that callers must cast to.
+    interceptor = cast("grpc.aio.ClientInterceptor", counting)
+    async with AsyncStateClient.connect(state_address, interceptors=[interceptor]) as client:
         created = await client.create_conversation(user_id)
         await client.get_conversation(user_id, created.conversation_id)
     assert counting.methods == ["CreateConversation", "GetConversation"]
