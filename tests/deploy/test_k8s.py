@@ -649,22 +649,25 @@ def test_dockerfile_builds_one_image_for_both_services(resources: list[Obj]) -> 
     dockerfile = (REPO / "Dockerfile").read_text()
     stages = re.findall(r"^FROM\s+(\S+)", dockerfile, re.MULTILINE)
     assert stages and all(image == "python:3.11-slim" for image in stages), stages
-    # The package itself with the web console's extra (no dev dependencies in the image).
-    installs = re.findall(r"pip install (\S+)", dockerfile)
-    assert installs == ["'.[console]'"], installs
+    # The client distribution and the servers with the web console's extra, in one pip
+    # command (no dev dependencies in the image).
+    installs = re.findall(r"pip install ((?:\S+ )*?\S+) \\$", dockerfile, re.MULTILINE)
+    assert installs == ["./client '.[console]'"], installs
     dockerfile_user()
-    # The allow-list build context holds every file the package is built from.
+    # The allow-list build context holds every file the two distributions are built from.
     pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
     lines = (REPO / ".dockerignore").read_text().splitlines()
     allowed = [line for line in lines if line and not line.startswith("#")]
     assert allowed[0] == "*", "the context is an allow-list: everything out, then some in"
-    package_roots = pyproject["tool"]["setuptools"]["packages"]["find"]["where"]
-    for needed in [
-        "pyproject.toml",
-        pyproject["project"]["readme"],
-        *(f"{p}/" for p in package_roots),
-    ]:
-        assert f"!{needed}" in allowed, needed
+    for directory in ("", "client/"):
+        project = tomllib.loads((REPO / directory / "pyproject.toml").read_text())
+        package_roots = project["tool"]["setuptools"]["packages"]["find"]["where"]
+        for needed in [
+            "pyproject.toml",
+            project["project"]["readme"],
+            *(f"{p}/" for p in package_roots),
+        ]:
+            assert f"!{directory}{needed}" in allowed, directory + needed
     # The containers' commands are the package's console scripts.
     scripts = pyproject["project"]["scripts"]
     for container in agent_pod_containers(resources).values():

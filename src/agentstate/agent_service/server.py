@@ -15,6 +15,7 @@ from grpc_health.v1 import health_pb2
 from agentstate.agent.v1 import agent_service_pb2 as pb
 from agentstate.agent.v1 import agent_service_pb2_grpc as pb_grpc
 from agentstate.agent_service.auth import build_authenticator
+from agentstate.agent_service.client_state_port import ClientStatePort
 from agentstate.agent_service.config import AgentServiceSettings
 from agentstate.agent_service.context.manager import ContextManager, ContextSettings
 from agentstate.agent_service.context.tokens import make_counter
@@ -23,12 +24,12 @@ from agentstate.agent_service.model.base import ChatModel
 from agentstate.agent_service.profile import Profile
 from agentstate.agent_service.runtime import RuntimeSettings, TurnRunner
 from agentstate.agent_service.servicer import AgentServicer
-from agentstate.agent_service.state_client import StateClient
 from agentstate.agent_service.state_health import LIVENESS_SERVICE, StateHealthWatch
 from agentstate.agent_service.tools.registry import Tool, ToolRegistry
 from agentstate.agent_service.tools.skills import load_skill_tool
 from agentstate.agent_service.turns import TurnRegistry
-from agentstate.common import service_config, telemetry
+from agentstate.client import service_config
+from agentstate.common import telemetry
 from agentstate.common.config import ConfigError
 from agentstate.common.grpc_server import (
     add_health_and_reflection,
@@ -88,7 +89,7 @@ def state_channel(address: str, max_message_bytes: int) -> grpc.aio.Channel:
             # recycled by STATE_GRPC_MAX_CONNECTION_AGE_SECONDS): at most every 2 s, not
             # gRPC's default 30 s, so new replicas are found soon after.
             ("grpc.dns_min_time_between_resolutions_ms", 2000),
-            # Reads are retried on UNAVAILABLE; round_robin (agentstate/service_config.json).
+            # Reads are retried on UNAVAILABLE; round_robin (agentstate/client/service_config.json).
             *service_config.channel_options(),
         ],
     )
@@ -124,7 +125,7 @@ class AgentServiceApp:
         auth = build_authenticator(settings)  # so does incomplete authentication
         limit = settings.grpc_max_message_bytes
         self._channel = state_channel(settings.state_address, limit)
-        state = StateClient.on_channel(
+        state = ClientStatePort.on_channel(
             self._channel, timeout_seconds=settings.state_timeout_seconds
         )
         await profile.open()

@@ -23,12 +23,11 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
+# One ConfigError for every settings class, the client's (which has no pydantic) included.
+from agentstate.client.settings import ConfigError as ConfigError
+
 # The README's way of writing a setting without a default value.
 NO_DEFAULT = "—"
-
-
-class ConfigError(ValueError):
-    """A setting's environment variable holds a value that cannot be used."""
 
 
 def casefold_choice(value: object) -> object:

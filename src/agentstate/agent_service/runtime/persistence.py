@@ -30,7 +30,7 @@ from agentstate.agent_service.runtime.deltas import (
 )
 from agentstate.agent_service.runtime.port import StatePort
 from agentstate.agent_service.turns import TurnControl
-from agentstate.client.types import CompactionNote, RecordStatus, RecordUpdate, RecordWrite
+from agentstate.client.types import CompactionNote, MessageStatus, MessageUpdate, MessageWrite
 
 # On an ERROR record: the sentence a page shows for what went wrong.
 ERROR_METADATA_KEY = "error"
@@ -73,9 +73,9 @@ class TurnSaver:
         state: AgentState,
         version: int,
         record: TurnRecord,
-        writes: list[RecordWrite],
+        writes: list[MessageWrite],
         *,
-        status: RecordStatus = RecordStatus.NORMAL,
+        status: MessageStatus = MessageStatus.NORMAL,
         metadata: dict[str, Any] | None = None,
         emit: Emit | None = None,
         baseline: Baseline | None = None,
@@ -86,7 +86,7 @@ class TurnSaver:
         before the turn."""
         writes = [
             *writes,
-            RecordUpdate(
+            MessageUpdate(
                 message_id=record.record_id,
                 status=status,
                 blocks=record.to_json(state),
@@ -147,9 +147,9 @@ class TurnSaver:
             await self._state.update_message(
                 control.user_id,
                 control.conversation_id,
-                RecordUpdate(
+                MessageUpdate(
                     message_id=record.record_id,
-                    status=RecordStatus.ERROR,
+                    status=MessageStatus.ERROR,
                     blocks=record.to_json(),
                     metadata={ERROR_METADATA_KEY: error},
                 ),

@@ -1,4 +1,4 @@
-"""The OpenAI Agents SDK on the state service: `pip install 'agentstate[openai-agents]'`."""
+"""The OpenAI Agents SDK on the state service: `pip install 'agentstate-client[openai-agents]'`."""
 
 from agentstate.integrations.openai_agents.session import AgentStateSession, session_key
 

@@ -7,19 +7,20 @@ bytes (the service never interprets them beyond "a JSON object").
 from __future__ import annotations
 
 import enum
+import warnings
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 JSON = dict[str, Any]
 
 
-class RecordRole(enum.StrEnum):
+class MessageRole(enum.StrEnum):
     USER = "USER"
     ASSISTANT = "ASSISTANT"
 
 
-class RecordStatus(enum.StrEnum):
+class MessageStatus(enum.StrEnum):
     NORMAL = "NORMAL"
     AWAITING_CONFIRM = "AWAITING_CONFIRM"
     INTERRUPTED = "INTERRUPTED"
@@ -28,28 +29,28 @@ class RecordStatus(enum.StrEnum):
 
 
 @dataclass(frozen=True)
-class NewRecord:
+class NewMessage:
     """A message record to append."""
 
-    role: RecordRole
+    role: MessageRole
     blocks: list[JSON] = field(default_factory=list)
-    status: RecordStatus = RecordStatus.NORMAL
+    status: MessageStatus = MessageStatus.NORMAL
     metadata: JSON = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
-class RecordUpdate:
+class MessageUpdate:
     """A change to a record; None leaves a field as it is. With `expected_status` it
     applies only if the record still has that status (else MessageStatusMismatch)."""
 
     message_id: str
-    status: RecordStatus | None = None
+    status: MessageStatus | None = None
     blocks: list[JSON] | None = None
     metadata: JSON | None = None
-    expected_status: RecordStatus | None = None
+    expected_status: MessageStatus | None = None
 
 
-RecordWrite = NewRecord | RecordUpdate
+MessageWrite = NewMessage | MessageUpdate
 
 
 @dataclass(frozen=True)
@@ -116,7 +117,7 @@ class TurnRequest:
     ttl_ms: int
     max_user_leases: int = 0
     title: str = ""
-    new_records: tuple[NewRecord, ...] = ()
+    new_records: tuple[NewMessage, ...] = ()
     guard: CardGuard | None = None
     state_key: str = ""
     # The version the caller holds already (it saved it itself): when it is the stored
@@ -169,9 +170,9 @@ class ResolvedConversation:
 class MessageRecord:
     message_id: str
     conversation_id: str
-    role: RecordRole
+    role: MessageRole
     blocks_json: bytes
-    status: RecordStatus
+    status: MessageStatus
     metadata_json: bytes
     create_time: datetime
     update_time: datetime
@@ -354,3 +355,33 @@ class AppendedEvent:
     item: Item | None  # None when no item was appended
     revision: int  # the item revision after the call
     state_version: int  # the conversation state's version under the state key (0: none)
+
+
+# The names of 0.1.0, before the client took the contract's (NewMessage, MessageUpdate,
+# MessageWrite, MessageRole, MessageStatus): deprecated, they go in the next release.
+DEPRECATED_NAMES = {
+    "NewRecord": "NewMessage",
+    "RecordUpdate": "MessageUpdate",
+    "RecordWrite": "MessageWrite",
+    "RecordRole": "MessageRole",
+    "RecordStatus": "MessageStatus",
+}
+
+if TYPE_CHECKING:
+    NewRecord = NewMessage
+    RecordUpdate = MessageUpdate
+    RecordWrite = MessageWrite
+    RecordRole = MessageRole
+    RecordStatus = MessageStatus
+else:
+
+    def __getattr__(name: str) -> Any:
+        if name in DEPRECATED_NAMES:
+            new = DEPRECATED_NAMES[name]
+            warnings.warn(
+                f"agentstate.client.{name} is deprecated: use {new} (the contract's name)",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            return globals()[new]
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

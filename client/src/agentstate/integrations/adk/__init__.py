@@ -1,4 +1,4 @@
-"""Google ADK on the state service: `pip install 'agentstate[adk]'`."""
+"""Google ADK on the state service: `pip install 'agentstate-client[adk]'`."""
 
 from agentstate.integrations.adk.session_service import (
     SESSION_STATE_KEY,

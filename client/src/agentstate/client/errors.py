@@ -1,7 +1,7 @@
 """Typed exceptions for failed state service calls.
 
 Every error status the state service sends carries a google.rpc.ErrorInfo (domain
-"agentstate.io", a reason and metadata; see agentstate.common.error_details). A failed call
+"agentstate.io", a reason and metadata; see agentstate.client.error_details). A failed call
 becomes the exception for its reason, else for its status code, else StateError itself.
 Statuses made by gRPC itself (deadline, connection) carry no ErrorInfo: `reason` is "".
 """
@@ -13,7 +13,7 @@ from typing import cast
 
 import grpc
 
-from agentstate.common.error_details import (
+from agentstate.client.error_details import (
     AWAITING_MESSAGE_ID,
     CURRENT_CHECKPOINT_ID,
     CURRENT_VERSION,

@@ -1,6 +1,6 @@
 """The gRPC service config callers of both services use: retries for the idempotent reads.
 
-agentstate/service_config.json is the one copy, for every language (README, "Callers in
+agentstate/client/service_config.json is the one copy, for every language (README, "Callers in
 other languages", shows how Java, Go, Node and Python pass it). It retries the reads
 (StateService GetState, GetConversation, ListConversations, ListMessages, GetMessage,
 ListCompactions, GetCheckpoint, ListCheckpoints; AgentService ListConversations,
@@ -26,7 +26,7 @@ SERVICE_CONFIG_FILE = "service_config.json"
 
 @cache
 def service_config_json() -> str:
-    return resources.files("agentstate").joinpath(SERVICE_CONFIG_FILE).read_text("utf-8")
+    return resources.files("agentstate.client").joinpath(SERVICE_CONFIG_FILE).read_text("utf-8")
 
 
 def channel_options() -> list[tuple[str, str | int]]:

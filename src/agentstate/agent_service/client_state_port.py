@@ -31,9 +31,9 @@ from agentstate.client.types import (
     Deleted,
     LeaseInfo,
     MessageRecord,
+    MessageUpdate,
+    MessageWrite,
     Page,
-    RecordUpdate,
-    RecordWrite,
     StateChange,
     TurnRequest,
 )
@@ -94,7 +94,7 @@ def _decode_state(payload: bytes, conversation_id: str) -> AgentState:
         ) from exc
 
 
-class StateClient:
+class ClientStatePort:
     """The agent's StatePort, plus the conversation and record reads the agent's own API
     passes through, over an AsyncStateClient."""
 
@@ -102,7 +102,9 @@ class StateClient:
         self.client = client
 
     @classmethod
-    def on_channel(cls, channel: grpc.aio.Channel, *, timeout_seconds: float = 10.0) -> StateClient:
+    def on_channel(
+        cls, channel: grpc.aio.Channel, *, timeout_seconds: float = 10.0
+    ) -> ClientStatePort:
         return cls(AsyncStateClient(channel, timeout_seconds=timeout_seconds))
 
     # -------------------------------------------------------- conversations
@@ -230,7 +232,7 @@ class StateClient:
         payload: bytes | None,
         message_count: int,
         expected_version: int,
-        writes: Sequence[RecordWrite] = (),
+        writes: Sequence[MessageWrite] = (),
         compactions: Sequence[CompactionNote] = (),
         change: StateChange | None = None,
     ) -> EndedTurn:
@@ -283,7 +285,7 @@ class StateClient:
 
     @_translated
     async def update_message(
-        self, user_id: str, conversation_id: str, update: RecordUpdate
+        self, user_id: str, conversation_id: str, update: MessageUpdate
     ) -> None:
         await self.client.update_message(user_id, conversation_id, update)
 

@@ -7,12 +7,12 @@ share every line of translation). Internal: the public surface is agentstate.cli
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Generic, TypeVar
 
-import orjson
 from google.protobuf.message import Message
 from google.protobuf.timestamp_pb2 import Timestamp
 
@@ -32,18 +32,18 @@ from agentstate.client.types import (
     ItemsPage,
     LeaseInfo,
     MessageRecord,
+    MessageRole,
+    MessageStatus,
+    MessageUpdate,
+    MessageWrite,
     NewCheckpoint,
     NewItem,
-    NewRecord,
+    NewMessage,
     NoOpenCard,
     OpenCard,
     Page,
     PoppedItem,
     PruneStrategy,
-    RecordRole,
-    RecordStatus,
-    RecordUpdate,
-    RecordWrite,
     ResolvedConversation,
     SavedState,
     ScopedStates,
@@ -66,53 +66,58 @@ class Op(Generic[R]):
 
 
 _ROLES = {
-    RecordRole.USER: pb.MESSAGE_ROLE_USER,
-    RecordRole.ASSISTANT: pb.MESSAGE_ROLE_ASSISTANT,
+    MessageRole.USER: pb.MESSAGE_ROLE_USER,
+    MessageRole.ASSISTANT: pb.MESSAGE_ROLE_ASSISTANT,
 }
 _STATUSES = {
-    RecordStatus.NORMAL: pb.MESSAGE_STATUS_NORMAL,
-    RecordStatus.AWAITING_CONFIRM: pb.MESSAGE_STATUS_AWAITING_CONFIRM,
-    RecordStatus.INTERRUPTED: pb.MESSAGE_STATUS_INTERRUPTED,
-    RecordStatus.ERROR: pb.MESSAGE_STATUS_ERROR,
-    RecordStatus.STREAMING: pb.MESSAGE_STATUS_STREAMING,
+    MessageStatus.NORMAL: pb.MESSAGE_STATUS_NORMAL,
+    MessageStatus.AWAITING_CONFIRM: pb.MESSAGE_STATUS_AWAITING_CONFIRM,
+    MessageStatus.INTERRUPTED: pb.MESSAGE_STATUS_INTERRUPTED,
+    MessageStatus.ERROR: pb.MESSAGE_STATUS_ERROR,
+    MessageStatus.STREAMING: pb.MESSAGE_STATUS_STREAMING,
 }
 _ROLE_OF = {v: k for k, v in _ROLES.items()}
 _STATUS_OF = {v: k for k, v in _STATUSES.items()}
 
 
+def json_bytes(value: Any) -> bytes:
+    """Compact UTF-8 JSON; NaN and infinities are refused (they are not JSON)."""
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+
+
 def payload_bytes(payload: Payload) -> bytes:
     """A state payload as UTF-8 JSON bytes (a mapping is serialised)."""
-    return payload if isinstance(payload, bytes) else orjson.dumps(payload)
+    return payload if isinstance(payload, bytes) else json_bytes(payload)
 
 
-def _status(status: RecordStatus | None) -> pb.MessageStatus.ValueType:
+def _status(status: MessageStatus | None) -> pb.MessageStatus.ValueType:
     return pb.MESSAGE_STATUS_UNSPECIFIED if status is None else _STATUSES[status]
 
 
-def new_message_pb(record: NewRecord) -> pb.NewMessage:
+def new_message_pb(record: NewMessage) -> pb.NewMessage:
     return pb.NewMessage(
         role=_ROLES[record.role],
-        blocks_json=orjson.dumps(record.blocks),
+        blocks_json=json_bytes(record.blocks),
         status=_STATUSES[record.status],
-        metadata_json=orjson.dumps(record.metadata),
+        metadata_json=json_bytes(record.metadata),
     )
 
 
-def message_update_pb(update: RecordUpdate) -> pb.MessageUpdate:
+def message_update_pb(update: MessageUpdate) -> pb.MessageUpdate:
     message = pb.MessageUpdate(
         message_id=update.message_id,
         status=_status(update.status),
         expected_status=_status(update.expected_status),
     )
     if update.blocks is not None:
-        message.blocks_json = orjson.dumps(update.blocks)
+        message.blocks_json = json_bytes(update.blocks)
     if update.metadata is not None:
-        message.metadata_json = orjson.dumps(update.metadata)
+        message.metadata_json = json_bytes(update.metadata)
     return message
 
 
-def message_write_pb(write: RecordWrite) -> pb.MessageWrite:
-    if isinstance(write, NewRecord):
+def message_write_pb(write: MessageWrite) -> pb.MessageWrite:
+    if isinstance(write, NewMessage):
         return pb.MessageWrite(insert=new_message_pb(write))
     return pb.MessageWrite(update=message_update_pb(write))
 
@@ -245,7 +250,7 @@ def upsert_state(
     *,
     expected_version: int | None,
     state_key: str,
-    writes: Sequence[RecordWrite],
+    writes: Sequence[MessageWrite],
     compactions: Sequence[CompactionNote],
     delta: StateChange | None = None,
 ) -> Op[SavedState]:
@@ -328,7 +333,7 @@ def delete_conversations(user_id: str, conversation_ids: Sequence[str]) -> Op[De
 # ---------------------------------------------------------------- messages
 
 
-def append_message(user_id: str, conversation_id: str, record: NewRecord) -> Op[MessageRecord]:
+def append_message(user_id: str, conversation_id: str, record: NewMessage) -> Op[MessageRecord]:
     return Op(
         "AppendMessage",
         pb.AppendMessageRequest(
@@ -338,7 +343,7 @@ def append_message(user_id: str, conversation_id: str, record: NewRecord) -> Op[
     )
 
 
-def update_message(user_id: str, conversation_id: str, update: RecordUpdate) -> Op[MessageRecord]:
+def update_message(user_id: str, conversation_id: str, update: MessageUpdate) -> Op[MessageRecord]:
     return Op(
         "UpdateMessage",
         pb.UpdateMessageRequest(
@@ -482,7 +487,7 @@ def end_turn(
     *,
     expected_version: int | None,
     state_key: str,
-    writes: Sequence[RecordWrite],
+    writes: Sequence[MessageWrite],
     compactions: Sequence[CompactionNote],
     delta: StateChange | None = None,
 ) -> Op[SavedState]:
@@ -592,7 +597,7 @@ def list_checkpoints(
     request = pb.ListCheckpointsRequest(
         user_id=user_id,
         conversation_id=conversation_id,
-        metadata_filter_json=orjson.dumps(metadata_filter) if metadata_filter else b"",
+        metadata_filter_json=json_bytes(metadata_filter) if metadata_filter else b"",
         before_checkpoint_id=before_checkpoint_id,
         page_size=page_size,
         page_token=page_token,

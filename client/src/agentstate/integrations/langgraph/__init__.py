@@ -1,4 +1,4 @@
-"""LangGraph on the state service: `pip install 'agentstate[langgraph]'`.
+"""LangGraph on the state service: `pip install 'agentstate-client[langgraph]'`.
 
 from agentstate.integrations.langgraph import AgentStateSaver
 graph = builder.compile(checkpointer=AgentStateSaver("127.0.0.1:50051"))
