@@ -39,13 +39,13 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from agentstate.agent.v1 import agent_service_pb2 as pb
 from agentstate.agent.v1 import agent_service_pb2_grpc as pb_grpc
 from agentstate.agent_service.agent_state import AgentState, Role
-from agentstate.agent_service.auth import PROXY_SECRET_METADATA_KEY
 from agentstate.agent_service.config import AgentServiceSettings
 from agentstate.agent_service.model.openai_compat import OpenAISettings
 from agentstate.agent_service.model.scripted import ScriptedModel
 from agentstate.agent_service.profile import load_profile
 from agentstate.agent_service.server import _INTERRUPT_SAVE_SECONDS
 from agentstate.agent_service.server import SERVICE_NAME as AGENT_SERVICE_NAME
+from agentstate.client.metadata import PROXY_SECRET_METADATA_KEY
 from agentstate.common.telemetry import LoggingSettings
 from agentstate.dev.processes import ServiceProcess
 from agentstate.state.v1 import state_service_pb2 as spb

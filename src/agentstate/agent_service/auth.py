@@ -36,13 +36,14 @@ from cryptography.hazmat.primitives import serialization
 
 from agentstate.agent_service import errors
 from agentstate.agent_service.config import MIN_PROXY_SECRET_CHARS, AgentServiceSettings
+from agentstate.client.metadata import (
+    AUTHORIZATION_METADATA_KEY,
+    PROXY_SECRET_METADATA_KEY,
+    USER_ID_METADATA_KEY,
+)
 from agentstate.common.config import ConfigError
 
 log = logging.getLogger(__name__)
-
-USER_ID_METADATA_KEY = "agentstate-user-id"
-PROXY_SECRET_METADATA_KEY = "agentstate-proxy-secret"
-AUTHORIZATION_METADATA_KEY = "authorization"
 
 # ErrorInfo reasons of UNAUTHENTICATED.
 NO_CREDENTIALS = "UNAUTHENTICATED"  # the reason a missing identity always had

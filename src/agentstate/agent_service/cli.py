@@ -30,7 +30,7 @@ from pydantic import Field
 
 from agentstate.agent.v1 import agent_service_pb2 as pb
 from agentstate.agent.v1 import agent_service_pb2_grpc as pb_grpc
-from agentstate.agent_service.auth import AUTHORIZATION_METADATA_KEY, USER_ID_METADATA_KEY
+from agentstate.client.metadata import AUTHORIZATION_METADATA_KEY, USER_ID_METADATA_KEY
 from agentstate.common import error_details
 from agentstate.common.config import ConfigError, EnvSettings
 
