@@ -1,4 +1,4 @@
-"""The CLI client and the demo (README's main command), run as real processes."""
+"""The CLI client and the demo (README's first command), run as real processes."""
 
 from __future__ import annotations
 

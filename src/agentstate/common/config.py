@@ -23,7 +23,7 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
-# The README's way of writing a setting without a default value.
+# The settings reference's way of writing a setting without a default value.
 NO_DEFAULT = "—"
 
 
@@ -107,7 +107,7 @@ class EnvSettings(BaseSettings):
 
     @classmethod
     def documented_defaults(cls) -> dict[str, str]:
-        """Environment variable name -> its default as the README writes it."""
+        """Environment variable name -> its default as docs/reference/settings.md writes it."""
         return {name: shown_default(info) for name, info in cls.variables().items()}
 
 
@@ -119,8 +119,9 @@ def _variable(field_name: str, info: FieldInfo) -> str:
 
 
 def shown_default(info: FieldInfo) -> str:
-    """A default as the README shows it: `empty`, `true`, `10` (not 10.0), or the text
-    declared in json_schema_extra["shown_default"] for a default computed at start-up."""
+    """A default as docs/reference/settings.md shows it: `empty`, `true`, `10` (not 10.0),
+    or the text declared in json_schema_extra["shown_default"] for a default computed at
+    start-up."""
     extra = info.json_schema_extra
     if isinstance(extra, dict) and isinstance(extra.get("shown_default"), str):
         return str(extra["shown_default"])
