@@ -16,9 +16,10 @@ ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python -m venv /opt/venv
 WORKDIR /src
-# .dockerignore admits only what the package is built from.
+# .dockerignore admits only what the two distributions are built from: agentstate-client
+# (client/) and the servers (.), installed in one resolve so the local client is used.
 COPY . .
-RUN /opt/venv/bin/pip install '.[console]' \
+RUN /opt/venv/bin/pip install ./client '.[console]' \
  && /opt/venv/bin/python -m compileall -q /opt/venv/lib
 
 FROM python:3.11-slim

@@ -1,12 +1,13 @@
-"""Generate the Python protobuf/gRPC code from protos/ into src/agentstate/<pkg>/v1/.
+"""Generate the Python protobuf/gRPC code from protos/ into client/src/agentstate/<pkg>/v1/.
 
     python scripts/gen_protos.py          # write the generated files
     python scripts/gen_protos.py --check  # exit 1 if the committed files are stale
 
-Generated code lives only under src/agentstate/*/v1/ and is committed, so that
-`pip install .` needs no code generator; CI runs --check. Beside it, DESCRIPTOR_SET holds
-the same files' descriptors with their comments (source info), which the Python
-descriptors lack: server reflection serves it, so `grpcurl describe` shows the docs.
+Generated code lives only under client/src/agentstate/*/v1/ (the agentstate-client
+distribution) and is committed, so that `pip install` needs no code generator; CI runs
+--check. DESCRIPTOR_SET holds the same files' descriptors with their comments (source info),
+which the Python descriptors lack: the servers' reflection serves it, so `grpcurl describe`
+shows the docs; it is the servers' package data (src/agentstate/common/).
 """
 
 from __future__ import annotations
@@ -24,10 +25,12 @@ from grpc_tools import protoc
 
 REPO = Path(__file__).resolve().parent.parent
 PROTO_ROOT = REPO / "protos"
-# Generated paths (agentstate/state/v1/…) are relative to the package root.
-ROOT = REPO / "src"
+# Generated paths (agentstate/state/v1/…) are relative to a source root: the stubs are the
+# client distribution's, the descriptor set the servers'.
+CLIENT_ROOT = REPO / "client" / "src"
+SERVER_ROOT = REPO / "src"
 GENERATED_SUFFIXES = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py", "_pb2_grpc.pyi", ".binpb")
-DESCRIPTOR_SET = Path("agentstate/descriptors.binpb")
+DESCRIPTOR_SET = Path("agentstate/common/descriptors.binpb")
 # mypy-protobuf's plugins sit beside this interpreter (pinned in pyproject's dev extra).
 BIN_DIR = Path(sys.executable).parent
 
@@ -87,6 +90,21 @@ def generate(out_dir: Path) -> list[Path]:
     return sorted(generated)
 
 
+def root_of(rel: Path) -> Path:
+    """The source root a generated file is committed under."""
+    return SERVER_ROOT if rel == DESCRIPTOR_SET else CLIENT_ROOT
+
+
+def committed_files() -> set[Path]:
+    """Every generated file in the checkout, relative to its source root."""
+    return {
+        p.relative_to(root)
+        for root in (CLIENT_ROOT, SERVER_ROOT)
+        for p in (root / "agentstate").rglob("*")
+        if p.name.endswith(GENERATED_SUFFIXES)
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -99,14 +117,10 @@ def main() -> int:
         stale = [
             rel
             for rel in generated
-            if not (ROOT / rel).exists() or not filecmp.cmp(out / rel, ROOT / rel, shallow=False)
+            if not (root_of(rel) / rel).exists()
+            or not filecmp.cmp(out / rel, root_of(rel) / rel, shallow=False)
         ]
-        committed = {
-            p.relative_to(ROOT)
-            for p in (ROOT / "agentstate").rglob("*")
-            if p.name.endswith(GENERATED_SUFFIXES)
-        }
-        orphans = sorted(committed - set(generated))
+        orphans = sorted(committed_files() - set(generated))
         if args.check:
             for rel in stale:
                 print(f"stale generated file: {rel}", file=sys.stderr)
@@ -118,13 +132,17 @@ def main() -> int:
             print(f"generated code is up to date ({len(generated)} files)")
             return 0
         for rel in generated:
-            (ROOT / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(out / rel, ROOT / rel)
+            root = root_of(rel)
+            (root / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(out / rel, root / rel)
+            # Below the namespace package agentstate, every generated directory is a package.
             for parent in rel.parents:
-                if parent != Path(".") and not (ROOT / parent / "__init__.py").exists():
-                    (ROOT / parent / "__init__.py").touch()
+                if parent not in (Path("."), Path("agentstate")) and not (
+                    (root / parent / "__init__.py").exists()
+                ):
+                    (root / parent / "__init__.py").touch()
         for rel in orphans:
-            (ROOT / rel).unlink()
+            (root_of(rel) / rel).unlink()
         print(f"wrote {len(generated)} files")
         return 0
 

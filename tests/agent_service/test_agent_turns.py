@@ -13,9 +13,9 @@ import pytest
 from agentstate.agent.v1 import agent_service_pb2 as pb
 from agentstate.agent_service import server as server_module
 from agentstate.agent_service.agent_state import PERMISSION_DENIED_TEXT, ToolResultBlock
+from agentstate.agent_service.client_state_port import ClientStatePort
 from agentstate.agent_service.middleware import DENIAL_REWRITE_TEXT
 from agentstate.agent_service.model.base import ToolSpec
-from agentstate.agent_service.state_client import StateClient
 from agentstate.agent_service.tools.registry import Permission, Tool, ToolContext, ToolOutput
 from agentstate.state.v1 import state_service_pb2 as spb
 from tests.support.agent_harness import RecordingModel, Stack, collect, metadata
@@ -331,7 +331,7 @@ async def test_shutdown_during_an_approved_call_keeps_the_card_answerable(
     release = asyncio.Event()
 
     async def slow_refund(args: dict[str, Any], context: ToolContext) -> ToolOutput:
-        runs.append(context.call_id)
+        runs.append(context.idempotency_key)
         started.set()
         if len(runs) == 1:
             await asyncio.sleep(60)  # the first attempt hangs until it is cancelled
@@ -366,7 +366,7 @@ async def test_shutdown_during_an_approved_call_keeps_the_card_answerable(
         second_replica = await stack.start_agent(extra_tools=[tool])
         again = await second_replica.confirm(user_id, conversation_id, card_id, approved=True)
         assert again.code == grpc.StatusCode.OK, again.details
-        assert release.is_set() and runs == [runs[0], runs[0]]  # same call id: idempotent key
+        assert release.is_set() and runs == [runs[0], runs[0]]  # the same stored call: the same key
         state, _ = await stack.reader.state(user_id, conversation_id)
         assert not state.pending_calls() and not state.shutdown_interrupted
     finally:
@@ -377,13 +377,13 @@ async def test_a_client_may_answer_the_card_the_moment_it_sees_it(
     stack: Stack, user_id: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The lease is released before the last events go out, so no race with the next turn."""
-    release = StateClient.release_lease
+    release = ClientStatePort.release_lease
 
-    async def slow_release(self: StateClient, user_id: str, task_id: str) -> bool:
+    async def slow_release(self: ClientStatePort, user_id: str, task_id: str) -> bool:
         await asyncio.sleep(0.3)  # a slow network makes any race certain
         return await release(self, user_id, task_id)
 
-    monkeypatch.setattr(StateClient, "release_lease", slow_release)
+    monkeypatch.setattr(ClientStatePort, "release_lease", slow_release)
     client = stack.agents[0][1]
     for _ in range(2):
         call = client.stub.Chat(pb.ChatRequest(question=QUESTION), metadata=metadata(user_id))

@@ -417,6 +417,23 @@ def test_only_public_key_algorithms_can_be_configured(algorithms: str) -> None:
     assert ok.jwt_algorithms == ("ES256", "PS256")
 
 
+def jwt_agent_env(state_address: str, orders_url: str, key_dir: Path) -> dict[str, str]:
+    """An agent-service process with the order demo behind jwt, trusting KEY (a JWKS
+    file written to `key_dir`)."""
+    jwks_file = key_dir / "jwks.json"
+    jwks_file.write_text(json.dumps(jwks()))
+    return {
+        "AGENT_LISTEN_ADDRESS": "127.0.0.1:0",
+        "AGENT_STATE_ADDRESS": state_address,
+        "AGENT_PROFILE": "order_demo",
+        "ORDERS_DATABASE_URL": orders_url,
+        "AGENT_AUTH_MODE": "jwt",
+        "AGENT_JWT_ISSUER": ISSUER,
+        "AGENT_JWT_AUDIENCE": AUDIENCE,
+        "AGENT_JWT_KEY_FILE": str(jwks_file),
+    }
+
+
 def test_agent_process_verifies_tokens(
     state_process_address: str, orders_database_url: str, tmp_path: Path
 ) -> None:
@@ -432,20 +449,9 @@ def test_agent_process_verifies_tokens(
         unconfigured.kill()
     assert "AGENT_AUTH_MODE=jwt (the default) needs AGENT_JWT_ISSUER" in unconfigured.output
 
-    jwks_file = tmp_path / "jwks.json"
-    jwks_file.write_text(json.dumps(jwks()))
     service = ServiceProcess(
         "agentstate.agent_service",
-        {
-            "AGENT_LISTEN_ADDRESS": "127.0.0.1:0",
-            "AGENT_STATE_ADDRESS": state_process_address,
-            "AGENT_PROFILE": "order_demo",
-            "ORDERS_DATABASE_URL": orders_database_url,
-            "AGENT_AUTH_MODE": "jwt",
-            "AGENT_JWT_ISSUER": ISSUER,
-            "AGENT_JWT_AUDIENCE": AUDIENCE,
-            "AGENT_JWT_KEY_FILE": str(jwks_file),
-        },
+        jwt_agent_env(state_process_address, orders_database_url, tmp_path),
     )
     try:
         address = service.wait_ready()

@@ -39,14 +39,6 @@ QUESTION = "我的订单88235现在什么状态？"
 
 
 @pytest.fixture
-async def server() -> AsyncIterator[FakeChatServer]:
-    fake = FakeChatServer()
-    await fake.start()
-    yield fake
-    await fake.stop()
-
-
-@pytest.fixture
 async def agent(stack: Stack, server: FakeChatServer) -> AsyncIterator[AgentClient]:
     # Retries on, as in production: a Stop must not wait for them either.
     model = OpenAICompatModel(settings_for(server.base_url, max_retries=2, timeout_seconds=60))

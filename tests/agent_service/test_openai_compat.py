@@ -272,14 +272,6 @@ def free_port() -> int:
 # ------------------------------------------------------------------- fixtures
 
 
-@pytest.fixture
-async def server() -> AsyncIterator[FakeChatServer]:
-    fake = FakeChatServer()
-    await fake.start()
-    yield fake
-    await fake.stop()
-
-
 def settings_for(base_url: str, **overrides: Any) -> OpenAISettings:
     values: dict[str, Any] = {
         "api_key": API_KEY,

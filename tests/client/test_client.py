@@ -22,13 +22,13 @@ from agentstate.client import (
     DeadlineExceeded,
     LeaseHeld,
     LeaseLost,
+    MessageRole,
+    MessageStatus,
     MessageStatusMismatch,
-    NewRecord,
+    MessageUpdate,
+    NewMessage,
     NoOpenCard,
     NotFound,
-    RecordRole,
-    RecordStatus,
-    RecordUpdate,
     StateClient,
     StateError,
     TurnRequest,
@@ -82,28 +82,30 @@ async def test_state_round_trip_and_version_conflict(
 async def test_messages_compactions_and_deletes(client: AsyncStateClient, user_id: str) -> None:
     cid = (await client.create_conversation(user_id)).conversation_id
     first = await client.append_message(
-        user_id, cid, NewRecord(RecordRole.USER, [{"type": "text", "text": "hi"}])
+        user_id, cid, NewMessage(MessageRole.USER, [{"type": "text", "text": "hi"}])
     )
     saved = await client.upsert_state(
         user_id,
         cid,
         {"context": []},
-        writes=[NewRecord(RecordRole.ASSISTANT, status=RecordStatus.STREAMING)],
+        writes=[NewMessage(MessageRole.ASSISTANT, status=MessageStatus.STREAMING)],
         compactions=[CompactionNote(10, 3, 900, 200, 120, "test")],
     )
     (reply,) = saved.records
     updated = await client.update_message(
         user_id,
         cid,
-        RecordUpdate(reply.message_id, RecordStatus.NORMAL, expected_status=RecordStatus.STREAMING),
+        MessageUpdate(
+            reply.message_id, MessageStatus.NORMAL, expected_status=MessageStatus.STREAMING
+        ),
     )
-    assert updated.status is RecordStatus.NORMAL
+    assert updated.status is MessageStatus.NORMAL
     with pytest.raises(MessageStatusMismatch):
         await client.update_message(
             user_id,
             cid,
-            RecordUpdate(
-                reply.message_id, RecordStatus.ERROR, expected_status=RecordStatus.STREAMING
+            MessageUpdate(
+                reply.message_id, MessageStatus.ERROR, expected_status=MessageStatus.STREAMING
             ),
         )
     page = await client.list_messages(user_id, cid, page_size=1)
@@ -131,7 +133,7 @@ async def test_leases_and_turns(client: AsyncStateClient, user_id: str) -> None:
             conversation_id="",
             holder="replica-1",
             ttl_ms=60_000,
-            new_records=(NewRecord(RecordRole.USER), NewRecord(RecordRole.ASSISTANT)),
+            new_records=(NewMessage(MessageRole.USER), NewMessage(MessageRole.ASSISTANT)),
             guard=NoOpenCard(),
         )
     )
@@ -143,8 +145,8 @@ async def test_leases_and_turns(client: AsyncStateClient, user_id: str) -> None:
     renewed = await client.renew_lease(user_id, begun.task_id, 60_000)
     assert renewed.task_id == begun.task_id and not renewed.stop_requested
     assert (await client.request_stop(user_id, begun.task_id)).stop_requested
-    card = RecordUpdate(
-        begun.records[1].message_id, RecordStatus.AWAITING_CONFIRM, metadata={"confirm": {}}
+    card = MessageUpdate(
+        begun.records[1].message_id, MessageStatus.AWAITING_CONFIRM, metadata={"confirm": {}}
     )
     ended = await client.end_turn(
         user_id, cid, begun.task_id, payload={"n": 1}, expected_version=0, writes=[card]

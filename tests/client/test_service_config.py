@@ -1,4 +1,5 @@
-"""The service config (agentstate/service_config.json) retries reads on UNAVAILABLE, not writes.
+"""The service config (agentstate/client/service_config.json) retries reads on UNAVAILABLE,
+not writes.
 
 A real state service on PostgreSQL whose server interceptor fails the first attempts of
 every method with UNAVAILABLE, as a restarting sidecar does; the agent service's own state
@@ -20,7 +21,7 @@ from agentstate.agent.v1 import agent_service_pb2_grpc as apb_grpc
 from agentstate.agent_service.config import AgentServiceSettings
 from agentstate.agent_service.profile import Profile
 from agentstate.agent_service.server import AgentServiceApp
-from agentstate.common.service_config import channel_options, service_config_json
+from agentstate.client.service_config import channel_options, service_config_json
 from agentstate.state.v1 import state_service_pb2 as pb
 from agentstate.state.v1 import state_service_pb2_grpc as pb_grpc
 from agentstate.state_service.storage.postgres import PostgresStore

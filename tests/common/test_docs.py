@@ -1,6 +1,6 @@
 """The docs hold together: every relative link resolves, and the RPC tables are complete.
 
-Links are checked in README.md and every Markdown file under docs/, src/ and k8s/: the
+Links are checked in README.md and every Markdown file under docs/, src/, client/ and k8s/: the
 file a relative link names exists, and an `#anchor` into a Markdown file names one of its
 headings (GitHub's slugs). The reference tables of docs/reference/ name every RPC of each
 service exactly once, so a row cannot go missing or land outside its table unnoticed.
@@ -23,7 +23,7 @@ from tests.support import paths
 REPO = paths.REPO
 DOCS = [
     REPO / "README.md",
-    *sorted(p for root in ("docs", "src", "k8s") for p in (REPO / root).rglob("*.md")),
+    *sorted(p for root in ("docs", "src", "client", "k8s") for p in (REPO / root).rglob("*.md")),
 ]
 # [text](target) and ![alt](target), with an optional "title".
 LINK = re.compile(r"!?\[[^\]]*\]\(\s*([^)\s]+)(?:\s+\"[^\"]*\")?\s*\)")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import re
 
 import pytest
@@ -11,15 +13,20 @@ from agentstate.agent_service.cli import CliSettings
 from agentstate.agent_service.config import AgentServiceSettings
 from agentstate.agent_service.model.openai_compat import OpenAISettings
 from agentstate.client import ClientSettings
-from agentstate.common.config import ConfigError, EnvSettings
+from agentstate.common.config import DATA_DIR_RULE, ConfigError, EnvSettings
 from agentstate.common.telemetry import LoggingSettings
 from agentstate.console.config import ConsoleSettings
 from agentstate.examples.order_demo.profile import OrderDemoSettings
 from agentstate.state_service.config import StateServiceSettings
+from tests.support import paths
 from tests.support.settings_doc import documented_settings
 
+# The client distribution has no pydantic: ClientSettings is a dataclass with the same
+# variables(), documented_defaults() and from_env() (agentstate.client.settings).
+Declared = type[EnvSettings] | type[ClientSettings]
+
 # The tables of docs/reference/settings.md, by heading, and what declares them.
-TABLES: dict[str, list[type[EnvSettings]]] = {
+TABLES: dict[str, list[Declared]] = {
     "State service": [StateServiceSettings],
     "Agent service": [AgentServiceSettings, OpenAISettings],
     "Both services": [LoggingSettings],
@@ -53,11 +60,10 @@ def test_the_reference_lists_exactly_the_declared_settings_with_their_defaults(
 
 
 @pytest.mark.parametrize("cls", SETTINGS_CLASSES, ids=lambda cls: cls.__name__)
-def test_every_setting_is_declared_with_a_variable_and_a_description(
-    cls: type[EnvSettings],
-) -> None:
+def test_every_setting_is_declared_with_a_variable_and_a_description(cls: Declared) -> None:
     variables = cls.variables()
-    assert len(variables) == len(cls.model_fields)
+    fields = cls.model_fields if issubclass(cls, EnvSettings) else dataclasses.fields(cls)
+    assert len(variables) == len(fields)
     for name, info in variables.items():
         assert re.fullmatch(r"[A-Z][A-Z0-9_]*", name), name
         assert info.description, f"{name} has no description"
@@ -190,3 +196,19 @@ def test_settings_are_frozen_and_copied_with_changes() -> None:
     assert (settings.max_steps, changed.max_steps) == (4, 6)
     with pytest.raises(ValidationError):
         AgentServiceSettings(max_stpes=4)  # type: ignore[call-arg]  # a typo is an error, not a silent default
+
+
+@pytest.mark.parametrize("user", [None, "", "alice"])
+def test_the_embedded_data_directory_follows_the_rule_the_docs_state(
+    user: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if user is None:
+        monkeypatch.delenv("USER", raising=False)
+    else:
+        monkeypatch.setenv("USER", user)
+    owner = user or str(os.getuid())
+    assert StateServiceSettings().embedded_pg_dir == f"/var/tmp/agentstate-{owner}/pgdata"
+    running = paths.REPO / "docs" / "running.md"
+    section = running.read_text().split("\n## Embedded PostgreSQL", 1)[1].split("\n## ", 1)[0]
+    stated = " ".join(section.split())
+    assert f"The default data directory is `pgdata` in {DATA_DIR_RULE}." in stated

@@ -45,6 +45,7 @@ from agentstate.agent_service.model.scripted import ScriptedModel
 from agentstate.agent_service.profile import load_profile
 from agentstate.agent_service.server import _INTERRUPT_SAVE_SECONDS
 from agentstate.agent_service.server import SERVICE_NAME as AGENT_SERVICE_NAME
+from agentstate.agent_service.state_health import LIVENESS_SERVICE
 from agentstate.client.metadata import PROXY_SECRET_METADATA_KEY
 from agentstate.common.telemetry import LoggingSettings
 from agentstate.dev.processes import ServiceProcess
@@ -429,10 +430,12 @@ def test_agent_reaches_its_sidecar_and_probes_target_the_listeners(
     for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
         probe = containers["agent"][kind]
         assert probe["grpc"]["port"] == agent_port, kind
-        assert probe["grpc"].get("service", "") in {"", AGENT_SERVICE_NAME}, kind
+        assert probe["grpc"].get("service", "") in {LIVENESS_SERVICE, AGENT_SERVICE_NAME}, kind
         command = containers["state"][kind]["exec"]["command"]
         assert "STATE_LISTEN_ADDRESS" in command[-1] and STATE_SERVICE_NAME in command[-1]
     assert containers["agent"]["readinessProbe"]["grpc"]["service"] == AGENT_SERVICE_NAME
+    for kind in ("startupProbe", "livenessProbe"):  # up even while the state service is not
+        assert containers["agent"][kind]["grpc"]["service"] == LIVENESS_SERVICE, kind
 
     # Message limits: a whole AgentState fits through both hops.
     payload = int(state_env["STATE_MAX_PAYLOAD_BYTES"])
@@ -643,22 +646,25 @@ def test_dockerfile_builds_one_image_for_both_services(resources: list[Obj]) -> 
     dockerfile = (REPO / "Dockerfile").read_text()
     stages = re.findall(r"^FROM\s+(\S+)", dockerfile, re.MULTILINE)
     assert stages and all(image == "python:3.11-slim" for image in stages), stages
-    # The package itself with the web console's extra (no dev dependencies in the image).
-    installs = re.findall(r"pip install (\S+)", dockerfile)
-    assert installs == ["'.[console]'"], installs
+    # The client distribution and the servers with the web console's extra, in one pip
+    # command (no dev dependencies in the image).
+    installs = re.findall(r"pip install ((?:\S+ )*?\S+) \\$", dockerfile, re.MULTILINE)
+    assert installs == ["./client '.[console]'"], installs
     dockerfile_user()
-    # The allow-list build context holds every file the package is built from.
+    # The allow-list build context holds every file the two distributions are built from.
     pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
     lines = (REPO / ".dockerignore").read_text().splitlines()
     allowed = [line for line in lines if line and not line.startswith("#")]
     assert allowed[0] == "*", "the context is an allow-list: everything out, then some in"
-    package_roots = pyproject["tool"]["setuptools"]["packages"]["find"]["where"]
-    for needed in [
-        "pyproject.toml",
-        pyproject["project"]["readme"],
-        *(f"{p}/" for p in package_roots),
-    ]:
-        assert f"!{needed}" in allowed, needed
+    for directory in ("", "client/"):
+        project = tomllib.loads((REPO / directory / "pyproject.toml").read_text())
+        package_roots = project["tool"]["setuptools"]["packages"]["find"]["where"]
+        for needed in [
+            "pyproject.toml",
+            project["project"]["readme"],
+            *(f"{p}/" for p in package_roots),
+        ]:
+            assert f"!{directory}{needed}" in allowed, directory + needed
     # The containers' commands are the package's console scripts.
     scripts = pyproject["project"]["scripts"]
     for container in agent_pod_containers(resources).values():

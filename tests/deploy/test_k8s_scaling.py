@@ -18,6 +18,7 @@ import kubernetes_validate  # type: ignore[import-untyped]
 import pytest
 
 from agentstate.agent_service.config import AgentServiceSettings
+from agentstate.client.service_config import service_config_json
 from agentstate.state_service.config import StateServiceSettings
 from tests.deploy.test_k8s import (
     MIN_KUBERNETES,
@@ -176,7 +177,7 @@ def test_agents_call_the_headless_service_by_dns_with_round_robin(central: list[
     assert (
         service["spec"]["selector"].items() <= spec_labels(central, "Deployment", "state").items()
     )
-    config = json.loads((REPO / "src" / "agentstate" / "service_config.json").read_text())
+    config = json.loads(service_config_json())
     assert config["loadBalancingConfig"] == [{"round_robin": {}}]
 
 

@@ -301,17 +301,18 @@ async def test_time_travel_branches_on_purpose(state_process_address: str) -> No
 
 
 def test_langgraph_is_an_extra_and_the_adapter_stays_on_the_client() -> None:
-    """`pip install agentstate` pulls no LangGraph; `[langgraph]` does. The adapter reaches
-    the service through agentstate.client only: no service internals, no database driver,
-    no generated stubs (tests/test_layering.py checks the services for every integration)."""
+    """`pip install agentstate-client` pulls no LangGraph; `[langgraph]` does. The adapter
+    reaches the service through agentstate.client only: no service internals, no database
+    driver, no generated stubs (tests/test_layering.py checks the servers for every
+    integration; tests/client/test_client_distribution.py installs the extra)."""
     import tomllib
 
-    from tests.test_layering import SRC, imported_modules
+    from tests.test_layering import CLIENT_SRC, imported_modules
 
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    project = tomllib.loads((ROOT / "client" / "pyproject.toml").read_text())["project"]
     assert not [d for d in project["dependencies"] if d.lower().startswith("langgraph")]
     assert any(d.startswith("langgraph") for d in project["optional-dependencies"]["langgraph"])
-    for path in sorted((SRC / "integrations").rglob("*.py")):
+    for path in sorted((CLIENT_SRC / "integrations").rglob("*.py")):
         imported = imported_modules(path)
         assert not [
             m for m in imported if m.startswith(("psycopg", "grpc", "agentstate.state."))

@@ -11,9 +11,9 @@ from agentstate.client import (
     AlreadyExists,
     AsyncStateClient,
     InvalidArgument,
-    NewRecord,
+    MessageRole,
+    NewMessage,
     NotFound,
-    RecordRole,
 )
 from agentstate.state_service.storage.base import StateStore
 
@@ -79,7 +79,7 @@ async def test_delete_frees_the_key_and_the_old_id_stays_gone(
     client: AsyncStateClient, user_id: str
 ) -> None:
     old = (await client.resolve_conversation(user_id, "thread")).conversation
-    await client.append_message(user_id, old.conversation_id, NewRecord(RecordRole.USER))
+    await client.append_message(user_id, old.conversation_id, NewMessage(MessageRole.USER))
     await client.delete_conversation(user_id, old.conversation_id)
     with pytest.raises(NotFound):
         await client.resolve_conversation(user_id, "thread", create=False)
@@ -89,7 +89,7 @@ async def test_delete_frees_the_key_and_the_old_id_stays_gone(
     with pytest.raises(NotFound):
         await client.upsert_state(user_id, old.conversation_id, {"late": True})
     with pytest.raises(NotFound):
-        await client.append_message(user_id, old.conversation_id, NewRecord(RecordRole.USER))
+        await client.append_message(user_id, old.conversation_id, NewMessage(MessageRole.USER))
     assert (await client.list_messages(user_id, new.conversation.conversation_id)).items == []
 
 

@@ -319,6 +319,10 @@ def test_embedded_pgserver_fallback(
             )
             got = stub.GetState(pb.GetStateRequest(user_id="u", conversation_id=cid))
             assert json.loads(got.payload) == {"a": 1}
+        # An admin command meanwhile uses the running service's server.
+        migrate = state_services.start(env, "migrate")
+        assert migrate.wait(60) == 0, migrate.output
+        assert migrate.output == "schema is up to date"
     finally:
         assert service.terminate() == 0, service.output
     assert "embedded PostgreSQL (pgserver) started" in service.output

@@ -3,14 +3,17 @@
 One way to start it and one way to stop it: `StateServices.start` / `serve`, and at the end
 SIGTERM to every one still running, each of which must exit 0 (a clean shutdown). The
 `state_services` fixture (tests/conftest.py) is one per test; a module-scoped fixture uses
-`with StateServices() as services:`.
+`with StateServices() as services:`. `run_command` runs a one-off command to its end with
+its stdout and stderr apart.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import subprocess
+import sys
 from collections.abc import Mapping
 from types import TracebackType
 
@@ -28,6 +31,21 @@ def on_postgres(database_url: str, **settings: str) -> dict[str, str]:
         "DATABASE_URL": database_url,
         **settings,
     }
+
+
+def run_command(
+    settings: Mapping[str, str], *command: str, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """A one-off command (`migrate`, `split-states`, `purge`, or `serve` when it must
+    refuse) run to its end, with stdout and stderr apart: what it answers, what it logs."""
+    return subprocess.run(
+        [sys.executable, "-m", MODULE, *command],
+        env={**os.environ, **settings},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
 
 
 def in_memory(**settings: str) -> dict[str, str]:

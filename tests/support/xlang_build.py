@@ -23,7 +23,7 @@ from tests.support import paths
 ROOT = paths.REPO
 PROTOS = ROOT / "protos"
 CONTRACT = ["agentstate/state/v1/state_service.proto", "agentstate/agent/v1/agent_service.proto"]
-SERVICE_CONFIG = ROOT / "src" / "agentstate" / "service_config.json"
+SERVICE_CONFIG = ROOT / "client" / "src" / "agentstate" / "client" / "service_config.json"
 INSTALL = "scripts/install_xlang_toolchains.sh"
 JAVA_SHARE = Path("/usr/share/java")
 GOCODE = Path("/usr/share/gocode")

@@ -30,6 +30,7 @@ from pydantic import Field
 
 from agentstate.agent.v1 import agent_service_pb2 as pb
 from agentstate.agent.v1 import agent_service_pb2_grpc as pb_grpc
+from agentstate.agent_service.auth import NO_CREDENTIALS
 from agentstate.client.metadata import AUTHORIZATION_METADATA_KEY, USER_ID_METADATA_KEY
 from agentstate.common import error_details
 from agentstate.common.config import ConfigError, EnvSettings
@@ -83,10 +84,15 @@ class Renderer:
         self._open: int | None = None  # the MessageType being streamed
 
     def line(self, text: str) -> None:
+        self.end_line()
+        self.out.write(text + "\n")
+
+    def end_line(self) -> None:
+        """End a streamed message, so what is printed next (on stderr too) starts a line."""
         if self._open is not None:
             self.out.write("\n")
             self._open = None
-        self.out.write(text + "\n")
+        self.out.flush()
 
     def event(self, event: pb.TurnEvent) -> None:
         kind = event.WhichOneof("event")
@@ -124,18 +130,47 @@ class Renderer:
         self.out.flush()
 
 
+class Interrupted(Exception):
+    """Ctrl-C while a turn streamed. The turn goes on in the agent service (it is not
+    tied to the call); `meta` names it, once the stream has said which it is."""
+
+    def __init__(self, meta: pb.MetaEvent | None) -> None:
+        super().__init__("interrupted")
+        self.meta = meta
+
+    def explain(self) -> str:
+        if self.meta is None:
+            return (
+                "agentstate-cli: interrupted before the turn said which it is; it may go on "
+                "in the agent service (agentstate-cli conversations lists yours)"
+            )
+        return (
+            "agentstate-cli: interrupted; the turn goes on in the agent service.\n"
+            f"  stop it with: agentstate-cli stop {self.meta.task_id}\n"
+            f"  see it with:  agentstate-cli history {self.meta.conversation_id}"
+        )
+
+
 def run_turn(
     responses: Iterable[Any], renderer: Renderer
 ) -> tuple[pb.MetaEvent | None, pb.ConfirmEvent | None]:
-    """Render a Chat/Confirm stream; return its meta and its card, if any."""
+    """Render a Chat/Confirm stream; return its meta and its card, if any. Interrupted
+    on Ctrl-C (the call is cancelled; the turn is not)."""
     meta = card = None
-    for response in responses:
-        event = response.event
-        renderer.event(event)
-        if event.HasField("meta"):
-            meta = event.meta
-        if event.HasField("confirm"):
-            card = event.confirm
+    try:
+        for response in responses:
+            event = response.event
+            renderer.event(event)
+            if event.HasField("meta"):
+                meta = event.meta
+            if event.HasField("confirm"):
+                card = event.confirm
+    except KeyboardInterrupt:
+        cancel = getattr(responses, "cancel", None)
+        if callable(cancel):
+            cancel()
+        renderer.end_line()
+        raise Interrupted(meta) from None
     return meta, card
 
 
@@ -188,9 +223,16 @@ def answer_cards(
         )
 
 
-def stored_card(stub: Any, user_id: str, conversation_id: str, message_id: str) -> pb.ConfirmEvent:
+# How a card's record says it was answered (its metadata "card" status).
+_ANSWERS = {"approved": "approved", "denied": "declined", "expired": "expired unanswered"}
+
+
+def stored_card(
+    stub: Any, user_id: str, conversation_id: str, message_id: str
+) -> tuple[pb.ConfirmEvent, str]:
     """A card left open earlier, as its record keeps it (metadata "card"), shaped as the
-    confirm event a turn would have sent; only the message id when the record has none."""
+    confirm event a turn would have sent (only the message id when the record has none),
+    and how it was answered: "" while it is still open."""
     md = call_metadata(user_id)
     token = ""
     while True:
@@ -200,6 +242,12 @@ def stored_card(stub: Any, user_id: str, conversation_id: str, message_id: str) 
         for record in page.records:
             if record.message_id == message_id:
                 data = json.loads(record.metadata_json or b"{}").get("card") or {}
+                answer = ""
+                if data and record.status != pb.MESSAGE_STATUS_AWAITING_CONFIRM:
+                    status = str(data.get("status", ""))
+                    answer = _ANSWERS.get(status) or "closed ({})".format(
+                        pb.MessageStatus.Name(record.status).removeprefix("MESSAGE_STATUS_")
+                    )
                 event = pb.ConfirmEvent(message_id=message_id, title=str(data.get("title", "")))
                 for call in data.get("calls", []):
                     event.calls.add(
@@ -213,10 +261,10 @@ def stored_card(stub: Any, user_id: str, conversation_id: str, message_id: str) 
                     )
                 if data.get("expires_at"):
                     event.expire_time.FromJsonString(str(data["expires_at"]).replace("+00:00", "Z"))
-                return event
+                return event, answer
         token = page.next_page_token
         if not token:
-            return pb.ConfirmEvent(message_id=message_id)
+            return pb.ConfirmEvent(message_id=message_id), ""
 
 
 def print_history(records: Iterable[pb.MessageRecord], out: TextIO = sys.stdout) -> None:
@@ -245,6 +293,9 @@ def print_history(records: Iterable[pb.MessageRecord], out: TextIO = sys.stdout)
             out.write(f"   ✗ {error}\n")
 
 
+INTERRUPTED_EXIT = 130  # as a shell reports a command ended by Ctrl-C (128 + SIGINT)
+
+
 class LeftOpen(Exception):
     """The terminal closed before the card was answered: it stays open for later."""
 
@@ -257,10 +308,33 @@ def _ask(card: pb.ConfirmEvent) -> bool:
     return answer in {"y", "yes"}
 
 
+# What to do about a refused identity, in the CLI's terms (the service names metadata).
+_NO_TOKEN = "the agent service wants the end user's access token: set AGENTSTATE_TOKEN"
+_TOKEN_REFUSED = {
+    "TOKEN_EXPIRED": "the access token in AGENTSTATE_TOKEN has expired: set a new one",
+    "TOKEN_INVALID": (
+        "the access token in AGENTSTATE_TOKEN was refused: it is not a valid token for this "
+        "service; set one it accepts"
+    ),
+}
+
+
+def _identity_failure(reason: str, token_sent: bool) -> str | None:
+    """The CLI's words for a refused identity; None to keep the service's."""
+    if not token_sent and reason == NO_CREDENTIALS:
+        # It sent the bare user header, which only dev-header takes: a jwt service.
+        return _NO_TOKEN
+    return _TOKEN_REFUSED.get(reason) if token_sent else None
+
+
 def _failure(exc: grpc.RpcError, conversation: str) -> str:
     """The error line, with the command that answers an open card when that is the cause."""
-    text = f"agentstate-cli: {exc.code().name}: {exc.details()}"
     info = error_details.error_info(exc)
+    details = exc.details()
+    if exc.code() == grpc.StatusCode.UNAUTHENTICATED and info is not None:
+        token_sent = bool(CliSettings.from_env(os.environ).token.strip())
+        details = _identity_failure(info.reason, token_sent) or details
+    text = f"agentstate-cli: {exc.code().name}: {details}"
     if info is not None and info.metadata.get(error_details.AWAITING_MESSAGE_ID):
         card = info.metadata[error_details.AWAITING_MESSAGE_ID]
         conversation = conversation or "CONVERSATION_ID"
@@ -310,14 +384,22 @@ def main(argv: list[str] | None = None) -> int:
         def decide(card: pb.ConfirmEvent) -> bool:
             return True if args.approve else False if args.deny else _ask(card)
 
+        renderer = Renderer()
         try:
             if args.command == "chat":
-                converse(stub, args.user, args.question, args.conversation, decide, Renderer())
+                converse(stub, args.user, args.question, args.conversation, decide, renderer)
             elif args.command == "confirm":
-                renderer = Renderer()
                 card = pb.ConfirmEvent(message_id=args.message)
                 if not (args.approve or args.deny):  # show what is being decided
-                    card = stored_card(stub, args.user, args.conversation, args.message)
+                    card, answered = stored_card(stub, args.user, args.conversation, args.message)
+                    if answered:
+                        title = f" ({card.title})" if card.title else ""
+                        print(
+                            f"agentstate-cli: card {args.message}{title} was already answered: "
+                            f"{answered}; there is nothing to confirm",
+                            file=sys.stderr,
+                        )
+                        return 1
                     if card.calls:
                         renderer.event(pb.TurnEvent(confirm=card))
                 try:
@@ -344,8 +426,16 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 print(f"deleted (with {deleted.messages_deleted} message records)")
         except grpc.RpcError as exc:
+            renderer.end_line()
             print(_failure(exc, getattr(args, "conversation", "")), file=sys.stderr)
             return 1
+        except Interrupted as exc:
+            print(exc.explain(), file=sys.stderr)
+            return INTERRUPTED_EXIT
+        except KeyboardInterrupt:
+            renderer.end_line()
+            print("agentstate-cli: interrupted", file=sys.stderr)
+            return INTERRUPTED_EXIT
     return 0
 
 

@@ -8,6 +8,10 @@ model used with AGENT_MODEL=scripted, and open/close for the resources its
 tools use (a business system's database, say). A profile reads its own
 settings from the environment it is created with.
 
+A tool runs as `run(arguments, context)`: give any side effect it causes
+`context.idempotency_key`, which the runtime makes unique for this call of this
+conversation and the same for a retry of it (ToolContext, tools/registry.py).
+
 AGENT_PROFILE selects one at start-up:
 
 - empty (the default): no profile. No tools at all, and a scripted model that

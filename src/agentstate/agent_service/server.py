@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 from collections.abc import Sequence
 from typing import Any
 
 import grpc
+from grpc_health.v1 import health_pb2
 
 from agentstate.agent.v1 import agent_service_pb2 as pb
 from agentstate.agent.v1 import agent_service_pb2_grpc as pb_grpc
 from agentstate.agent_service.auth import build_authenticator
+from agentstate.agent_service.client_state_port import ClientStatePort
 from agentstate.agent_service.config import AgentServiceSettings
 from agentstate.agent_service.context.manager import ContextManager, ContextSettings
 from agentstate.agent_service.context.tokens import make_counter
@@ -21,11 +24,12 @@ from agentstate.agent_service.model.base import ChatModel
 from agentstate.agent_service.profile import Profile
 from agentstate.agent_service.runtime import LeaseSettings, RuntimeSettings, TurnRunner
 from agentstate.agent_service.servicer import AgentServicer
-from agentstate.agent_service.state_client import StateClient
+from agentstate.agent_service.state_health import LIVENESS_SERVICE, StateHealthWatch
 from agentstate.agent_service.tools.registry import Tool, ToolRegistry
 from agentstate.agent_service.tools.skills import load_skill_tool
 from agentstate.agent_service.turns import TurnRegistry
-from agentstate.common import service_config, telemetry
+from agentstate.client import service_config
+from agentstate.common import telemetry
 from agentstate.common.config import ConfigError
 from agentstate.common.grpc_server import (
     add_health_and_reflection,
@@ -34,10 +38,12 @@ from agentstate.common.grpc_server import (
     install_stop_signals,
     set_serving,
 )
+from agentstate.common.listen import check_listen_address
 
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["AgentService"].full_name
+LISTEN_SETTING = "AGENT_LISTEN_ADDRESS"
 # After the grace period, interrupted turns get this long to save before being cancelled.
 _INTERRUPT_SAVE_SECONDS = 5.0
 
@@ -83,7 +89,7 @@ def state_channel(address: str, max_message_bytes: int) -> grpc.aio.Channel:
             # recycled by STATE_GRPC_MAX_CONNECTION_AGE_SECONDS): at most every 2 s, not
             # gRPC's default 30 s, so new replicas are found soon after.
             ("grpc.dns_min_time_between_resolutions_ms", 2000),
-            # Reads are retried on UNAVAILABLE; round_robin (agentstate/service_config.json).
+            # Reads are retried on UNAVAILABLE; round_robin (agentstate/client/service_config.json).
             *service_config.channel_options(),
         ],
     )
@@ -108,16 +114,18 @@ class AgentServiceApp:
         self._channel: grpc.aio.Channel | None = None
         self._server: grpc.aio.Server | None = None
         self._health: Any = None
+        self._state_watch: asyncio.Task[None] | None = None
         self.runner: TurnRunner | None = None
 
     async def start(self) -> str:
         settings = self.settings
         profile = self.profile
         tools = build_tools(profile, self._extra_tools)  # a bad profile fails before any I/O
+        check_listen_address(settings.listen_address, LISTEN_SETTING)  # so does a port in use
         auth = build_authenticator(settings)  # so does incomplete authentication
         limit = settings.grpc_max_message_bytes
         self._channel = state_channel(settings.state_address, limit)
-        state = StateClient.on_channel(
+        state = ClientStatePort.on_channel(
             self._channel, timeout_seconds=settings.state_timeout_seconds
         )
         await profile.open()
@@ -159,10 +167,14 @@ class AgentServiceApp:
         )
         pb_grpc.add_AgentServiceServicer_to_server(AgentServicer(runner, state, auth), server)
         self._health = add_health_and_reflection(server, [SERVICE_NAME])
-        address = bind(server, settings.listen_address)
+        address = bind(server, settings.listen_address, LISTEN_SETTING)
         await server.start()
         self._server = server
-        await set_serving(self._health, [SERVICE_NAME])
+        await self._health.set(LIVENESS_SERVICE, health_pb2.HealthCheckResponse.SERVING)
+        # Readiness (overall and AgentService) follows the state service's health.
+        watch = StateHealthWatch(self._channel, settings.state_address, self._state_changed)
+        await watch.first(settings.state_timeout_seconds)
+        self._state_watch = asyncio.create_task(watch.run())
         log.info(
             "agent service listening on %s (state service %s, profile %s, model %s, auth %s)",
             address,
@@ -173,10 +185,17 @@ class AgentServiceApp:
         )
         return address
 
+    async def _state_changed(self, serving: bool) -> None:
+        await set_serving(self._health, [SERVICE_NAME], serving=serving)
+
     async def stop(self) -> None:
         """Stop taking turns; let running ones finish within the grace period;
         interrupt the rest (they save their state with shutdown_interrupted=true)."""
         self.registry.draining = True
+        if self._state_watch is not None:
+            self._state_watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._state_watch
         if self._health is not None:
             await self._health.enter_graceful_shutdown()
         tasks = [task for _, task in self.registry.running()]
@@ -202,13 +221,18 @@ class AgentServiceApp:
             await self.profile.close()
         if self._channel is not None:
             await self._channel.close(None)
-        log.info("agent service stopped")
+        if self._server is not None:  # not after a start that failed
+            log.info("agent service stopped")
 
 
 async def serve(settings: AgentServiceSettings, profile: Profile) -> None:
     stop = asyncio.Event()
     install_stop_signals(stop)
     app = AgentServiceApp(settings, profile)
-    await app.start()
+    try:
+        await app.start()
+    except BaseException:
+        await app.stop()  # whatever it had opened (the profile's resources, say)
+        raise
     await stop.wait()
     await app.stop()

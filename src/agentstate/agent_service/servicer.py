@@ -17,6 +17,7 @@ from agentstate.agent.v1 import agent_service_pb2 as pb
 from agentstate.agent.v1 import agent_service_pb2_grpc as pb_grpc
 from agentstate.agent_service import errors
 from agentstate.agent_service.auth import Authenticator
+from agentstate.agent_service.client_state_port import ClientStatePort
 from agentstate.agent_service.context.rag_history import (
     DEFAULT_TURNS,
     MAX_TURNS,
@@ -39,8 +40,7 @@ from agentstate.agent_service.events import (
     TurnEvent,
 )
 from agentstate.agent_service.runtime import TurnRunner
-from agentstate.agent_service.state_client import StateClient
-from agentstate.client.types import Conversation, MessageRecord, RecordRole, RecordStatus
+from agentstate.client.types import Conversation, MessageRecord, MessageRole, MessageStatus
 from agentstate.common import error_details
 from agentstate.state.v1 import state_service_pb2 as spb
 
@@ -164,13 +164,13 @@ def _grpc_errors(
     return wrapper
 
 
-_ROLES = {RecordRole.USER: pb.MESSAGE_ROLE_USER, RecordRole.ASSISTANT: pb.MESSAGE_ROLE_ASSISTANT}
+_ROLES = {MessageRole.USER: pb.MESSAGE_ROLE_USER, MessageRole.ASSISTANT: pb.MESSAGE_ROLE_ASSISTANT}
 _STATUSES = {
-    RecordStatus.NORMAL: pb.MESSAGE_STATUS_NORMAL,
-    RecordStatus.AWAITING_CONFIRM: pb.MESSAGE_STATUS_AWAITING_CONFIRM,
-    RecordStatus.INTERRUPTED: pb.MESSAGE_STATUS_INTERRUPTED,
-    RecordStatus.ERROR: pb.MESSAGE_STATUS_ERROR,
-    RecordStatus.STREAMING: pb.MESSAGE_STATUS_STREAMING,
+    MessageStatus.NORMAL: pb.MESSAGE_STATUS_NORMAL,
+    MessageStatus.AWAITING_CONFIRM: pb.MESSAGE_STATUS_AWAITING_CONFIRM,
+    MessageStatus.INTERRUPTED: pb.MESSAGE_STATUS_INTERRUPTED,
+    MessageStatus.ERROR: pb.MESSAGE_STATUS_ERROR,
+    MessageStatus.STREAMING: pb.MESSAGE_STATUS_STREAMING,
 }
 
 
@@ -204,9 +204,9 @@ def record_to_pb(record: MessageRecord) -> pb.MessageRecord:
 
 # The deprecated v1 fields that carry the state service's own types (agent_service.proto).
 _LEGACY_STATUSES = {
-    status: spb.MessageStatus.Value(f"MESSAGE_STATUS_{status.value}") for status in RecordStatus
+    status: spb.MessageStatus.Value(f"MESSAGE_STATUS_{status.value}") for status in MessageStatus
 }
-_LEGACY_ROLES = {role: spb.MessageRole.Value(f"MESSAGE_ROLE_{role.value}") for role in RecordRole}
+_LEGACY_ROLES = {role: spb.MessageRole.Value(f"MESSAGE_ROLE_{role.value}") for role in MessageRole}
 
 
 def legacy_conversation(conversation: Conversation, user_id: str) -> spb.Conversation:
@@ -234,7 +234,7 @@ def legacy_record(record: MessageRecord, user_id: str) -> spb.MessageRecord:
 
 
 class AgentServicer(pb_grpc.AgentServiceServicer):
-    def __init__(self, runner: TurnRunner, state: StateClient, auth: Authenticator) -> None:
+    def __init__(self, runner: TurnRunner, state: ClientStatePort, auth: Authenticator) -> None:
         self._runner = runner
         self._state = state
         self._auth = auth
@@ -389,15 +389,15 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
             )
             records.extend(page.items)
             token = page.next_page_token
-            users = sum(1 for r in records if r.role is RecordRole.USER)
+            users = sum(1 for r in records if r.role is MessageRole.USER)
             if not token or users > turns:
                 break
         history = rag_history(
             (
                 HistoryRecord(
-                    role="user" if r.role is RecordRole.USER else "assistant",
+                    role="user" if r.role is MessageRole.USER else "assistant",
                     blocks_json=r.blocks_json,
-                    complete=r.status not in (RecordStatus.STREAMING, RecordStatus.ERROR),
+                    complete=r.status not in (MessageStatus.STREAMING, MessageStatus.ERROR),
                 )
                 for r in reversed(records)
             ),

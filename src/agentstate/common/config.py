@@ -23,12 +23,11 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
+# One ConfigError for every settings class, the client's (which has no pydantic) included.
+from agentstate.client.settings import ConfigError as ConfigError
+
 # The settings reference's way of writing a setting without a default value.
 NO_DEFAULT = "—"
-
-
-class ConfigError(ValueError):
-    """A setting's environment variable holds a value that cannot be used."""
 
 
 def casefold_choice(value: object) -> object:
@@ -36,8 +35,17 @@ def casefold_choice(value: object) -> object:
     return value.lower() if isinstance(value, str) else value
 
 
+# Where data lives by default, named once; docs/running.md ("Embedded PostgreSQL") quotes it.
+DATA_DIR_RULE = (
+    "`/var/tmp/agentstate-$USER/`, where `$USER` is the `USER` environment variable or, "
+    "when it is unset or empty, the numeric user id (`/var/tmp/agentstate-0/` for root "
+    "in a container)"
+)
+
+
 def default_data_dir(name: str) -> str:
-    """A per-user directory that survives process restarts (and, in /var/tmp, reboots)."""
+    """`name` in the per-user directory of DATA_DIR_RULE: it survives process restarts
+    (and, in /var/tmp, reboots), and two users never share it."""
     user = os.environ.get("USER") or str(os.getuid())
     return os.path.join("/var/tmp", f"agentstate-{user}", name)
 

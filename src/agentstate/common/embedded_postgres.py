@@ -32,6 +32,24 @@ class EmbeddedPostgresError(RuntimeError):
 
 
 @dataclass(frozen=True)
+class RunningServer:
+    """A server already running in a data directory, as its postmaster.pid describes it."""
+
+    pid: int
+    dsn: str
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # it exists, as another user (the `postgres` user when we are root)
+    return True
+
+
+@dataclass(frozen=True)
 class _Binaries:
     bin_dir: Path
     run_as: str | None  # a system user to run the server as, or None for ourselves
@@ -84,6 +102,22 @@ class EmbeddedPostgres:
             raise EmbeddedPostgresError("the embedded server is not running")
         return self._dsn
 
+    def running(self) -> RunningServer | None:
+        """The server another process started in this data directory and that still
+        runs (a state service's), or None. Its postmaster.pid names its socket."""
+        try:
+            lines = (self.data_dir / "postmaster.pid").read_text().splitlines()
+            pid, port, socket_dir = int(lines[0]), int(lines[3]), lines[4].strip()
+        except (OSError, ValueError, IndexError):
+            return None
+        if not socket_dir or not _alive(pid):
+            return None  # a stale file: the server is gone
+        if not Path(socket_dir, f".s.PGSQL.{port}").exists():
+            return None  # the pid was reused by another process
+        return RunningServer(
+            pid, f"host={socket_dir} port={port} user={_SUPERUSER} dbname=postgres"
+        )
+
     def start(self) -> str:
         """Start the server and return a libpq connection string for it."""
         binaries = None if self.engine == "pgserver" else _choose_binaries()
@@ -92,7 +126,25 @@ class EmbeddedPostgres:
                 raise EmbeddedPostgresError("no PostgreSQL server binaries (pg_ctl, initdb) found")
             self._dsn = self._start_pgserver()
             return self._dsn
+        other = self.running()
+        if other is not None:
+            # pg_ctl would refuse too, after a page of its log; say what to do instead.
+            raise EmbeddedPostgresError(
+                f"the embedded PostgreSQL in {self.data_dir} is already running (server pid "
+                f"{other.pid}), started by another state service: stop that service, or give "
+                "this one its own STATE_EMBEDDED_PG_DIR, or set STATE_STORE=postgres with "
+                "DATABASE_URL"
+            )
         self._binaries = binaries
+        try:
+            return self._start_system()
+        except BaseException:
+            self._remove_socket_dir()  # a failed start leaves nothing behind
+            raise
+
+    def _start_system(self) -> str:
+        assert self._binaries is not None
+        binaries = self._binaries
         self.data_dir.parent.mkdir(parents=True, exist_ok=True)
         self.data_dir.mkdir(mode=0o700, exist_ok=True)
         # A short path: unix socket paths are limited to about 107 bytes. A restart
@@ -147,9 +199,12 @@ class EmbeddedPostgres:
             self._pgserver = None
         elif self._binaries is not None and (self.data_dir / "postmaster.pid").exists():
             self._run("pg_ctl", "-D", str(self.data_dir), "-m", "fast", "-w", "stop")
+        self._remove_socket_dir()
+        self._dsn = None
+
+    def _remove_socket_dir(self) -> None:
         if self._socket_dir is not None:
             shutil.rmtree(self._socket_dir, ignore_errors=True)
-        self._dsn = None
 
     def __enter__(self) -> EmbeddedPostgres:
         self.start()

@@ -8,7 +8,8 @@ library's status helpers (Java StatusProto.fromThrowable, Go status.Convert(err)
 Python rpc_status.from_call) instead of parsing the message. The older trailers
 (`agentstate-current-version`, `agentstate-missing`) are still sent beside it.
 
-This module is the generic mechanism only (common imports neither service): each service
+This module is the generic mechanism only (common imports neither service; the callers' half,
+reading an ErrorInfo, is agentstate.client.error_details): each service
 maps its own errors to reasons and metadata (state_service/error_reasons.py,
 agent_service/error_reasons.py), and agentstate.client turns them back into exceptions.
 Statuses made by the gRPC library itself (deadline, cancellation, message too large,
@@ -19,23 +20,42 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, NoReturn, cast
+from typing import Any, NoReturn
 
 import grpc
 from google.protobuf import any_pb2
 from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
-DOMAIN = "agentstate.io"
+# The domain, the metadata keys and the decoding are the callers' half, in the client
+# distribution; re-exported here for the servers.
+from agentstate.client.error_details import (
+    AWAITING_MESSAGE_ID,
+    CURRENT_CHECKPOINT_ID,
+    CURRENT_VERSION,
+    DOMAIN,
+    EXPECTED_CHECKPOINT_ID,
+    EXPECTED_VERSION,
+    HOLDER,
+    MISSING,
+    error_info,
+)
 
-# ErrorInfo.metadata keys
-CURRENT_VERSION = "current_version"  # ABORTED: the stored version ("0": no state)
-EXPECTED_VERSION = "expected_version"  # ABORTED: the version the caller expected
-MISSING = "missing"  # NOT_FOUND: "conversation", "state", "message" or "task"
-AWAITING_MESSAGE_ID = "awaiting_message_id"  # CARD_PENDING: the open card's record id
-CURRENT_CHECKPOINT_ID = "current_checkpoint_id"  # CHECKPOINT_CONFLICT: the head ("": none)
-EXPECTED_CHECKPOINT_ID = "expected_checkpoint_id"  # CHECKPOINT_CONFLICT: the caller's
-HOLDER = "holder"  # LEASE_HELD: the replica running the turn (for operators)
+__all__ = [
+    "AWAITING_MESSAGE_ID",
+    "CURRENT_CHECKPOINT_ID",
+    "CURRENT_VERSION",
+    "DOMAIN",
+    "EXPECTED_CHECKPOINT_ID",
+    "EXPECTED_VERSION",
+    "HOLDER",
+    "MISSING",
+    "ErrorDetail",
+    "abort",
+    "error_info",
+    "nearest_reason",
+    "rich_status",
+]
 
 
 @dataclass(frozen=True)
@@ -77,20 +97,3 @@ async def abort(
         status.code, status.details, trailing_metadata=(*trailers, *status.trailing_metadata)
     )
     raise AssertionError("unreachable: abort raises")
-
-
-def error_info(error: grpc.RpcError) -> error_details_pb2.ErrorInfo | None:
-    """The agentstate ErrorInfo of a failed call (client side), or None without one."""
-    # Failed calls are both RpcError and Call (sync) or AioRpcError, which has the same
-    # code/details/trailing_metadata methods that from_call reads.
-    try:
-        status = rpc_status.from_call(cast(grpc.Call, error))
-    except ValueError:  # details that do not match the call's status: not ours
-        return None
-    if status is None:
-        return None
-    for packed in status.details:
-        info = error_details_pb2.ErrorInfo()
-        if packed.Unpack(info) and info.domain == DOMAIN:
-            return info
-    return None

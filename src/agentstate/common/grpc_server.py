@@ -11,6 +11,7 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from agentstate.common.listen import cannot_listen
 from agentstate.common.reflection import enable_documented_reflection
 from agentstate.common.request_decoding import DecodeErrorsAsInvalidArgument
 
@@ -47,13 +48,17 @@ def create_server(
     )
 
 
-def bind(server: grpc.aio.Server, address: str) -> str:
-    """Listen on host:port (port 0 picks a free one) or unix:///path; return the real address."""
-    port = server.add_insecure_port(address)
+def bind(server: grpc.aio.Server, address: str, setting: str = "") -> str:
+    """Listen on host:port (port 0 picks a free one) or unix:///path; return the real address.
+    ConfigError naming `setting` (the variable that holds the address) when it cannot."""
+    try:
+        port = server.add_insecure_port(address)
+    except RuntimeError:  # "Failed to bind": gRPC does not say why (its log line does)
+        raise cannot_listen(address, setting, "gRPC could not bind it") from None
     if address.startswith("unix:"):
         return address
     if port == 0:
-        raise OSError(f"could not listen on {address}")
+        raise cannot_listen(address, setting, "gRPC could not bind it")
     host = address.rsplit(":", 1)[0]
     return f"{host}:{port}"
 

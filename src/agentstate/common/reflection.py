@@ -3,7 +3,7 @@
 grpcio-reflection answers with descriptors copied from the Python descriptor pool, and the
 generated Python code carries no source info, so `grpcurl describe` would show the contract
 without a word of its documentation. This servicer resolves names in the same pool, but for
-the files in agentstate/descriptors.binpb (written by scripts/gen_protos.py from the same
+the files in agentstate/common/descriptors.binpb (written by scripts/gen_protos.py from the same
 .proto files with --include_source_info, committed and checked for staleness) it sends those
 descriptors instead: the same definitions, plus their comments.
 """
@@ -27,7 +27,7 @@ SERVICE_NAME: str = reflection_pb2.DESCRIPTOR.services_by_name["ServerReflection
 @cache
 def documented_files() -> dict[str, bytes]:
     """File name -> serialized FileDescriptorProto with source info, from the package."""
-    data = resources.files("agentstate").joinpath(DESCRIPTOR_SET).read_bytes()
+    data = resources.files("agentstate.common").joinpath(DESCRIPTOR_SET).read_bytes()
     files = descriptor_pb2.FileDescriptorSet.FromString(data).file
     return {f.name: f.SerializeToString() for f in files}
 

@@ -9,6 +9,7 @@ servicer sees anything.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -84,8 +85,18 @@ class DecodeErrorsAsInvalidArgument(grpc.aio.ServerInterceptor):  # type: ignore
                 async for response in streaming(request, context):
                     yield response
 
+            async def unary_stream_by_writes(
+                request: Any, context: grpc.aio.ServicerContext[Any, Any]
+            ) -> None:
+                if isinstance(request, _Undecodable):
+                    await _refuse(context, method, request.reason)
+                await streaming(request, context)
+
+            # A handler may stream by yielding or, like grpc.health's Watch, by
+            # context.write(): each needs a wrapper of its own kind.
+            by_writes = inspect.iscoroutinefunction(streaming)
             return grpc.unary_stream_rpc_method_handler(
-                unary_stream,
+                unary_stream_by_writes if by_writes else unary_stream,
                 request_deserializer=decode,
                 response_serializer=handler.response_serializer,
             )

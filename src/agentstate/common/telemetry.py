@@ -115,17 +115,20 @@ def meter(name: str) -> metrics.Meter:
 def grpc_server_interceptors() -> list[Any]:
     if not tracing_enabled():
         return []
-    from opentelemetry.instrumentation.grpc import aio_server_interceptor
+    from opentelemetry.instrumentation.grpc import aio_server_interceptor, filters
 
-    return [aio_server_interceptor()]
+    # Not grpc.health: a probe every few seconds is no trace worth keeping, and the
+    # interceptor cannot wrap Watch (a handler that streams by context.write()).
+    return [aio_server_interceptor(filter_=filters.negate(filters.health_check()))]
 
 
 def grpc_client_interceptors() -> list[Any]:
     if not tracing_enabled():
         return []
-    from opentelemetry.instrumentation.grpc import aio_client_interceptors
+    from opentelemetry.instrumentation.grpc import aio_client_interceptors, filters
 
-    return list(aio_client_interceptors())
+    # Not grpc.health (the agent's watch on its state service): no span per check.
+    return list(aio_client_interceptors(filter_=filters.negate(filters.health_check())))
 
 
 def instrument_psycopg_connection(connection: Any) -> None:
@@ -153,7 +156,9 @@ class LoggingSettings(EnvSettings):
     level: LogLevel = Field(
         default="INFO",
         validation_alias="AGENTSTATE_LOG_LEVEL",
-        description="DEBUG, INFO, WARNING, ERROR or CRITICAL",
+        description=(
+            "DEBUG, INFO, WARNING, ERROR or CRITICAL; unset, the admin commands log at WARNING"
+        ),
     )
 
 
@@ -183,9 +188,19 @@ class JsonLogFormatter(JsonFormatter):
             log_data["span_id"] = format(context.span_id, "016x")
 
 
-def configure_logging(service: str, env: Mapping[str, str] | None = None) -> None:
-    """Log to stderr as AGENTSTATE_LOG_FORMAT and AGENTSTATE_LOG_LEVEL say (ConfigError if bad)."""
+# The level of a one-shot command (an admin command) when AGENTSTATE_LOG_LEVEL
+# is not set: what it prints is its answer, and INFO diagnostics would bury it.
+QUIET_LEVEL = "WARNING"
+
+
+def configure_logging(
+    service: str, env: Mapping[str, str] | None = None, *, quiet: bool = False
+) -> None:
+    """Log to stderr as AGENTSTATE_LOG_FORMAT and AGENTSTATE_LOG_LEVEL say (ConfigError if bad).
+    `quiet`: a one-shot command, which logs at QUIET_LEVEL unless the level is set."""
     settings = LoggingSettings.from_env(env)
+    if quiet and "level" not in settings.model_fields_set:
+        settings = settings.model_copy(update={"level": QUIET_LEVEL})
     handler = logging.StreamHandler(sys.stderr)
     if settings.format == "text":
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))

@@ -18,8 +18,11 @@ import uvicorn
 
 from agentstate.common import telemetry
 from agentstate.common.config import ConfigError
+from agentstate.common.listen import cannot_listen, reason_of
 from agentstate.console.app import create_app
 from agentstate.console.config import ConsoleSettings
+
+LISTEN_SETTING = "CONSOLE_LISTEN_ADDRESS"
 
 
 class _Server(uvicorn.Server):
@@ -43,7 +46,11 @@ async def serve(settings: ConsoleSettings) -> None:
     # Bound here, so port 0 works and the address is known before the first request.
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise cannot_listen(settings.listen_address, LISTEN_SETTING, reason_of(exc)) from None
     # Listening already: a request sent as soon as the address is printed waits in the
     # backlog until uvicorn accepts, instead of being refused.
     sock.listen(128)
@@ -71,7 +78,11 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, ValueError) as exc:
         print(f"agentstate-console: {exc}", file=sys.stderr)
         return 2
-    asyncio.run(serve(settings))
+    try:
+        asyncio.run(serve(settings))
+    except ConfigError as exc:  # its address cannot be bound
+        print(f"agentstate-console: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

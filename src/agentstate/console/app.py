@@ -29,7 +29,7 @@ from agentstate.agent.v1 import agent_service_pb2 as pb
 from agentstate.agent.v1 import agent_service_pb2_grpc as pb_grpc
 from agentstate.client import StateError
 from agentstate.client.metadata import PROXY_SECRET_METADATA_KEY, USER_ID_METADATA_KEY
-from agentstate.common.service_config import channel_options
+from agentstate.client.service_config import channel_options
 from agentstate.console.config import ConsoleSettings
 from agentstate.console.present import event_view, record_view
 from agentstate.console.state_reads import StateReader

@@ -30,14 +30,23 @@ from agentstate.state_service.storage.postgres import PostgresStore
 async def _with_store(
     settings: StateServiceSettings, work: Callable[[PostgresStore], Awaitable[None]]
 ) -> None:
-    """Open the configured PostgreSQL (STATE_STORE postgres or embedded), run `work`."""
+    """Open the configured PostgreSQL (STATE_STORE postgres or embedded), run `work`.
+
+    On the embedded store: the server a running state service started in the data
+    directory, if there is one (the commands are safe online), else one of our own,
+    stopped again when the work is done."""
     if settings.store == "memory":
         raise ConfigError("STATE_STORE=memory has no database to migrate or purge")
     embedded = None
     dsn = settings.database_url
     if settings.store == "embedded":
-        embedded = EmbeddedPostgres(settings.embedded_pg_dir, settings.embedded_pg_engine)
-        dsn = embedded.start()
+        candidate = EmbeddedPostgres(settings.embedded_pg_dir, settings.embedded_pg_engine)
+        running = candidate.running()
+        if running is not None:
+            dsn = running.dsn
+        else:
+            embedded = candidate
+            dsn = embedded.start()
     store = postgres_store(settings, dsn, min_size=1, max_size=1, migrate=True)
     try:
         await open_store(store)
@@ -75,7 +84,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "purge" and (args.older_than_days is None or args.older_than_days <= 0):
         parser.error("purge needs --older-than-days with a positive number")
     try:
-        telemetry.configure_logging("agentstate-state")
+        # An admin command's output is its answer: its diagnostics only when asked for.
+        admin = args.command != "serve"
+        telemetry.configure_logging("agentstate-state", quiet=admin)
         settings = StateServiceSettings.from_env()
         telemetry.configure_from_env("agentstate-state")
         if args.command == "migrate":

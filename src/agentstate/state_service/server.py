@@ -20,6 +20,7 @@ from agentstate.common.grpc_server import (
     install_stop_signals,
     set_serving,
 )
+from agentstate.common.listen import check_listen_address
 from agentstate.common.pg_pool import WatchSettings
 from agentstate.common.state_metrics import PURGED
 from agentstate.state.v1 import state_service_pb2 as pb
@@ -35,6 +36,7 @@ from agentstate.state_service.storage.postgres import MisconfiguredStore, Postgr
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["StateService"].full_name
+LISTEN_SETTING = "STATE_LISTEN_ADDRESS"
 
 
 class StateServiceApp:
@@ -49,6 +51,8 @@ class StateServiceApp:
         self._sweeper: asyncio.Task[None] | None = None
 
     async def start(self) -> str:
+        # A port in use is reported before a database is started for nothing.
+        check_listen_address(self.settings.listen_address, LISTEN_SETTING)
         self.store = await self._open_store()
         server = create_server(
             max_message_bytes=self.settings.grpc_max_message_bytes,
@@ -59,7 +63,7 @@ class StateServiceApp:
             StateServicer(self.store, max_payload_bytes=self.settings.max_payload_bytes), server
         )
         self._health = add_health_and_reflection(server, [SERVICE_NAME])
-        address = bind(server, self.settings.listen_address)
+        address = bind(server, self.settings.listen_address, LISTEN_SETTING)
         await server.start()
         self._server = server
         await set_serving(self._health, [SERVICE_NAME])
@@ -100,7 +104,8 @@ class StateServiceApp:
             await self.store.close()
         if self._embedded is not None:
             await asyncio.to_thread(self._embedded.stop)
-        log.info("state service stopped")
+        if self._server is not None:  # not after a start that failed
+            log.info("state service stopped")
 
     async def _open_store(self) -> StateStore:
         settings = self.settings
@@ -172,7 +177,11 @@ async def serve(settings: StateServiceSettings) -> None:
     stop = asyncio.Event()
     install_stop_signals(stop)
     app = StateServiceApp(settings)
-    await app.start()
+    try:
+        await app.start()
+    except BaseException:
+        await app.stop()  # whatever it had started (the embedded PostgreSQL, say)
+        raise
     await stop.wait()
     await app.stop()
 

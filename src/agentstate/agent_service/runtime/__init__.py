@@ -6,7 +6,7 @@
 - cards.py: confirmation cards, settled exactly once;
 - loop.py: the ReAct loop (model steps, tool calls, showing a card);
 - persistence.py: saving a turn (and failing cleanly);
-- port.py: what the runtime needs of session state (StateClient implements it);
+- port.py: what the runtime needs of session state (ClientStatePort implements it);
 - texts.py: every word the runtime says.
 
 No gRPC, no SQL, no protobuf here.

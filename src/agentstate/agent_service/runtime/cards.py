@@ -25,7 +25,7 @@ from agentstate.agent_service.agent_state import (
     ToolUseBlock,
 )
 from agentstate.agent_service.runtime import outcomes, texts
-from agentstate.client.types import RecordStatus, RecordUpdate, RecordWrite
+from agentstate.client.types import MessageStatus, MessageUpdate, MessageWrite
 
 log = logging.getLogger(__name__)
 
@@ -140,7 +140,7 @@ def now() -> datetime:
     return datetime.now(UTC)
 
 
-def settle_expired(state: AgentState, waiting: WaitingCalls) -> list[RecordWrite]:
+def settle_expired(state: AgentState, waiting: WaitingCalls) -> list[MessageWrite]:
     """Answer every pending call of an expired card as not executed; the record
     write that marks its card expired (none when it has no card of ours)."""
     for call in waiting.calls:
@@ -159,17 +159,17 @@ def settle_expired(state: AgentState, waiting: WaitingCalls) -> list[RecordWrite
     return [answered(waiting.card.settled(CardStatus.EXPIRED), state, waiting.message)]
 
 
-def answered(card: Card, state: AgentState, message: Msg) -> RecordUpdate:
+def answered(card: Card, state: AgentState, message: Msg) -> MessageUpdate:
     """The card's record, settled: only if it still awaits confirmation, so two
     answers cannot both land. Its blocks are written again, so that each call on it
     shows its outcome (`message` holds the card; its calls' results are in `state`)."""
     blocks = outcomes.card_turn_blocks(state.context, message)
-    return RecordUpdate(
+    return MessageUpdate(
         message_id=card.record_id,
-        status=RecordStatus.NORMAL,
+        status=MessageStatus.NORMAL,
         blocks=outcomes.record_blocks(blocks, outcomes.results_of(state.context)),
         metadata={"card": card.to_json()},
-        expected_status=RecordStatus.AWAITING_CONFIRM,
+        expected_status=MessageStatus.AWAITING_CONFIRM,
     )
 
 

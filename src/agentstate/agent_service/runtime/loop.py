@@ -7,6 +7,7 @@ never reaches the state service (the runner saves what it did).
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Sequence
 from datetime import timedelta
 
@@ -53,6 +54,7 @@ from agentstate.agent_service.tools.registry import (
     ToolContext,
     ToolRegistry,
     check_arguments,
+    idempotency_key_of,
 )
 from agentstate.agent_service.tools.skills import active_skills
 from agentstate.agent_service.turns import TurnControl
@@ -91,9 +93,9 @@ class ReactLoop:
     ) -> None:
         """Answer the card's pending calls: run the approved ones, deny the rest."""
         approved = cards.approvals(decision)
-        for _, call in state.pending_calls():
+        for message, call in state.pending_calls():
             if approved.get(call.id):
-                result = await self._run_tool(control, call, emit)
+                result = await self._run_tool(control, message, call, emit)
             else:
                 result = cards.denied(call)
                 await emit(ToolStatus(call.id, call.name, CallStatus.DENIED, call.input))
@@ -121,7 +123,7 @@ class ReactLoop:
                     call.state = ToolUseState.ASKING
                     continue
                 call.state = ToolUseState.ALLOWED
-                results.append(await self._run_tool(control, call, emit, active))
+                results.append(await self._run_tool(control, assistant, call, emit, active))
             # The assistant message and its results enter the context together,
             # so a stop between steps never leaves a half-finished cycle.
             state.context.append(assistant)
@@ -225,8 +227,10 @@ class ReactLoop:
             content.append(ThinkingBlock("".join(thinking)))
         if text:
             content.append(TextBlock("".join(text)))
+        taken = _call_ids(state.context)
         for call in calls:
-            content.append(ToolUseBlock(call.id, call.name, dict(call.arguments)))
+            call_id = _unique_call_id(call.id, taken)
+            content.append(ToolUseBlock(call_id, call.name, dict(call.arguments)))
         for block in content:
             record.add(block)
         return Msg(role=Role.ASSISTANT, content=content, usage=usage)
@@ -234,21 +238,30 @@ class ReactLoop:
     async def _run_tool(
         self,
         control: TurnControl,
+        message: Msg,
         call: ToolUseBlock,
         emit: Emit,
         active: set[str] | None = None,
     ) -> ToolResultBlock:
-        """Run one call. `active`: the skills in context, when offering matters (a
-        call the user approved on a card runs even if its handbook was compacted since)."""
+        """Run one call of the assistant `message`. `active`: the skills in context, when
+        offering matters (a call the user approved on a card runs even if its handbook
+        was compacted since)."""
+        position = next(i for i, block in enumerate(message.content) if block is call)
+        context = ToolContext(
+            user_id=control.user_id,
+            conversation_id=control.conversation_id,
+            call_id=call.id,
+            idempotency_key=idempotency_key_of(control.conversation_id, message.id, position),
+        )
         with tracer().start_as_current_span("tool.call") as span:
             span.set_attributes({"gen_ai.tool.name": call.name, "gen_ai.tool.call.id": call.id})
-            result = await self._run_tool_traced(control, call, emit, active)
+            result = await self._run_tool_traced(context, call, emit, active)
             span.set_attribute("agentstate.tool.outcome", result.state.value)
             return result
 
     async def _run_tool_traced(
         self,
-        control: TurnControl,
+        context: ToolContext,
         call: ToolUseBlock,
         emit: Emit,
         active: set[str] | None,
@@ -262,9 +275,7 @@ class ReactLoop:
         else:
             try:
                 arguments = check_arguments(tool.spec, call.input)
-                output = await tool.run(
-                    arguments, ToolContext(control.user_id, control.conversation_id, call.id)
-                )
+                output = await tool.run(arguments, context)
                 text, ok = output.text, output.ok
             except ArgumentError as exc:
                 text, ok = texts.BAD_ARGUMENTS.format(error=exc), False
@@ -318,3 +329,23 @@ class ReactLoop:
         )
         assistant.metadata[cards.CARD_METADATA_KEY] = card.to_json()
         return CardShown(record.record_id, title, calls, card.expires_at, card.to_json())
+
+
+def _call_ids(context: Sequence[Msg]) -> set[str]:
+    """The call ids the conversation's context already uses (calls and results)."""
+    return {
+        block.id
+        for msg in context
+        for block in msg.content
+        if isinstance(block, ToolUseBlock | ToolResultBlock)
+    }
+
+
+def _unique_call_id(call_id: str, taken: set[str]) -> str:
+    """The provider's call id, unless the conversation already uses it: some providers
+    repeat ids across responses, and a call is pending only while no result carries its
+    id, so the stored ids must be unique in the conversation. Adds the id it returns."""
+    if call_id in taken:
+        call_id = f"call_{uuid.uuid4().hex}"
+    taken.add(call_id)
+    return call_id

@@ -30,7 +30,7 @@ from agentstate.agent_service.runtime.deltas import (
 )
 from agentstate.agent_service.runtime.port import StatePort
 from agentstate.agent_service.turns import TurnControl
-from agentstate.client.types import CompactionNote, RecordStatus, RecordUpdate, RecordWrite
+from agentstate.client.types import CompactionNote, MessageStatus, MessageUpdate, MessageWrite
 
 log = logging.getLogger(__name__)
 
@@ -75,9 +75,9 @@ class TurnSaver:
         state: AgentState,
         version: int,
         record: TurnRecord,
-        writes: list[RecordWrite],
+        writes: list[MessageWrite],
         *,
-        status: RecordStatus = RecordStatus.NORMAL,
+        status: MessageStatus = MessageStatus.NORMAL,
         metadata: dict[str, Any] | None = None,
         emit: Emit | None = None,
         baseline: Baseline | None = None,
@@ -88,7 +88,7 @@ class TurnSaver:
         before the turn."""
         writes = [
             *writes,
-            RecordUpdate(
+            MessageUpdate(
                 message_id=record.record_id,
                 status=status,
                 blocks=record.to_json(state),
@@ -152,9 +152,9 @@ class TurnSaver:
             await self._state.update_message(
                 control.user_id,
                 control.conversation_id,
-                RecordUpdate(
+                MessageUpdate(
                     message_id=record.record_id,
-                    status=RecordStatus.ERROR,
+                    status=MessageStatus.ERROR,
                     blocks=record.to_json(),
                     metadata={ERROR_METADATA_KEY: error},
                 ),

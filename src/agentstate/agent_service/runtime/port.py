@@ -1,6 +1,6 @@
 """The runtime's port to session state: what a turn needs, in the runtime's own types.
 
-StateClient (agent_service/state_client.py) implements it over gRPC and is the one
+ClientStatePort (agent_service/client_state_port.py) implements it over gRPC and is the one
 place that speaks the StateService contract; tests and other deployments may plug
 in anything with these methods.
 """
@@ -15,8 +15,8 @@ from agentstate.client.types import (
     CompactionNote,
     LeaseInfo,
     MessageRecord,
-    RecordUpdate,
-    RecordWrite,
+    MessageUpdate,
+    MessageWrite,
     StateChange,
     TurnRequest,
 )
@@ -38,7 +38,7 @@ class StatePort(Protocol):
         payload: bytes | None,
         message_count: int,
         expected_version: int,
-        writes: Sequence[RecordWrite] = (),
+        writes: Sequence[MessageWrite] = (),
         compactions: Sequence[CompactionNote] = (),
         change: StateChange | None = None,
     ) -> EndedTurn:
@@ -52,7 +52,7 @@ class StatePort(Protocol):
         ...
 
     async def update_message(
-        self, user_id: str, conversation_id: str, update: RecordUpdate
+        self, user_id: str, conversation_id: str, update: MessageUpdate
     ) -> None: ...
 
     async def get_message(

@@ -57,12 +57,12 @@ from agentstate.agent_service.telemetry import CONFIRMATIONS, RUNNING_TURNS, use
 from agentstate.agent_service.tools.registry import ToolRegistry
 from agentstate.agent_service.turns import TurnControl, TurnRegistry, TurnStopped
 from agentstate.client.types import (
-    NewRecord,
+    MessageRole,
+    MessageStatus,
+    MessageWrite,
+    NewMessage,
     NoOpenCard,
     OpenCard,
-    RecordRole,
-    RecordStatus,
-    RecordWrite,
     TurnRequest,
 )
 from agentstate.common.telemetry import tracer
@@ -216,8 +216,8 @@ class TurnRunner:
             cached_version=held.baseline.version if held else None,
             title=" ".join(question.split())[:40],
             new_records=(
-                NewRecord(RecordRole.USER, blocks=[TextBlock(question).to_json()]),
-                NewRecord(RecordRole.ASSISTANT, status=RecordStatus.STREAMING),
+                NewMessage(MessageRole.USER, blocks=[TextBlock(question).to_json()]),
+                NewMessage(MessageRole.ASSISTANT, status=MessageStatus.STREAMING),
             ),
             guard=NoOpenCard(),
         )
@@ -234,7 +234,7 @@ class TurnRunner:
             state = loaded or AgentState(session_id=conversation_id, user_id=user_id)
             state_changed = state.shutdown_interrupted
             hints = self._recover_interrupted(state, control)
-            writes: list[RecordWrite] = []
+            writes: list[MessageWrite] = []
             waiting = cards.waiting_calls(state)
             if waiting is not None:
                 if not waiting.expired(cards.now()):  # the record and the state disagree
@@ -310,7 +310,7 @@ class TurnRunner:
             user_id,
             conversation_id,
             cached_version=held.baseline.version if held else None,
-            new_records=(NewRecord(RecordRole.ASSISTANT, status=RecordStatus.STREAMING),),
+            new_records=(NewMessage(MessageRole.ASSISTANT, status=MessageStatus.STREAMING),),
             guard=OpenCard(message_id),
         )
         async with contextlib.AsyncExitStack() as stack:
@@ -407,7 +407,7 @@ class TurnRunner:
         state: AgentState,
         version: int,
         record: TurnRecord,
-        writes: list[RecordWrite],
+        writes: list[MessageWrite],
         emit: Emit,
         *,
         decision: Msg | None = None,
@@ -422,7 +422,7 @@ class TurnRunner:
         before any step finished, the question is taken back out and the state stays
         as it was before the turn (docs/architecture.md, "What a turn leaves behind")."""
         outcome: Outcome
-        status = RecordStatus.NORMAL
+        status = MessageStatus.NORMAL
         metadata: dict[str, Any] = {}
         failure: errors.AgentError | None = None
         try:
@@ -430,7 +430,7 @@ class TurnRunner:
                 await self.loop.answer_card(control, state, decision, record, emit)
             outcome = await self.loop.run(control, state, record, emit)
             if isinstance(outcome, CardShown):
-                status = RecordStatus.AWAITING_CONFIRM
+                status = MessageStatus.AWAITING_CONFIRM
                 metadata = {"card": outcome.card}
         except (TurnStopped, asyncio.CancelledError) as exc:
             reason = control.stop_reason or texts.INTERRUPTED
@@ -438,12 +438,12 @@ class TurnRunner:
                 control.request_stop(texts.SHUTTING_DOWN, shutdown=True)
                 reason = control.stop_reason or reason
             state.shutdown_interrupted = control.shutdown
-            status = RecordStatus.INTERRUPTED
+            status = MessageStatus.INTERRUPTED
             outcome = Cancelled(record.record_id, reason)
         except ModelError as exc:
             failure = self._model_failed(control, state, exc)
             shown = _model_failure_text(exc)
-            status = RecordStatus.ERROR
+            status = MessageStatus.ERROR
             metadata = {ERROR_METADATA_KEY: shown}
             outcome = Cancelled(record.record_id, str(failure))
             if question is not None and state.context and state.context[-1] is question[0]:

@@ -26,9 +26,28 @@ class Permission(enum.StrEnum):
 
 @dataclass(frozen=True)
 class ToolContext:
+    """What a tool is told about the call it runs.
+
+    `idempotency_key` is the key to give any side effect (a cancellation, a payment):
+    the runtime derives it from what the service owns, the conversation, the stored
+    assistant message holding the call and the call's position in it
+    (`idempotency_key_of`), never from the model provider's call id, which some
+    providers repeat across responses. A retry of the same stored call (a Confirm
+    answered again after a crash or a shutdown cut the call off) gets the same key and
+    so replays; every other call gets a key of its own. `call_id` is the id the call is
+    stored and shown under, for logs and messages only.
+    """
+
     user_id: str
     conversation_id: str
-    call_id: str  # also the idempotency key of side effects
+    call_id: str
+    idempotency_key: str
+
+
+def idempotency_key_of(conversation_id: str, message_id: str, position: int) -> str:
+    """The key of the tool_use block at `position` in the stored assistant message
+    `message_id` of conversation `conversation_id` (see ToolContext)."""
+    return f"{conversation_id}:{message_id}:{position}"
 
 
 @dataclass(frozen=True)

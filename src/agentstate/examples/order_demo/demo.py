@@ -25,7 +25,15 @@ import grpc
 
 from agentstate.agent.v1 import agent_service_pb2_grpc as pb_grpc
 from agentstate.agent_service.agent_state import AgentState
-from agentstate.agent_service.cli import Renderer, converse, print_history
+from agentstate.agent_service.cli import (
+    INTERRUPTED_EXIT,
+    Interrupted,
+    Renderer,
+    converse,
+    print_history,
+)
+from agentstate.common.config import ConfigError
+from agentstate.common.listen import check_listen_address
 from agentstate.dev.processes import ServiceProcess
 from agentstate.state.v1 import state_service_pb2 as spb
 from agentstate.state.v1 import state_service_pb2_grpc as spb_grpc
@@ -63,6 +71,12 @@ def main(argv: list[str] | None = None) -> int:
         help="host:port of the console with --web (port 0 picks one)",
     )
     args = parser.parse_args(argv)
+    if args.web:
+        try:  # before anything starts: a port in use is one line, not three services' logs
+            check_listen_address(args.web_address, "--web-address")
+        except ConfigError as exc:
+            print(f"agentstate-demo: {exc}", file=sys.stderr)
+            return 2
 
     started = time.monotonic()
     workdir = Path(tempfile.mkdtemp(prefix="agentstate-demo-"))
@@ -122,6 +136,9 @@ def main(argv: list[str] | None = None) -> int:
         for service in services:
             print(service.output, file=sys.stderr)
         return 1
+    except (Interrupted, KeyboardInterrupt):
+        print("agentstate-demo: interrupted; stopping the services", file=sys.stderr)
+        return INTERRUPTED_EXIT
     finally:
         codes = [service.terminate() for service in reversed(services)]
         shutil.rmtree(workdir, ignore_errors=True)

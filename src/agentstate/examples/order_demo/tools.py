@@ -67,8 +67,8 @@ def cancel_order_tool(orders: OrderSystem) -> Tool:
     async def run(args: dict[str, Any], context: ToolContext) -> ToolOutput:
         order_no = str(args["orderNo"])
         try:
-            # The call id makes a retried or replayed call cancel at most once.
-            outcome = await orders.cancel_order(context.user_id, order_no, context.call_id)
+            # The runtime's key for this call: a retry of it replays, nothing else does.
+            outcome = await orders.cancel_order(context.user_id, order_no, context.idempotency_key)
         except OrderSystemUnavailable as exc:
             return ToolOutput(f"订单系统暂时不可用，订单 {order_no} 未取消：{exc}", ok=False)
         if not outcome.cancelled:

@@ -113,7 +113,7 @@ def check_idempotency_key(idempotency_key: str) -> None:
 
 
 def key_reused_error(idempotency_key: str, first_order_no: str, order_no: str) -> ValueError:
-    # A tool-call id names one call; replaying another order's outcome would mislead the agent.
+    # A key names one call; replaying another order's outcome would mislead the agent.
     return ValueError(
         f"idempotency_key {idempotency_key!r} was already used to cancel order "
         f"{first_order_no}, not {order_no}"

@@ -1,0 +1,321 @@
+"""What both halves of AgentStateSaver share: connections, thread bookkeeping, and the
+encoding of checkpoints and writes (no call of the service is made here)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import random
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import (
+    WRITES_IDX_MAP,
+    BaseCheckpointSaver,
+    ChannelVersions,
+    Checkpoint,
+    CheckpointMetadata,
+    CheckpointTuple,
+    get_checkpoint_id,
+    get_serializable_checkpoint_metadata,
+)
+from langgraph.checkpoint.serde.base import SerializerProtocol
+
+from agentstate import client as state
+from agentstate.client import (
+    AsyncStateClient,
+    ChannelValue,
+    CheckpointWrite,
+    NewCheckpoint,
+    PruneStrategy,
+    StateClient,
+    StoredCheckpoint,
+)
+
+DEFAULT_USER_ID = "langgraph"
+# A channel whose version changed but that holds no value (LangGraph's savers store the
+# same marker).
+_EMPTY = "empty"
+_PRUNE_STRATEGIES = {"keep_latest": PruneStrategy.KEEP_LATEST, "delete": PruneStrategy.DELETE_ALL}
+THREAD_TITLE = "LangGraph thread"
+BATCH = 1000  # the service's limit of run ids / conversations per call
+PAGE = 100  # the service's largest page of checkpoints
+_BRANCHING_SOURCES = frozenset({"fork", "update"})
+
+
+class CheckpointConflict(state.CheckpointConflict):
+    """Another writer extended this thread's history first: this write was refused and
+    nothing of it was stored. Re-read the thread (`get_tuple`) before writing again.
+
+    `is_stale_write_owner_error` marks it as a superseded writer's refusal, the name the
+    proposed write-ownership capability of langgraph-checkpoint-conformance uses."""
+
+    is_stale_write_owner_error = True
+
+    @classmethod
+    def of(cls, error: state.CheckpointConflict) -> CheckpointConflict:
+        return cls(error.message, code=error.code, reason=error.reason, metadata=error.metadata)
+
+
+class ThreadDeleted(state.NotFound):
+    """The thread was deleted while this saver was writing it: the write was refused,
+    so a late write never brings a deleted thread back."""
+
+
+@contextlib.contextmanager
+def langgraph_errors() -> Iterator[None]:
+    """What the service refuses as malformed (an id with NUL, one too long) is a
+    ValueError to LangGraph's callers, as a bad config is."""
+    try:
+        yield
+    except state.InvalidArgument as exc:
+        raise ValueError(exc.message) from exc
+
+
+def _configurable(config: RunnableConfig) -> dict[str, Any]:
+    configurable = config.get("configurable")
+    if not isinstance(configurable, dict):
+        raise ValueError('config must have a "configurable" mapping with a "thread_id"')
+    return configurable
+
+
+def thread_id_of(config: RunnableConfig) -> str:
+    thread_id = _configurable(config).get("thread_id")
+    if thread_id is None or thread_id == "":
+        raise ValueError(
+            'Checkpointer requires a "thread_id" in config["configurable"] '
+            '(for example {"configurable": {"thread_id": "1"}})'
+        )
+    return str(thread_id)
+
+
+def namespace_of(config: RunnableConfig) -> str:
+    return str(_configurable(config).get("checkpoint_ns") or "")
+
+
+class SaverBase(BaseCheckpointSaver[str]):
+    """AgentStateSaver without its checkpoint methods (saver_async.py, saver_sync.py)."""
+
+    def __init__(
+        self,
+        address: str | None = None,
+        *,
+        user_id: str = DEFAULT_USER_ID,
+        client: AsyncStateClient | None = None,
+        sync_client: StateClient | None = None,
+        serde: SerializerProtocol | None = None,
+    ) -> None:
+        super().__init__(serde=serde)
+        if address is None and client is None and sync_client is None:
+            raise ValueError("give the state service's address or a client")
+        self._address = address
+        self._aclient = client
+        self._sclient = sync_client
+        self._opened: list[AsyncStateClient | StateClient] = []
+        self.user_id = user_id
+        # (user, thread) -> conversation id: threads this saver has seen.
+        self._conversations: dict[tuple[str, str], str] = {}
+        # Threads deleted under a run of this saver: its later writes are refused too
+        # (never a new conversation), until the thread is read again (a new run).
+        self._deleted_threads: dict[tuple[str, str], state.NotFound] = {}
+
+    # ------------------------------------------------------------ connections
+
+    @property
+    def aclient(self) -> AsyncStateClient:
+        if self._aclient is None:
+            if self._address is None:
+                raise ValueError("this saver was given a sync client only: use the sync methods")
+            self._aclient = AsyncStateClient.connect(self._address)
+            self._opened.append(self._aclient)
+        return self._aclient
+
+    @property
+    def sync_client(self) -> StateClient:
+        if self._sclient is None:
+            if self._address is None:
+                raise ValueError("this saver was given an async client only: use the a* methods")
+            self._sclient = StateClient.connect(self._address)
+            self._opened.append(self._sclient)
+        return self._sclient
+
+    async def aclose(self) -> None:
+        """Close the connections this saver opened (not clients it was given)."""
+        for opened in self._opened:
+            if isinstance(opened, AsyncStateClient):
+                await opened.close()
+            else:
+                opened.close()
+        self._opened.clear()
+        self._aclient = None if self._address else self._aclient
+        self._sclient = None if self._address else self._sclient
+
+    def close(self) -> None:
+        """Close the sync connection this saver opened (`aclose` closes both)."""
+        for opened in [c for c in self._opened if isinstance(c, StateClient)]:
+            opened.close()
+            self._opened.remove(opened)
+            self._sclient = None
+
+    def _user(self, config: RunnableConfig | None) -> str:
+        if config is not None:
+            user = _configurable(config).get("user_id")
+            if user:
+                return str(user)
+        return self.user_id
+
+    # ---------------------------------------------------------- thread lookup
+
+    def _forget(self, user: str, thread: str) -> None:
+        self._conversations.pop((user, thread), None)
+
+    def _deleted(self, user: str, thread: str, error: state.NotFound) -> ThreadDeleted:
+        self._forget(user, thread)
+        self._deleted_threads[(user, thread)] = error
+        return ThreadDeleted(
+            f"thread {thread!r} was deleted while this run was writing it; nothing was written",
+            code=error.code,
+            reason=error.reason,
+            metadata=error.metadata,
+        )
+
+    def _writer_conversation_known(self, user: str, thread: str) -> None:
+        error = self._deleted_threads.get((user, thread))
+        if error is not None:
+            raise self._deleted(user, thread, error)
+
+    # ------------------------------------------------------- encode / decode
+
+    def _new_checkpoint(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> tuple[NewCheckpoint, str | None]:
+        """The checkpoint to store and the head it must extend. Serialized before any
+        call: a value LangGraph's serializer refuses raises its own TypeError and nothing
+        is sent."""
+        stored: dict[str, Any] = dict(checkpoint)
+        values: dict[str, Any] = stored.pop("channel_values")
+        new_values = []
+        for channel, version in new_versions.items():
+            value_type, value = (
+                self.serde.dumps_typed(values[channel]) if channel in values else (_EMPTY, b"")
+            )
+            new_values.append(ChannelValue(channel, str(version), value_type, value))
+        checkpoint_type, checkpoint_bytes = self.serde.dumps_typed(stored)
+        full_metadata = get_serializable_checkpoint_metadata(config, metadata)
+        parent = get_checkpoint_id(config) or ""
+        new = NewCheckpoint(
+            checkpoint_id=checkpoint["id"],
+            checkpoint=checkpoint_bytes,
+            namespace=namespace_of(config),
+            parent_checkpoint_id=parent,
+            checkpoint_type=checkpoint_type,
+            metadata_json=json.dumps(full_metadata, ensure_ascii=False).encode(),
+            channel_versions={k: str(v) for k, v in checkpoint["channel_versions"].items()},
+            new_values=tuple(new_values),
+        )
+        # The head this checkpoint extends: its parent, or none yet for a thread's first
+        # checkpoint (LangGraph's input checkpoint, step -1). What the run loop writes
+        # ("input", "loop") is checked; forks and update_state ("fork", "update") branch
+        # from the checkpoint a caller chose on purpose (time travel), so they are not.
+        expected_head: str | None = None
+        if metadata.get("source") not in _BRANCHING_SOURCES:
+            if parent:
+                expected_head = parent
+            elif metadata.get("step") == -1:
+                expected_head = ""
+        return new, expected_head
+
+    def _writes(
+        self, writes: Sequence[tuple[str, Any]], task_id: str, task_path: str
+    ) -> list[CheckpointWrite]:
+        encoded = []
+        for idx, (channel, value) in enumerate(writes):
+            value_type, data = self.serde.dumps_typed(value)
+            encoded.append(
+                CheckpointWrite(
+                    task_id, WRITES_IDX_MAP.get(channel, idx), channel, value_type, data, task_path
+                )
+            )
+        return encoded
+
+    @staticmethod
+    def _writes_target(config: RunnableConfig) -> tuple[str, str]:
+        checkpoint_id = get_checkpoint_id(config)
+        if not checkpoint_id:
+            raise ValueError('put_writes requires config["configurable"]["checkpoint_id"]')
+        return namespace_of(config), checkpoint_id
+
+    @staticmethod
+    def _list_arguments(
+        config: RunnableConfig, filter: dict[str, Any] | None, before: RunnableConfig | None
+    ) -> dict[str, Any]:
+        return {
+            "namespace": namespace_of(config) if "checkpoint_ns" in _configurable(config) else None,
+            "metadata_filter": filter or None,
+            "before_checkpoint_id": (get_checkpoint_id(before) or "") if before else "",
+        }
+
+    def _tuple(self, thread: str, stored: StoredCheckpoint) -> CheckpointTuple:
+        checkpoint = self.serde.loads_typed((stored.checkpoint_type, stored.checkpoint))
+        checkpoint["channel_values"] = {
+            v.channel: self.serde.loads_typed((v.value_type, v.value))
+            for v in stored.channel_values
+            if v.value_type != _EMPTY
+        }
+        config: RunnableConfig = {
+            "configurable": {
+                "thread_id": thread,
+                "checkpoint_ns": stored.namespace,
+                "checkpoint_id": stored.checkpoint_id,
+            }
+        }
+        parent: RunnableConfig | None = None
+        if stored.parent_checkpoint_id:
+            parent = {
+                "configurable": {
+                    "thread_id": thread,
+                    "checkpoint_ns": stored.namespace,
+                    "checkpoint_id": stored.parent_checkpoint_id,
+                }
+            }
+        return CheckpointTuple(
+            config=config,
+            checkpoint=checkpoint,
+            metadata=json.loads(stored.metadata_json),
+            parent_config=parent,
+            pending_writes=[
+                (w.task_id, w.channel, self.serde.loads_typed((w.value_type, w.value)))
+                for w in stored.pending_writes
+            ],
+        )
+
+    @staticmethod
+    def _stored_config(config: RunnableConfig, checkpoint: Checkpoint) -> RunnableConfig:
+        return {
+            "configurable": {
+                "thread_id": thread_id_of(config),
+                "checkpoint_ns": namespace_of(config),
+                "checkpoint_id": checkpoint["id"],
+            }
+        }
+
+    def get_next_version(self, current: str | None, channel: None = None) -> str:
+        """Versions that sort as strings, as LangGraph's PostgreSQL saver writes them."""
+        if current is None:
+            current_v = 0
+        elif isinstance(current, int):
+            current_v = current
+        else:
+            current_v = int(current.split(".")[0])
+        return f"{current_v + 1:032}.{random.random():016}"
+
+
+def prune_strategy(strategy: str) -> PruneStrategy:
+    if strategy not in _PRUNE_STRATEGIES:
+        raise ValueError(f'strategy must be "keep_latest" or "delete", not {strategy!r}')
+    return _PRUNE_STRATEGIES[strategy]
