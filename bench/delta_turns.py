@@ -50,7 +50,7 @@ import psycopg
 
 from agentstate.agent.v1 import agent_service_pb2 as apb
 from agentstate.agent.v1 import agent_service_pb2_grpc as apb_grpc
-from agentstate.agent_service.auth import USER_ID_METADATA_KEY
+from agentstate.client.metadata import USER_ID_METADATA_KEY
 from agentstate.common.embedded_postgres import EmbeddedPostgres
 from agentstate.dev.processes import ServiceProcess
 from agentstate.state.v1 import state_service_pb2 as pb

@@ -25,7 +25,7 @@ import grpc
 
 from agentstate.agent.v1 import agent_service_pb2 as pb
 from agentstate.agent.v1 import agent_service_pb2_grpc as pb_grpc
-from agentstate.agent_service.auth import USER_ID_METADATA_KEY
+from agentstate.client.metadata import USER_ID_METADATA_KEY
 from agentstate.dev.processes import ServiceProcess
 from tests.support.telemetry_tools import OtlpReceiver
 

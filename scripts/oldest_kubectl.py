@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Install the oldest kubectl the manifests support (README "Kubernetes") and print its path.
+"""Install the oldest kubectl the manifests support (docs/kubernetes.md) and print its path.
 
     python3 scripts/oldest_kubectl.py   # prints ~/.cache/agentstate/kubectl-1.30.0/kubectl
 

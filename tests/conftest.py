@@ -32,9 +32,18 @@ from agentstate.state_service.storage.base import StateStore
 from agentstate.state_service.storage.memory import MemoryStore
 from agentstate.state_service.storage.postgres import PostgresStore
 from tests.support.agent_harness import Stack
+from tests.support.state_process import StateServices, on_postgres
 from tests.support.telemetry_tools import install_in_memory
 
 TEST_MAX_PAYLOAD_BYTES = 1024 * 1024
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--docs-screenshot",
+        default="",
+        help="also save the console's screenshot for the docs here (./run docs)",
+    )
 
 
 @pytest.fixture
@@ -169,21 +178,20 @@ async def traced_stack(
     await running.close()
 
 
+@pytest.fixture
+def state_services() -> Iterator[StateServices]:
+    """Starts state-service processes for one test and stops them at its end (SIGTERM;
+    each still running must exit 0)."""
+    with StateServices() as services:
+        yield services
+
+
 @pytest.fixture(scope="module")
 def state_process_address(database_url: str) -> Iterator[str]:
     """A state service as its own process (`python -m agentstate.state_service`), for
     clients in other languages; one per test module."""
-    service = ServiceProcess(
-        "agentstate.state_service",
-        {
-            "STATE_LISTEN_ADDRESS": "127.0.0.1:0",
-            "STATE_STORE": "postgres",
-            "DATABASE_URL": database_url,
-        },
-    )
-    address = service.wait_ready()
-    yield address
-    assert service.terminate() == 0, service.output
+    with StateServices() as services:
+        yield services.serve(on_postgres(database_url))
 
 
 @pytest.fixture(scope="module")

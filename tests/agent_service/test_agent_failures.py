@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
 import psycopg
+import pytest
 
 from agentstate.agent.v1 import agent_service_pb2 as pb
 from agentstate.agent_service.agent_state import ToolResultBlock
@@ -113,7 +115,10 @@ async def test_tool_errors_and_bad_calls_reach_the_model_not_the_user(
     assert order is None or order.status is OrderStatus.PAID_AWAITING_SHIPMENT
 
 
-async def test_state_service_lost_before_the_save(stack: Stack, user_id: str) -> None:
+async def test_state_service_lost_before_the_save(
+    stack: Stack, user_id: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="agentstate.agent_service.runtime.persistence")
     fast = stack.agents[0][1]
     first = await fast.chat(user_id, STATUS)
     conversation_id = first.meta.conversation_id
@@ -128,6 +133,11 @@ async def test_state_service_lost_before_the_save(stack: Stack, user_id: str) ->
     turn = await collect(call)
     assert turn.code == grpc.StatusCode.UNAVAILABLE, turn.details
     assert turn.of("message")[-1].type == pb.MESSAGE_TYPE_ERROR
+    # The reply record could not be marked ERROR either (the state service is gone): said.
+    [unmarked] = [r for r in caplog.records if "could not be marked ERROR" in r.getMessage()]
+    assert unmarked.levelno == logging.WARNING
+    assert getattr(unmarked, "conversation_id", None) == conversation_id
+    assert "Unavailable" in unmarked.getMessage()
     await stack.start_state()
     after, version_after = await stack.reader.state(user_id, conversation_id)
     assert version_after == version and after.to_json() == before.to_json()

@@ -6,7 +6,6 @@ import asyncio
 import signal
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import grpc
@@ -20,23 +19,14 @@ from agentstate.state.v1 import state_service_pb2 as spb
 from agentstate.state.v1 import state_service_pb2_grpc as spb_grpc
 from tests.agent_service.test_openai_compat import FakeChatServer, Reply
 from tests.support.agent_harness import metadata
+from tests.support.state_process import StateServices, on_postgres
 
 QUESTION = "我的订单88235现在什么状态？"
 
 
 @pytest.fixture
-def state_process(database_url: str) -> Iterator[str]:
-    service = ServiceProcess(
-        "agentstate.state_service",
-        {
-            "STATE_LISTEN_ADDRESS": "127.0.0.1:0",
-            "STATE_STORE": "postgres",
-            "DATABASE_URL": database_url,
-        },
-    )
-    address = service.wait_ready()
-    yield address
-    assert service.terminate() == 0, service.output
+def state_process(state_services: StateServices, database_url: str) -> str:
+    return state_services.serve(on_postgres(database_url))
 
 
 def _agent(state_address: str, orders_url: str, **env: str) -> ServiceProcess:

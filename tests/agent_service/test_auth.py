@@ -33,13 +33,12 @@ from agentstate.agent.v1 import agent_service_pb2_grpc as pb_grpc
 from agentstate.agent_service import auth
 from agentstate.agent_service.auth import (
     NO_CREDENTIALS,
-    PROXY_SECRET_METADATA_KEY,
     PROXY_UNTRUSTED,
     TOKEN_EXPIRED,
     TOKEN_INVALID,
-    USER_ID_METADATA_KEY,
 )
 from agentstate.agent_service.config import AgentServiceSettings
+from agentstate.client.metadata import PROXY_SECRET_METADATA_KEY, USER_ID_METADATA_KEY
 from agentstate.common import error_details
 from agentstate.common.config import ConfigError
 from agentstate.dev.processes import ServiceProcess

@@ -1,4 +1,4 @@
-"""The CLI client and the demo (README's main command), run as real processes."""
+"""The CLI client and the demo (README's first command), run as real processes."""
 
 from __future__ import annotations
 
@@ -12,31 +12,24 @@ import pytest
 
 from agentstate.dev.processes import ServiceProcess
 from tests.support.source_example import QUESTION
+from tests.support.state_process import StateServices, on_postgres
 
 
 @pytest.fixture(scope="module")  # one pair of service processes for the module's CLI tests
 def agent_address(database_url: str, orders_database_url: str) -> Iterator[str]:
-    state = ServiceProcess(
-        "agentstate.state_service",
-        {
-            "STATE_LISTEN_ADDRESS": "127.0.0.1:0",
-            "STATE_STORE": "postgres",
-            "DATABASE_URL": database_url,
-        },
-    )
-    agent = ServiceProcess(
-        "agentstate.agent_service",
-        {
-            "AGENT_LISTEN_ADDRESS": "127.0.0.1:0",
-            "AGENT_AUTH_MODE": "dev-header",
-            "AGENT_STATE_ADDRESS": state.wait_ready(),
-            "AGENT_PROFILE": "order_demo",
-            "ORDERS_DATABASE_URL": orders_database_url,
-        },
-    )
-    yield agent.wait_ready()
-    assert agent.terminate() == 0, agent.output
-    assert state.terminate() == 0, state.output
+    with StateServices() as states:
+        agent = ServiceProcess(
+            "agentstate.agent_service",
+            {
+                "AGENT_LISTEN_ADDRESS": "127.0.0.1:0",
+                "AGENT_AUTH_MODE": "dev-header",
+                "AGENT_STATE_ADDRESS": states.serve(on_postgres(database_url)),
+                "AGENT_PROFILE": "order_demo",
+                "ORDERS_DATABASE_URL": orders_database_url,
+            },
+        )
+        yield agent.wait_ready()
+        assert agent.terminate() == 0, agent.output
 
 
 def _cli(

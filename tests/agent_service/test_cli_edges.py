@@ -196,9 +196,10 @@ def test_the_error_line_starts_a_line_of_its_own(
     assert lines[-1].startswith("agentstate-cli: UNAVAILABLE: "), lines
 
 
-def test_cli_texts_match_the_readme() -> None:
-    """The README quotes the CLI's messages as the tests above see them."""
-    readme = " ".join(Path(__file__).parents[2].joinpath("README.md").read_text().split())
+def test_cli_texts_match_the_docs() -> None:
+    """docs/running.md quotes the CLI's messages as the tests above see them."""
+    running = Path(__file__).parents[2] / "docs" / "running.md"
+    readme = " ".join(running.read_text().split())
     for quoted in (
         "agentstate-cli: interrupted; the turn goes on in the agent service.",
         "stop it with: agentstate-cli stop TASK_ID",

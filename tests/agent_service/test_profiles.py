@@ -21,6 +21,7 @@ from agentstate.examples.order_demo import OrderDemoProfile
 from tests.support import paths
 from tests.support.agent_harness import RecordingModel, Stack, metadata
 from tests.support.source_example import QUESTION
+from tests.support.state_process import StateServices, on_postgres
 
 REPO = paths.REPO
 
@@ -104,21 +105,15 @@ def test_an_invalid_profile_exits_2_before_serving(spec: str, message: str) -> N
     assert "listening on" not in done.stdout + done.stderr
 
 
-def test_a_module_path_profile_serves(database_url: str, user_id: str) -> None:
-    state = ServiceProcess(
-        "agentstate.state_service",
-        {
-            "STATE_LISTEN_ADDRESS": "127.0.0.1:0",
-            "STATE_STORE": "postgres",
-            "DATABASE_URL": database_url,
-        },
-    )
+def test_a_module_path_profile_serves(
+    state_services: StateServices, database_url: str, user_id: str
+) -> None:
     agent = ServiceProcess(
         "agentstate.agent_service",
         {
             "AGENT_LISTEN_ADDRESS": "127.0.0.1:0",
             "AGENT_AUTH_MODE": "dev-header",
-            "AGENT_STATE_ADDRESS": state.wait_ready(),
+            "AGENT_STATE_ADDRESS": state_services.serve(on_postgres(database_url)),
             "AGENT_PROFILE": "agentstate.examples.order_demo:create_profile",
             "ORDERS_DATABASE_URL": "",
         },
@@ -137,7 +132,6 @@ def test_a_module_path_profile_serves(database_url: str, user_id: str) -> None:
         assert card.title == "取消订单 88235"
     finally:
         assert agent.terminate() == 0, agent.output
-        assert state.terminate() == 0, state.output
 
 
 def test_tools_and_handbooks_of_a_profile() -> None:

@@ -228,7 +228,7 @@ async def test_closing_closes_the_channel(state_address: str, user_id: str) -> N
     client = AsyncStateClient.connect(state_address)
     async with client:
         await client.list_conversations(user_id)
-    with pytest.raises(Exception):  # noqa: B017 - any failure: the channel is closed
+    with pytest.raises(grpc.aio.UsageError, match="Channel is closed"):
         await client.list_conversations(user_id)
 
 
@@ -253,5 +253,5 @@ def test_sync_client_on_a_state_process(state_process_address: str, user_id: str
         assert client.find_state(user_id, cid) is not None
         assert client.get_lease(user_id, cid) is None
         assert client.delete_conversation(user_id, cid).states == 1
-    with pytest.raises(Exception):  # noqa: B017 - closed
+    with pytest.raises(ValueError, match="Cannot invoke RPC on closed channel"):
         client.get_state(user_id, cid)

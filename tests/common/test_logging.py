@@ -8,7 +8,7 @@ import subprocess
 import sys
 from typing import Any
 
-from agentstate.dev.processes import ServiceProcess
+from tests.support.state_process import StateServices
 
 # Logs in a fresh interpreter, as a service does: outside a span, inside one, an exception.
 PROBE = """
@@ -78,10 +78,10 @@ def test_text_format_for_humans() -> None:
     assert lines[-1].endswith("DEBUG agentstate.probe: hidden at INFO")
 
 
-def test_a_bad_log_setting_stops_the_service_with_a_clear_message() -> None:
-    service = ServiceProcess(
-        "agentstate.state_service", {"AGENTSTATE_LOG_FORMAT": "xml", "STATE_STORE": "memory"}
-    )
+def test_a_bad_log_setting_stops_the_service_with_a_clear_message(
+    state_services: StateServices,
+) -> None:
+    service = state_services.start({"AGENTSTATE_LOG_FORMAT": "xml", "STATE_STORE": "memory"})
     assert service.wait(30) == 2
     assert "AGENTSTATE_LOG_FORMAT='xml' must be one of json, text" in service.output
     assert "Traceback" not in service.output

@@ -118,6 +118,6 @@ def test_a_port_taken_after_the_check_is_still_one_line(taken: str) -> None:
     assert isinstance(server, grpc.aio.Server)
 
 
-def test_the_readme_quotes_the_message() -> None:
-    readme = " ".join((paths.REPO / "README.md").read_text().split())
-    assert in_use("agentstate-state", "127.0.0.1:50051", "set STATE_LISTEN_ADDRESS to") in readme
+def test_the_docs_quote_the_message() -> None:
+    running = " ".join((paths.REPO / "docs" / "running.md").read_text().split())
+    assert in_use("agentstate-state", "127.0.0.1:50051", "set STATE_LISTEN_ADDRESS to") in running

@@ -19,14 +19,13 @@ from agentstate.console.config import ConsoleSettings
 from agentstate.examples.order_demo.profile import OrderDemoSettings
 from agentstate.state_service.config import StateServiceSettings
 from tests.support import paths
-
-README = paths.REPO / "README.md"
+from tests.support.settings_doc import documented_settings
 
 # The client distribution has no pydantic: ClientSettings is a dataclass with the same
 # variables(), documented_defaults() and from_env() (agentstate.client.settings).
 Declared = type[EnvSettings] | type[ClientSettings]
 
-# README's configuration tables, by the line that introduces each, and what declares them.
+# The tables of docs/reference/settings.md, by heading, and what declares them.
 TABLES: dict[str, list[Declared]] = {
     "State service": [StateServiceSettings],
     "Agent service": [AgentServiceSettings, OpenAISettings],
@@ -39,40 +38,25 @@ TABLES: dict[str, list[Declared]] = {
 SETTINGS_CLASSES = [cls for classes in TABLES.values() for cls in classes]
 
 
-def readme_tables() -> dict[str, dict[str, str]]:
-    """Per table: variable -> default as written (backticks dropped)."""
-    section = README.read_text().split("\n## Configuration", 1)[1].split("\n## ", 1)[0]
-    tables: dict[str, dict[str, str]] = {}
-    current: dict[str, str] | None = None
-    for line in section.splitlines():
-        heading = next((h for h in TABLES if line.startswith(h)), None)
-        if heading is not None:
-            current = tables.setdefault(heading, {})
-        elif current is not None and line.startswith("| `"):
-            cells = line.split("|")
-            names = re.findall(r"`([A-Z][A-Z0-9_]*)`", cells[1])
-            defaults = [d.strip().strip("`") for d in cells[2].split(" / ")]
-            assert len(names) == len(defaults), f"names and defaults differ in count: {line}"
-            for name, default in zip(names, defaults, strict=True):
-                assert name not in current, f"{name} is documented twice"
-                current[name] = default
-    assert set(tables) == set(TABLES), f"README tables found: {sorted(tables)}"
-    return tables
+def test_the_reference_has_exactly_these_tables() -> None:
+    assert sorted(documented_settings()) == sorted(TABLES)
 
 
 @pytest.mark.parametrize("table", TABLES)
-def test_readme_lists_exactly_the_declared_settings_with_their_defaults(table: str) -> None:
-    documented = readme_tables()[table]
+def test_the_reference_lists_exactly_the_declared_settings_with_their_defaults(
+    table: str,
+) -> None:
+    documented = documented_settings()[table]
     declared: dict[str, str] = {}
     for cls in TABLES[table]:
         declared.update(cls.documented_defaults())
-    assert sorted(documented) == sorted(declared), "README and code list different variables"
+    assert sorted(documented) == sorted(declared), "docs and code list different variables"
     wrong = {
         name: (documented[name], declared[name])
         for name in declared
         if documented[name] != declared[name]
     }
-    assert not wrong, f"README default != declared default: {wrong}"
+    assert not wrong, f"documented default != declared default: {wrong}"
 
 
 @pytest.mark.parametrize("cls", SETTINGS_CLASSES, ids=lambda cls: cls.__name__)
@@ -215,7 +199,7 @@ def test_settings_are_frozen_and_copied_with_changes() -> None:
 
 
 @pytest.mark.parametrize("user", [None, "", "alice"])
-def test_the_embedded_data_directory_follows_the_rule_the_readme_states(
+def test_the_embedded_data_directory_follows_the_rule_the_docs_state(
     user: str | None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     if user is None:
@@ -224,6 +208,7 @@ def test_the_embedded_data_directory_follows_the_rule_the_readme_states(
         monkeypatch.setenv("USER", user)
     owner = user or str(os.getuid())
     assert StateServiceSettings().embedded_pg_dir == f"/var/tmp/agentstate-{owner}/pgdata"
-    section = README.read_text().split("\n## Embedded PostgreSQL", 1)[1].split("\n## ", 1)[0]
+    running = paths.REPO / "docs" / "running.md"
+    section = running.read_text().split("\n## Embedded PostgreSQL", 1)[1].split("\n## ", 1)[0]
     stated = " ".join(section.split())
     assert f"The default data directory is `pgdata` in {DATA_DIR_RULE}." in stated

@@ -21,6 +21,7 @@ from agentstate.dev.processes import ServiceProcess
 from agentstate.state.v1 import state_service_pb2 as spb
 from tests.support.agent_harness import RecordingModel, Stack, metadata
 from tests.support.source_example import QUESTION
+from tests.support.state_process import StateServices, on_postgres
 from tests.support.telemetry_tools import OtlpReceiver, metric_points, span_tree
 
 
@@ -186,6 +187,7 @@ def otlp_receiver() -> Iterator[tuple[OtlpReceiver, str]]:
 
 def test_otlp_export_from_both_services_configured_by_environment(
     otlp_receiver: tuple[OtlpReceiver, str],
+    state_services: StateServices,
     database_url: str,
     orders_database_url: str,
     user_id: str,
@@ -199,15 +201,8 @@ def test_otlp_export_from_both_services_configured_by_environment(
         "OTEL_BSP_SCHEDULE_DELAY": "100",
         "OTEL_METRIC_EXPORT_INTERVAL": "500",
     }
-    state = ServiceProcess(
-        "agentstate.state_service",
-        {
-            **otel,
-            "OTEL_SERVICE_NAME": "agentstate-state",
-            "STATE_LISTEN_ADDRESS": "127.0.0.1:0",
-            "STATE_STORE": "postgres",
-            "DATABASE_URL": database_url,
-        },
+    state = state_services.start(
+        on_postgres(database_url, **otel, OTEL_SERVICE_NAME="agentstate-state")
     )
     agent = ServiceProcess(
         "agentstate.agent_service",

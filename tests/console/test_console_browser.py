@@ -3,8 +3,9 @@ processes (state service on PostgreSQL, agent service with the order demo, the c
 
 Each test signs in as its own user through the trusted-proxy header (set with the
 DevTools protocol, as an authenticating proxy would), so the tests share one browser and
-one set of services. Screenshots go to tests/artifacts/console/; docs/console.png (the
-README's) is taken by the worked example.
+one set of services. Screenshots go to a temporary directory (printed at the end of the
+module); docs/console.png, the README's, is taken by the worked example only when asked
+(`./run docs`, which passes --docs-screenshot).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import Any
 import pytest
 
 from agentstate.dev.processes import ServiceProcess
-from tests.support import paths
+from tests.support.state_process import StateServices, on_postgres
 
 webdriver = pytest.importorskip("selenium.webdriver")
 from selenium.common.exceptions import (  # noqa: E402
@@ -37,9 +38,6 @@ from selenium.webdriver.remote.webdriver import WebDriver  # noqa: E402
 from selenium.webdriver.remote.webelement import WebElement  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
-ROOT = paths.REPO
-ARTIFACTS = ROOT / "tests" / "artifacts" / "console"
-README_SCREENSHOT = ROOT / "docs" / "console.png"
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 QUESTION = "我买的那块Apple Watch还没发货的话，帮我取消吧，不想要了。"
 STATUS_QUESTION = "我的订单88235现在什么状态？"
@@ -70,48 +68,40 @@ def console_url(database_url: str) -> Iterator[str]:
     """State service, agent service (order demo, slowed a little, small context budget so a
     long turn compacts) and the console, each its own process on loopback."""
     services: list[ServiceProcess] = []
-    try:
-        state = ServiceProcess(
-            "agentstate.state_service",
-            {
-                "STATE_LISTEN_ADDRESS": "127.0.0.1:0",
-                "STATE_STORE": "postgres",
-                "DATABASE_URL": database_url,
-            },
-        )
-        services.append(state)
-        state_address = state.wait_ready()
-        agent = ServiceProcess(
-            "agentstate.agent_service",
-            {
-                "AGENT_LISTEN_ADDRESS": "127.0.0.1:0",
-                "AGENT_AUTH_MODE": "dev-header",  # the console passes agentstate-user-id
-                "AGENT_STATE_ADDRESS": state_address,
-                "AGENT_PROFILE": "order_demo",
-                "ORDERS_DATABASE_URL": "",  # in memory, seeded per user
-                "AGENT_SCRIPTED_STEP_DELAY_SECONDS": "0.4",
-                "AGENT_CONTEXT_BUDGET_TOKENS": "2000",
-                "AGENT_LEASE_RENEW_SECONDS": "0.2",
-            },
-        )
-        services.append(agent)
-        agent_address = agent.wait_ready()
-        console = ServiceProcess(
-            "agentstate.console",
-            {
-                "CONSOLE_LISTEN_ADDRESS": "127.0.0.1:0",
-                "CONSOLE_AGENT_ADDRESS": agent_address,
-                "CONSOLE_STATE_ADDRESS": state_address,
-                "CONSOLE_USER_HEADER": USER_HEADER,
-                "CONSOLE_DEV_USER": "",
-                "CONSOLE_HISTORY_PAGE_SIZE": "2",
-            },
-        )
-        services.append(console)
-        yield console.wait_ready()
-    finally:
-        codes = [s.terminate() for s in reversed(services)]
-        assert codes == [0] * len(codes), "\n".join(s.output for s in services)
+    with StateServices() as states:
+        try:
+            state_address = states.serve(on_postgres(database_url))
+            agent = ServiceProcess(
+                "agentstate.agent_service",
+                {
+                    "AGENT_LISTEN_ADDRESS": "127.0.0.1:0",
+                    "AGENT_AUTH_MODE": "dev-header",  # the console passes agentstate-user-id
+                    "AGENT_STATE_ADDRESS": state_address,
+                    "AGENT_PROFILE": "order_demo",
+                    "ORDERS_DATABASE_URL": "",  # in memory, seeded per user
+                    "AGENT_SCRIPTED_STEP_DELAY_SECONDS": "0.4",
+                    "AGENT_CONTEXT_BUDGET_TOKENS": "2000",
+                    "AGENT_LEASE_RENEW_SECONDS": "0.2",
+                },
+            )
+            services.append(agent)
+            agent_address = agent.wait_ready()
+            console = ServiceProcess(
+                "agentstate.console",
+                {
+                    "CONSOLE_LISTEN_ADDRESS": "127.0.0.1:0",
+                    "CONSOLE_AGENT_ADDRESS": agent_address,
+                    "CONSOLE_STATE_ADDRESS": state_address,
+                    "CONSOLE_USER_HEADER": USER_HEADER,
+                    "CONSOLE_DEV_USER": "",
+                    "CONSOLE_HISTORY_PAGE_SIZE": "2",
+                },
+            )
+            services.append(console)
+            yield console.wait_ready()
+        finally:
+            codes = [s.terminate() for s in reversed(services)]
+            assert codes == [0] * len(codes), "\n".join(s.output for s in services)
 
 
 @pytest.fixture(scope="module")
@@ -137,7 +127,6 @@ def browser(console_url: str) -> Iterator[WebDriver]:
         options.add_argument(arg)
     driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
     driver.execute_cdp_cmd("Network.enable", {})
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
     try:
         yield driver
     finally:
@@ -145,11 +134,20 @@ def browser(console_url: str) -> Iterator[WebDriver]:
         shutil.rmtree(profile, ignore_errors=True)
 
 
+@pytest.fixture(scope="module")
+def screenshots(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Where the pages' screenshots go: a temporary directory, never the tree."""
+    folder = tmp_path_factory.mktemp("console-screenshots")
+    yield folder
+    print(f"\nconsole screenshots: {folder}")
+
+
 class Page:
     """The console as one user sees it."""
 
-    def __init__(self, driver: WebDriver, base: str, user: str) -> None:
+    def __init__(self, driver: WebDriver, base: str, user: str, screenshots: Path) -> None:
         self.driver, self.base, self.user = driver, base, user
+        self.screenshots = screenshots
         driver.execute_cdp_cmd("Network.setExtraHTTPHeaders", {"headers": {USER_HEADER: user}})
 
     def open(self, conversation_id: str = "") -> None:
@@ -231,7 +229,7 @@ class Page:
         return len(self.all("#messages .msg")) > count
 
     def screenshot(self, name: str) -> Path:
-        path = ARTIFACTS / f"{name}.png"
+        path = self.screenshots / f"{name}.png"
         self.driver.save_screenshot(str(path))
         return path
 
@@ -273,8 +271,10 @@ def new_user(name: str) -> str:
     return f"{name}-{uuid.uuid4().hex[:8]}"
 
 
-def test_the_worked_example_ask_card_cancel_reply(browser: WebDriver, console_url: str) -> None:
-    page = Page(browser, console_url, new_user("alice"))
+def test_the_worked_example_ask_card_cancel_reply(
+    browser: WebDriver, console_url: str, screenshots: Path, request: pytest.FixtureRequest
+) -> None:
+    page = Page(browser, console_url, new_user("alice"), screenshots)
     page.open()
     page.record_fetches()
     page.ask(QUESTION)
@@ -308,7 +308,10 @@ def test_the_worked_example_ask_card_cancel_reply(browser: WebDriver, console_ur
     assert page.text("[data-field=pending]") == "none"
     assert "free" in page.text("[data-field=lease]")
     page.no_internal_names()
-    browser.save_screenshot(str(README_SCREENSHOT))
+    shown = page.screenshot("00-worked-example")
+    docs_screenshot = request.config.getoption("docs_screenshot")
+    if docs_screenshot:  # ./run docs: the README's picture of the console
+        shutil.copyfile(shown, docs_screenshot)
     # History pages (2 records a page here): a reload shows the first page, then the rest.
     page.open(conversation_id)
     page.wait(lambda: page.find("#more-messages").is_displayed())
@@ -319,10 +322,10 @@ def test_the_worked_example_ask_card_cancel_reply(browser: WebDriver, console_ur
 
 
 def test_approve_on_a_fresh_conversation_once_despite_a_double_click(
-    browser: WebDriver, console_url: str
+    browser: WebDriver, console_url: str, screenshots: Path
 ) -> None:
     user = new_user("bob")
-    page = Page(browser, console_url, user)
+    page = Page(browser, console_url, user, screenshots)
     page.open()
     page.record_fetches()
     page.ask(QUESTION)
@@ -360,8 +363,10 @@ def test_approve_on_a_fresh_conversation_once_despite_a_double_click(
     assert after == before
 
 
-def test_a_reload_mid_stream_resumes_from_the_records(browser: WebDriver, console_url: str) -> None:
-    page = Page(browser, console_url, new_user("carol"))
+def test_a_reload_mid_stream_resumes_from_the_records(
+    browser: WebDriver, console_url: str, screenshots: Path
+) -> None:
+    page = Page(browser, console_url, new_user("carol"), screenshots)
     page.open()
     page.ask(QUESTION)
     conversation_id = page.conversation_id()
@@ -387,8 +392,8 @@ def test_a_reload_mid_stream_resumes_from_the_records(browser: WebDriver, consol
     assert len(page.all(".card")) == 1
 
 
-def test_stop_ends_the_turn(browser: WebDriver, console_url: str) -> None:
-    page = Page(browser, console_url, new_user("dave"))
+def test_stop_ends_the_turn(browser: WebDriver, console_url: str, screenshots: Path) -> None:
+    page = Page(browser, console_url, new_user("dave"), screenshots)
     page.open()
     page.ask(QUESTION)
     page.wait(lambda: page.find("#stop").is_displayed() and page.text("#messages .msg.live"))
@@ -399,11 +404,11 @@ def test_stop_ends_the_turn(browser: WebDriver, console_url: str) -> None:
 
 
 def test_delete_single_and_batch_with_a_confirmation_prompt(
-    browser: WebDriver, console_url: str
+    browser: WebDriver, console_url: str, screenshots: Path
 ) -> None:
     user = new_user("erin")
     ids = [chat(console_url, user, STATUS_QUESTION)[0]["conversation_id"] for _ in range(3)]
-    page = Page(browser, console_url, user)
+    page = Page(browser, console_url, user, screenshots)
     page.open(ids[0])
     page.wait(lambda: len(page.all("#conversations li")) == 3)
     # Rename, then delete one: dismissing the prompt changes nothing, accepting deletes.
@@ -425,7 +430,6 @@ def test_delete_single_and_batch_with_a_confirmation_prompt(
         li.find_element(By.CSS_SELECTOR, "input").click()
     page.find("#delete-selected").click()
     assert "Delete 2 conversations?" in browser.switch_to.alert.text
-    page.screenshot("05-batch-delete-prompt") if False else None  # alerts are not drawn
     browser.switch_to.alert.accept()
     page.wait(lambda: not page.all("#conversations li"))
     assert "Deleted 2 conversations" in page.text("#notice")
@@ -434,7 +438,9 @@ def test_delete_single_and_batch_with_a_confirmation_prompt(
         assert status == 404 and "does not exist" in body["error"]
 
 
-def test_the_inspector_after_a_compaction(browser: WebDriver, console_url: str) -> None:
+def test_the_inspector_after_a_compaction(
+    browser: WebDriver, console_url: str, screenshots: Path
+) -> None:
     user = new_user("frank")
     events = chat(console_url, user, QUESTION)
     conversation_id = events[0]["conversation_id"]
@@ -449,7 +455,7 @@ def test_the_inspector_after_a_compaction(browser: WebDriver, console_url: str) 
     assert answered[-1]["type"] == "done"
     long_question = "我叫王小明，住在上海。" + "这是一段很长的补充说明，用来让上下文变大。" * 12
     chat(console_url, user, long_question, conversation_id)
-    page = Page(browser, console_url, user)
+    page = Page(browser, console_url, user, screenshots)
     page.open(conversation_id)
     page.wait(lambda: "早前对话摘要" in page.text("[data-field=summary]"))
     assert len(page.all("table.compactions tr")) == 2  # header + one compaction
@@ -464,14 +470,14 @@ def test_the_inspector_after_a_compaction(browser: WebDriver, console_url: str) 
 
 
 def test_users_are_isolated_and_bad_input_changes_nothing(
-    browser: WebDriver, console_url: str
+    browser: WebDriver, console_url: str, screenshots: Path
 ) -> None:
     alice, mallory = new_user("alice"), new_user("mallory")
     events = chat(console_url, alice, QUESTION)
     conversation_id = events[0]["conversation_id"]
     card = next(e["card"] for e in events if e["type"] == "confirm")
     _, before = api(console_url, alice, "GET", f"/api/conversations/{conversation_id}/messages")
-    page = Page(browser, console_url, mallory)
+    page = Page(browser, console_url, mallory, screenshots)
     page.open(conversation_id)  # a foreign conversation id
     page.wait(lambda: "does not exist" in page.text("#notice"))
     assert not page.all("#conversations li") and not page.all("#messages .msg")
@@ -511,7 +517,7 @@ def test_users_are_isolated_and_bad_input_changes_nothing(
     # Alice's conversation is exactly as it was, card still open.
     _, after = api(console_url, alice, "GET", f"/api/conversations/{conversation_id}/messages")
     assert after == before
-    alice_page = Page(browser, console_url, alice)
+    alice_page = Page(browser, console_url, alice, screenshots)
     alice_page.open(conversation_id)
     alice_page.open_card()
     assert [

@@ -19,6 +19,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from agentstate.dev.processes import ServiceProcess
 from agentstate.state.v1 import state_service_pb2
+from tests.support.state_process import StateServices, in_memory
 
 STATE = "agentstate.state.v1.StateService"
 AGENT = "agentstate.agent.v1.AgentService"
@@ -35,23 +36,20 @@ def grpcurl(*args: str) -> subprocess.CompletedProcess[str]:
 @pytest.fixture(scope="module")
 def addresses() -> Iterator[tuple[str, str]]:
     """A state service (memory store: reflection needs no database) and an agent service."""
-    state = ServiceProcess(
-        "agentstate.state_service", {"STATE_LISTEN_ADDRESS": "127.0.0.1:0", "STATE_STORE": "memory"}
-    )
-    state_address = state.wait_ready()
-    agent = ServiceProcess(
-        "agentstate.agent_service",
-        {
-            "AGENT_LISTEN_ADDRESS": "127.0.0.1:0",
-            "AGENT_AUTH_MODE": "dev-header",
-            "AGENT_STATE_ADDRESS": state_address,
-        },
-    )
-    try:
-        yield state_address, agent.wait_ready()
-    finally:
-        assert agent.terminate() == 0, agent.output
-        assert state.terminate() == 0, state.output
+    with StateServices() as states:
+        state_address = states.serve(in_memory())
+        agent = ServiceProcess(
+            "agentstate.agent_service",
+            {
+                "AGENT_LISTEN_ADDRESS": "127.0.0.1:0",
+                "AGENT_AUTH_MODE": "dev-header",
+                "AGENT_STATE_ADDRESS": state_address,
+            },
+        )
+        try:
+            yield state_address, agent.wait_ready()
+        finally:
+            assert agent.terminate() == 0, agent.output
 
 
 def test_grpcurl_describe_shows_the_state_service_docs(addresses: tuple[str, str]) -> None:

@@ -4,7 +4,7 @@ tests/contract/java/AgentClient.java (grpc-java 1.41) drives the source's worked
 real agent service, which keeps its state in a real state service on PostgreSQL;
 tests/contract/go/state_client.go (grpc-go, GOPATH mode) drives the state RPCs. Both read the
 google.rpc.ErrorInfo details and apply agentstate/service_config.json; small RetryCheck
-programs (Java, Go, Node) show that the config, passed as the README says, retries a read
+programs (Java, Go, Node) show that the config, passed as docs/callers.md says, retries a read
 served UNAVAILABLE. The clients print one JSON object; the assertions here are on what they
 saw. See tests/support/xlang_build.py for when these tests skip (never in CI).
 """
@@ -214,7 +214,7 @@ def test_go_reads_a_thread_a_langgraph_graph_wrote(
 async def test_every_language_retries_reads_with_the_service_config(
     builds: dict[str, Future[Built]], pg_store: PostgresStore, user_id: str
 ) -> None:
-    """The README's way of passing agentstate/service_config.json works in each language:
+    """docs/callers.md's way of passing agentstate/service_config.json works in each language:
     a read served UNAVAILABLE twice succeeds on the third attempt."""
     clients = {
         "java": built(builds, "java").commands["RetryCheck"],

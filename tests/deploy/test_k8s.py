@@ -39,7 +39,6 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from agentstate.agent.v1 import agent_service_pb2 as pb
 from agentstate.agent.v1 import agent_service_pb2_grpc as pb_grpc
 from agentstate.agent_service.agent_state import AgentState, Role
-from agentstate.agent_service.auth import PROXY_SECRET_METADATA_KEY
 from agentstate.agent_service.config import AgentServiceSettings
 from agentstate.agent_service.model.openai_compat import OpenAISettings
 from agentstate.agent_service.model.scripted import ScriptedModel
@@ -47,6 +46,7 @@ from agentstate.agent_service.profile import load_profile
 from agentstate.agent_service.server import _INTERRUPT_SAVE_SECONDS
 from agentstate.agent_service.server import SERVICE_NAME as AGENT_SERVICE_NAME
 from agentstate.agent_service.state_health import LIVENESS_SERVICE
+from agentstate.client.metadata import PROXY_SECRET_METADATA_KEY
 from agentstate.common.telemetry import LoggingSettings
 from agentstate.dev.processes import ServiceProcess
 from agentstate.state.v1 import state_service_pb2 as spb
@@ -56,6 +56,7 @@ from agentstate.state_service.server import SERVICE_NAME as STATE_SERVICE_NAME
 from tests.support import paths
 from tests.support.agent_harness import metadata
 from tests.support.kustomize import render
+from tests.support.settings_doc import documented_settings
 
 Obj = dict[str, Any]
 
@@ -253,36 +254,32 @@ def variables_read(agent_profile: str = "") -> dict[str, set[str]]:
     }
 
 
+# Which pods read the variables of each table of docs/reference/settings.md.
+READ_BY_PODS: dict[str, list[str]] = {
+    "State service": ["state"],
+    "Agent service": ["agent"],
+    "Both services": ["state", "agent"],
+    "Order demo profile": ["order_demo"],
+    "Python client": [],  # read by agentstate.client callers, not by a container
+    "Command-line client": ["cli"],  # the CLI runs outside the pods
+    "Web console": [],  # not in these pods: tests/console/test_console_k8s.py checks its overlay
+}
+
+
 def variables_documented() -> dict[str, set[str]]:
-    """The variables of README's configuration tables: per service, and per profile."""
-    text = (REPO / "README.md").read_text()
-    section = text.split("\n## Configuration", 1)[1].split("\n## ", 1)[0]
+    """The variables of the settings reference's tables: per service, and per profile."""
+    tables = documented_settings()
+    assert sorted(tables) == sorted(READ_BY_PODS), f"settings tables: {sorted(tables)}"
     documented: dict[str, set[str]] = {
         "state": set(),
         "agent": set(),
         "order_demo": set(),
         "cli": set(),
     }
-    current: list[str] = []
-    for line in section.splitlines():
-        if line.startswith("State service"):
-            current = ["state"]
-        elif line.startswith("Agent service"):
-            current = ["agent"]
-        elif line.startswith("Both services"):
-            current = ["state", "agent"]
-        elif line.startswith("Order demo profile"):
-            current = ["order_demo"]
-        elif line.startswith("Python client"):
-            current = []  # read by agentstate.client callers, not by a container
-        elif line.startswith("Command-line client"):
-            current = ["cli"]  # the CLI runs outside the pods
-        elif line.startswith("Web console"):
-            current = []  # not in these pods: tests/console/test_console_k8s.py checks its overlay
-        elif current and line.startswith("| `"):
-            for service in current:
-                documented[service].update(re.findall(r"`([A-Z][A-Z0-9_]*)`", line.split("|")[1]))
-    assert all(documented.values()), f"README's tables were not found: {documented}"
+    for heading, variables in tables.items():
+        for service in READ_BY_PODS[heading]:
+            documented[service].update(variables)
+    assert all(documented.values()), f"the settings tables were not found: {documented}"
     return documented
 
 

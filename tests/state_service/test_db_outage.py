@@ -22,12 +22,12 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from agentstate.common.embedded_postgres import EmbeddedPostgres, EmbeddedPostgresError
 from agentstate.common.pg_pool import one_line, pg_reason
-from agentstate.dev.processes import ServiceProcess
 from agentstate.state.v1 import state_service_pb2 as pb
 from agentstate.state.v1 import state_service_pb2_grpc as pb_grpc
 from agentstate.state_service.server import SERVICE_NAME
 from tests.deploy.test_k8s import agent_pod_containers, probe_once
 from tests.support.kustomize import REPO, render
+from tests.support.state_process import StateServices, on_postgres
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -103,16 +103,9 @@ def wait_until(condition: Callable[[], bool], within: float, what: str) -> float
 
 
 def test_outage_fails_fast_reports_not_serving_and_recovers(
-    own_postgres: EmbeddedPostgres,
+    own_postgres: EmbeddedPostgres, state_services: StateServices
 ) -> None:
-    service = ServiceProcess(
-        "agentstate.state_service",
-        {
-            "STATE_LISTEN_ADDRESS": "127.0.0.1:0",
-            "STATE_STORE": "postgres",
-            "DATABASE_URL": own_postgres.dsn,
-        },
-    )
+    service = state_services.start(on_postgres(own_postgres.dsn))
     try:
         address = service.wait_ready()
         channel = grpc.insecure_channel(address)
@@ -202,31 +195,20 @@ def test_outage_fails_fast_reports_not_serving_and_recovers(
 
 
 def test_start_up_waits_for_a_database_that_comes_up_late(
-    own_postgres: EmbeddedPostgres,
+    own_postgres: EmbeddedPostgres, state_services: StateServices
 ) -> None:
     """A sidecar may start before its database: it waits (STATE_DB_CONNECT_TIMEOUT_SECONDS)."""
     dsn = own_postgres.dsn
     own_postgres.stop()
-    service = ServiceProcess(
-        "agentstate.state_service",
-        {
-            "STATE_LISTEN_ADDRESS": "127.0.0.1:0",
-            "STATE_STORE": "postgres",
-            "DATABASE_URL": dsn,
-            "STATE_DB_CONNECT_TIMEOUT_SECONDS": "30",
-        },
-    )
-    try:
-        time.sleep(2)
-        assert service.proc.poll() is None and "listening on" not in service.output
-        own_postgres.start()
-        back = time.monotonic()
-        address = service.wait_ready(30)
-        took = time.monotonic() - back
-        assert took < RECOVERY_BOUND_SECONDS, took
-        assert both_health(address) == {SERVING}
-    finally:
-        assert service.terminate() == 0, service.output
+    service = state_services.start(on_postgres(dsn, STATE_DB_CONNECT_TIMEOUT_SECONDS="30"))
+    time.sleep(2)
+    assert service.proc.poll() is None and "listening on" not in service.output
+    own_postgres.start()
+    back = time.monotonic()
+    address = service.wait_ready(30)
+    took = time.monotonic() - back
+    assert took < RECOVERY_BOUND_SECONDS, took
+    assert both_health(address) == {SERVING}
 
 
 def test_connection_errors_become_one_line() -> None:

@@ -17,11 +17,10 @@ from grpc_status import rpc_status
 
 from agentstate.agent.v1 import agent_service_pb2 as apb
 from agentstate.common.error_details import DOMAIN
-from agentstate.common.grpc_metadata import trailer
 from agentstate.state.v1 import state_service_pb2 as pb
 from agentstate.state.v1 import state_service_pb2_grpc as pb_grpc
 from tests.support.agent_harness import Stack, metadata
-from tests.support.helpers import expect_rpc_error, new_conversation, put_state, user_text
+from tests.support.helpers import expect_rpc_error, new_conversation, put_state, trailer, user_text
 from tests.support.source_example import QUESTION
 
 Stub: TypeAlias = "pb_grpc.StateServiceAsyncStub"

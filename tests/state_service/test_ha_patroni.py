@@ -16,9 +16,9 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from agentstate.dev.processes import ServiceProcess
 from tests.support.ha_failover import ALLOWED, run_failover
 from tests.support.patroni_cluster import SUPERUSER_PASSWORD, PatroniCluster, missing_tools
+from tests.support.state_process import StateServices, on_postgres
 
 pytestmark = [pytest.mark.ha, pytest.mark.timeout(240)]
 
@@ -51,43 +51,33 @@ def cluster() -> Iterator[PatroniCluster]:
 
 
 async def test_failover_loses_no_acknowledged_write(
-    cluster: PatroniCluster, record_property: Callable[[str, object], None]
+    cluster: PatroniCluster,
+    state_services: StateServices,
+    record_property: Callable[[str, object], None],
 ) -> None:
     # The shape k8s/overlays/ha gives the sidecar: the password apart, in PGPASSWORD.
-    service = ServiceProcess(
-        "agentstate.state_service",
-        {
-            "STATE_LISTEN_ADDRESS": "127.0.0.1:0",
-            "STATE_STORE": "postgres",
-            "DATABASE_URL": cluster.database_url(password=False),
-            "PGPASSWORD": SUPERUSER_PASSWORD,
-        },
+    service = state_services.start(
+        on_postgres(cluster.database_url(password=False), PGPASSWORD=SUPERUSER_PASSWORD)
     )
-    try:
-        address = service.wait_ready()
-        pid = service.proc.pid
-        report = await run_failover(cluster, address, after_recovery=1.0)
-        summary = report.summary()
-        print(f"HA failover: {summary}")
-        for key, value in summary.items():
-            record_property(key, value)
+    address = service.wait_ready()
+    pid = service.proc.pid
+    report = await run_failover(cluster, address, after_recovery=1.0)
+    summary = report.summary()
+    print(f"HA failover: {summary}")
+    for key, value in summary.items():
+        record_property(key, value)
 
-        assert set(report.statuses) <= ALLOWED, report.statuses
-        assert report.statuses["UNAVAILABLE"] + report.statuses["ABORTED"] > 0
-        assert report.promoted_node != report.killed_node
-        # Every acknowledged write is in the final lineage of its conversation.
-        assert not report.lost, report.lost[:5]
-        for cid, (version, log) in report.final.items():
-            # One lineage: version N holds exactly N-1 tokens, none twice.
-            assert len(log) == version - 1 and len(set(log)) == len(log), cid
-            versions = [a.version for a in report.acks if a.conversation_id == cid]
-            assert len(versions) == len(set(versions)), f"{cid}: a version acknowledged twice"
-        assert any(a.at > report.first_write_after_promotion_at for a in report.acks)
-        assert report.write_after_promotion_seconds < WRITE_AFTER_PROMOTION_BOUND_SECONDS
-        # The same process served before and after: no restart.
-        assert service.proc.poll() is None and service.proc.pid == pid
-    finally:
-        code = service.terminate()
-        if code != 0:
-            print(service.output)
-    assert code == 0, service.output
+    assert set(report.statuses) <= ALLOWED, report.statuses
+    assert report.statuses["UNAVAILABLE"] + report.statuses["ABORTED"] > 0
+    assert report.promoted_node != report.killed_node
+    # Every acknowledged write is in the final lineage of its conversation.
+    assert not report.lost, report.lost[:5]
+    for cid, (version, log) in report.final.items():
+        # One lineage: version N holds exactly N-1 tokens, none twice.
+        assert len(log) == version - 1 and len(set(log)) == len(log), cid
+        versions = [a.version for a in report.acks if a.conversation_id == cid]
+        assert len(versions) == len(set(versions)), f"{cid}: a version acknowledged twice"
+    assert any(a.at > report.first_write_after_promotion_at for a in report.acks)
+    assert report.write_after_promotion_seconds < WRITE_AFTER_PROMOTION_BOUND_SECONDS
+    # The same process served before and after: no restart.
+    assert service.proc.poll() is None and service.proc.pid == pid

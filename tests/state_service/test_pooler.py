@@ -17,7 +17,6 @@ import grpc
 import psycopg
 
 from agentstate.common.embedded_postgres import EmbeddedPostgres
-from agentstate.dev.processes import ServiceProcess
 from agentstate.state.v1 import state_service_pb2 as pb
 from agentstate.state.v1 import state_service_pb2_grpc as pb_grpc
 from agentstate.state_service.domain import TurnStart
@@ -32,12 +31,13 @@ from tests.support.pooler_tools import (
     pooled_env,
     require_pgbouncer,
 )
+from tests.support.state_process import StateServices
 
-MODULE = "agentstate.state_service"
 
-
-def run_to_exit(env: dict[str, str], timeout: float = 60) -> tuple[int, str]:
-    service = ServiceProcess(MODULE, env, "serve")
+def run_to_exit(
+    services: StateServices, env: dict[str, str], timeout: float = 60
+) -> tuple[int, str]:
+    service = services.start(env, "serve")
     code = service.wait(timeout)
     return code, service.output
 
@@ -65,10 +65,13 @@ def one_turn(address: str) -> None:
         assert ended.version == 1 and ended.lease_released
 
 
-def test_through_pgbouncer_prepared_statements_must_be_off(postgres: EmbeddedPostgres) -> None:
+def test_through_pgbouncer_prepared_statements_must_be_off(
+    postgres: EmbeddedPostgres, state_services: StateServices
+) -> None:
     direct = pooled_database(postgres, "agentstate_pooler_prepared")
     with pgbouncer(postgres, "agentstate_pooler_prepared", pool_size=3) as bouncer:
-        code, output = run_to_exit(pooled_env(bouncer, direct, STATE_DB_PREPARED_STATEMENTS="on"))
+        prepared = pooled_env(bouncer, direct, STATE_DB_PREPARED_STATEMENTS="on")
+        code, output = run_to_exit(state_services, prepared)
         assert code == 2, output
         line = last_line(output)
         assert line.startswith("agentstate-state: STATE_DB_PREPARED_STATEMENTS: "), line
@@ -76,7 +79,7 @@ def test_through_pgbouncer_prepared_statements_must_be_off(postgres: EmbeddedPos
 
         # Off: it serves through the pooler, as the ordinary role the pooler logs in as
         # (which may not create tables): the migrations ran on the direct URL.
-        service = ServiceProcess(MODULE, pooled_env(bouncer, direct), "serve")
+        service = state_services.start(pooled_env(bouncer, direct), "serve")
         address = service.wait_ready()
         try:
             one_turn(address)
@@ -93,19 +96,22 @@ def test_through_pgbouncer_prepared_statements_must_be_off(postgres: EmbeddedPos
         del env["STATE_MIGRATION_DATABASE_URL"]
         with psycopg.connect(direct, autocommit=True) as conn:
             conn.execute("DELETE FROM agentstate_schema_migrations WHERE version = 6")
-        code, output = run_to_exit(env)
+        code, output = run_to_exit(state_services, env)
         assert code != 0 and "permission denied" in output, output
 
 
-def test_a_pool_larger_than_the_server_allows_is_refused(postgres: EmbeddedPostgres) -> None:
+def test_a_pool_larger_than_the_server_allows_is_refused(
+    postgres: EmbeddedPostgres, state_services: StateServices
+) -> None:
     direct = postgres.dsn  # max_connections 200 (EmbeddedPostgres) - 3 reserved
     code, output = run_to_exit(
+        state_services,
         {
             "STATE_STORE": "postgres",
             "DATABASE_URL": direct,
             "STATE_DB_POOL_MAX_SIZE": "500",
             "STATE_LISTEN_ADDRESS": "127.0.0.1:0",
-        }
+        },
     )
     assert code == 2, output
     line = last_line(output)
@@ -114,12 +120,12 @@ def test_a_pool_larger_than_the_server_allows_is_refused(postgres: EmbeddedPostg
 
 
 def test_behind_the_pooler_the_server_limit_does_not_bound_the_pool(
-    postgres: EmbeddedPostgres,
+    postgres: EmbeddedPostgres, state_services: StateServices
 ) -> None:
     direct = pooled_database(postgres, "agentstate_pooler_big")
     with pgbouncer(postgres, "agentstate_pooler_big", pool_size=2) as bouncer:
-        service = ServiceProcess(
-            MODULE, pooled_env(bouncer, direct, STATE_DB_POOL_MAX_SIZE="500"), "serve"
+        service = state_services.start(
+            pooled_env(bouncer, direct, STATE_DB_POOL_MAX_SIZE="500"), "serve"
         )
         address = service.wait_ready()
         try:
@@ -129,19 +135,20 @@ def test_behind_the_pooler_the_server_limit_does_not_bound_the_pool(
 
 
 def test_a_migration_that_cannot_take_its_lock_stops_start_up(
-    postgres: EmbeddedPostgres,
+    postgres: EmbeddedPostgres, state_services: StateServices
 ) -> None:
     direct = pooled_database(postgres, "agentstate_pooler_lock")
     with psycopg.connect(direct) as holder:  # another migrator, mid-way
         holder.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK_ID,))
         started = time.monotonic()
         code, output = run_to_exit(
+            state_services,
             {
                 "STATE_STORE": "postgres",
                 "DATABASE_URL": direct,
                 "STATE_MIGRATION_LOCK_TIMEOUT_SECONDS": "0.5",
                 "STATE_LISTEN_ADDRESS": "127.0.0.1:0",
-            }
+            },
         )
         assert time.monotonic() - started < 30
         holder.rollback()
@@ -154,7 +161,9 @@ def test_a_migration_that_cannot_take_its_lock_stops_start_up(
         assert row == (None,)
 
 
-def test_readiness_follows_the_pooler(postgres: EmbeddedPostgres) -> None:
+def test_readiness_follows_the_pooler(
+    postgres: EmbeddedPostgres, state_services: StateServices
+) -> None:
     direct = pooled_database(postgres, "agentstate_pooler_ready")
     with pgbouncer(postgres, "agentstate_pooler_ready", pool_size=2) as bouncer:
         env = pooled_env(
@@ -164,7 +173,7 @@ def test_readiness_follows_the_pooler(postgres: EmbeddedPostgres) -> None:
             STATE_DB_RETRY_INTERVAL_SECONDS="0.2",
             STATE_DB_CHECK_TIMEOUT_SECONDS="1",
         )
-        service = ServiceProcess(MODULE, env, "serve")
+        service = state_services.start(env, "serve")
         address = service.wait_ready()
         try:
             assert health(address) == SERVING

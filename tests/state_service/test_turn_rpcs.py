@@ -11,7 +11,6 @@ import pytest
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
-from agentstate.common.grpc_metadata import trailer
 from agentstate.state.v1 import state_service_pb2 as pb
 from agentstate.state.v1 import state_service_pb2_grpc as pb_grpc
 from tests.support.helpers import (
@@ -19,6 +18,7 @@ from tests.support.helpers import (
     expect_rpc_error,
     get_state,
     new_conversation,
+    trailer,
     user_text,
 )
 

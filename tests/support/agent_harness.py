@@ -17,13 +17,13 @@ import grpc
 from agentstate.agent.v1 import agent_service_pb2 as pb
 from agentstate.agent.v1 import agent_service_pb2_grpc as pb_grpc
 from agentstate.agent_service.agent_state import AgentState, Msg
-from agentstate.agent_service.auth import USER_ID_METADATA_KEY
 from agentstate.agent_service.config import AgentServiceSettings
 from agentstate.agent_service.middleware import ContextMiddleware
 from agentstate.agent_service.model.base import ChatModel, ModelEvent, ModelRequest
 from agentstate.agent_service.profile import Profile
 from agentstate.agent_service.server import AgentServiceApp
 from agentstate.agent_service.tools.registry import Tool
+from agentstate.client.metadata import USER_ID_METADATA_KEY
 from agentstate.common import error_details
 from agentstate.examples.order_demo import OrderDemoProfile, OrderDemoSettings
 from agentstate.examples.order_demo.model import ScriptedOrderModel

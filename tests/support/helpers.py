@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable
-from typing import Any
+from collections.abc import Awaitable, Iterable
+from typing import Any, cast
 
 import grpc
 
@@ -81,3 +81,13 @@ async def all_messages(
         token = page.next_page_token
         if not token:
             return records
+
+
+def trailer(error: grpc.aio.AioRpcError, key: str) -> str | None:
+    """The value of one trailing-metadata key of a failed call, or None."""
+    # grpc.aio yields (key, value) pairs; grpc-stubs types them as _Metadatum.
+    pairs = cast(Iterable[tuple[str, str | bytes]], error.trailing_metadata() or ())
+    for item_key, value in pairs:
+        if item_key == key:
+            return value if isinstance(value, str) else value.decode()
+    return None

@@ -1,6 +1,7 @@
 """`agentstate-agent`: run the agent service.
 
-Settings come from environment variables: see agent_service/config.py and README.
+Settings come from environment variables: see agent_service/config.py and
+docs/reference/settings.md.
 AGENT_PROFILE picks the profile (agent_service/profile.py); a bad one exits with 2.
 """
 

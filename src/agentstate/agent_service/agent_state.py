@@ -96,14 +96,6 @@ def _builtins(value: msgspec.Struct) -> JSON:
     return data
 
 
-def block_from_json(data: JSON) -> Block:
-    try:
-        block: Block = msgspec.convert(data, Block)
-        return block
-    except msgspec.ValidationError as exc:
-        raise ValueError(f"not a block: {exc}") from exc
-
-
 def now_timestamp() -> str:
     """The source's timestamp format: 2026-09-28 12:00:35.842 (UTC here)."""
     return datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]

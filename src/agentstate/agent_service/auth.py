@@ -1,6 +1,6 @@
 """Who the end user of a call is: one identity function for every AgentService RPC.
 
-AGENT_AUTH_MODE picks how a caller proves it (README "Authentication"):
+AGENT_AUTH_MODE picks how a caller proves it (docs/authentication.md):
 
 - `jwt`: an `authorization: Bearer <token>` metadata entry holding a signed JWT (OIDC
   access or ID token). Its signature is checked with the issuer's public keys (a JWKS URL,
@@ -36,13 +36,14 @@ from cryptography.hazmat.primitives import serialization
 
 from agentstate.agent_service import errors
 from agentstate.agent_service.config import MIN_PROXY_SECRET_CHARS, AgentServiceSettings
+from agentstate.client.metadata import (
+    AUTHORIZATION_METADATA_KEY,
+    PROXY_SECRET_METADATA_KEY,
+    USER_ID_METADATA_KEY,
+)
 from agentstate.common.config import ConfigError
 
 log = logging.getLogger(__name__)
-
-USER_ID_METADATA_KEY = "agentstate-user-id"
-PROXY_SECRET_METADATA_KEY = "agentstate-proxy-secret"
-AUTHORIZATION_METADATA_KEY = "authorization"
 
 # ErrorInfo reasons of UNAUTHENTICATED.
 NO_CREDENTIALS = "UNAUTHENTICATED"  # the reason a missing identity always had
@@ -289,7 +290,7 @@ def build_authenticator(settings: AgentServiceSettings) -> Authenticator:
         log.warning(
             "AGENT_AUTH_MODE=dev-header: the %s header is trusted from any caller, so "
             "anyone who reaches this service can act as any user. Development only: use "
-            'jwt or proxy in production (README "Authentication")',
+            "jwt or proxy in production (docs/authentication.md)",
             USER_ID_METADATA_KEY,
         )
         return DevHeaderAuth()

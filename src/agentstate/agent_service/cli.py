@@ -11,7 +11,7 @@ AGENTSTATE_ADDRESS (default 127.0.0.1:50061) is the agent service and
 AGENTSTATE_USER (default "demo") the end user sent as `agentstate-user-id`
 (--address and --user override them; AGENT_AUTH_MODE=dev-header). With AGENTSTATE_TOKEN
 set, that access token is sent as `authorization: Bearer` instead (AGENT_AUTH_MODE=jwt;
-README "Authentication"). Without --approve/--deny, a confirmation card is asked about on
+docs/authentication.md). Without --approve/--deny, a confirmation card is asked about on
 the terminal. `confirm` answers a card left open earlier (by another session, or a chat
 that was interrupted).
 """
@@ -30,11 +30,8 @@ from pydantic import Field
 
 from agentstate.agent.v1 import agent_service_pb2 as pb
 from agentstate.agent.v1 import agent_service_pb2_grpc as pb_grpc
-from agentstate.agent_service.auth import (
-    AUTHORIZATION_METADATA_KEY,
-    NO_CREDENTIALS,
-    USER_ID_METADATA_KEY,
-)
+from agentstate.agent_service.auth import NO_CREDENTIALS
+from agentstate.client.metadata import AUTHORIZATION_METADATA_KEY, USER_ID_METADATA_KEY
 from agentstate.common import error_details
 from agentstate.common.config import ConfigError, EnvSettings
 

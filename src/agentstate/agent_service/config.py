@@ -1,4 +1,5 @@
-"""Agent service settings: one declaration each, read from environment variables (README).
+"""Agent service settings: one declaration each, read from environment variables
+(docs/reference/settings.md).
 
 The OpenAI-compatible model's own settings (OPENAI_*) are OpenAISettings, in
 agent_service/model/openai_compat.py: they are read only when AGENT_MODEL=openai.
@@ -185,7 +186,7 @@ class AgentServiceSettings(EnvSettings):
         description="how spans carry the end user: hash, plain or omit",
     )
 
-    # ---- identity of the end user (agent_service/auth.py; README "Authentication")
+    # ---- identity of the end user (agent_service/auth.py; docs/authentication.md)
     auth_mode: AuthMode = Field(
         default="jwt",
         validation_alias="AGENT_AUTH_MODE",

@@ -22,7 +22,7 @@ from agentstate.agent_service.context.tokens import make_counter
 from agentstate.agent_service.middleware import DEFAULT_MIDDLEWARES, ContextMiddleware
 from agentstate.agent_service.model.base import ChatModel
 from agentstate.agent_service.profile import Profile
-from agentstate.agent_service.runtime import RuntimeSettings, TurnRunner
+from agentstate.agent_service.runtime import LeaseSettings, RuntimeSettings, TurnRunner
 from agentstate.agent_service.servicer import AgentServicer
 from agentstate.agent_service.state_health import LIVENESS_SERVICE, StateHealthWatch
 from agentstate.agent_service.tools.registry import Tool, ToolRegistry
@@ -148,10 +148,12 @@ class AgentServiceApp:
             ),
             tools=tools,
             settings=RuntimeSettings(
-                holder=settings.replica_name,
-                lease_ttl_ms=int(settings.lease_ttl_seconds * 1000),
-                lease_renew_seconds=settings.lease_renew_seconds,
-                max_turns_per_user=settings.max_turns_per_user,
+                lease=LeaseSettings(
+                    holder=settings.replica_name,
+                    ttl_ms=int(settings.lease_ttl_seconds * 1000),
+                    renew_seconds=settings.lease_renew_seconds,
+                    max_turns_per_user=settings.max_turns_per_user,
+                ),
                 card_ttl_seconds=settings.card_ttl_seconds,
                 max_steps=settings.max_steps,
                 trace_user_id=settings.trace_user_id,

@@ -375,8 +375,8 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
         self, request: pb.GetRagHistoryRequest, context: Context
     ) -> pb.GetRagHistoryResponse:
         user_id = await self._user(context)
-        # The paging rule of every list RPC (README): 0 is the default, a number
-        # above the maximum is the maximum, a negative one is refused.
+        # The paging rule of every list RPC (docs/reference/state-rpcs.md): 0 is the
+        # default, a number above the maximum is the maximum, a negative one is refused.
         if request.turns < 0:
             raise errors.InvalidInput("turns must not be negative")
         turns = min(request.turns or DEFAULT_TURNS, MAX_TURNS)

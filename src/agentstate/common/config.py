@@ -26,7 +26,7 @@ from pydantic_settings import (
 # One ConfigError for every settings class, the client's (which has no pydantic) included.
 from agentstate.client.settings import ConfigError as ConfigError
 
-# The README's way of writing a setting without a default value.
+# The settings reference's way of writing a setting without a default value.
 NO_DEFAULT = "—"
 
 
@@ -35,7 +35,7 @@ def casefold_choice(value: object) -> object:
     return value.lower() if isinstance(value, str) else value
 
 
-# Where data lives by default, named once; README ("Embedded PostgreSQL") quotes it.
+# Where data lives by default, named once; docs/running.md ("Embedded PostgreSQL") quotes it.
 DATA_DIR_RULE = (
     "`/var/tmp/agentstate-$USER/`, where `$USER` is the `USER` environment variable or, "
     "when it is unset or empty, the numeric user id (`/var/tmp/agentstate-0/` for root "
@@ -115,7 +115,7 @@ class EnvSettings(BaseSettings):
 
     @classmethod
     def documented_defaults(cls) -> dict[str, str]:
-        """Environment variable name -> its default as the README writes it."""
+        """Environment variable name -> its default as docs/reference/settings.md writes it."""
         return {name: shown_default(info) for name, info in cls.variables().items()}
 
 
@@ -127,8 +127,9 @@ def _variable(field_name: str, info: FieldInfo) -> str:
 
 
 def shown_default(info: FieldInfo) -> str:
-    """A default as the README shows it: `empty`, `true`, `10` (not 10.0), or the text
-    declared in json_schema_extra["shown_default"] for a default computed at start-up."""
+    """A default as docs/reference/settings.md shows it: `empty`, `true`, `10` (not 10.0),
+    or the text declared in json_schema_extra["shown_default"] for a default computed at
+    start-up."""
     extra = info.json_schema_extra
     if isinstance(extra, dict) and isinstance(extra.get("shown_default"), str):
         return str(extra["shown_default"])

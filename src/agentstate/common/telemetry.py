@@ -146,7 +146,7 @@ LogLevel = Annotated[
 
 
 class LoggingSettings(EnvSettings):
-    """How both services log (README, "Configuration")."""
+    """How both services log (docs/reference/settings.md)."""
 
     format: LogFormat = Field(
         default="json",

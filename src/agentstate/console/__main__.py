@@ -1,6 +1,6 @@
 """`agentstate-console`: run the web console.
 
-Settings come from environment variables (console/config.py and README). It logs
+Settings come from environment variables (console/config.py and docs/reference/settings.md). It logs
 "listening on http://HOST:PORT" once the socket is bound (port 0 picks one).
 """
 

@@ -28,13 +28,12 @@ from starlette.staticfiles import StaticFiles
 from agentstate.agent.v1 import agent_service_pb2 as pb
 from agentstate.agent.v1 import agent_service_pb2_grpc as pb_grpc
 from agentstate.client import StateError
+from agentstate.client.metadata import PROXY_SECRET_METADATA_KEY, USER_ID_METADATA_KEY
 from agentstate.client.service_config import channel_options
 from agentstate.console.config import ConsoleSettings
 from agentstate.console.present import event_view, record_view
 from agentstate.console.state_reads import StateReader
 
-USER_ID_METADATA_KEY = "agentstate-user-id"
-PROXY_SECRET_METADATA_KEY = "agentstate-proxy-secret"
 STATIC = Path(__file__).parent / "static"
 _ID = re.compile(r"^[0-9]{1,20}$")
 MAX_QUESTION_CHARS = 8000

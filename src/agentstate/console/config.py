@@ -1,4 +1,5 @@
-"""Console settings: one declaration each, read from environment variables (README)."""
+"""Console settings: one declaration each, read from environment variables
+(docs/reference/settings.md)."""
 
 from __future__ import annotations
 

@@ -6,7 +6,8 @@
     agentstate-state split-states [--batch-size N]   # move states stored whole into rows
                                                      # (migration 11), online, in batches
 
-Settings come from environment variables: see state_service/config.py and README.
+Settings come from environment variables: see state_service/config.py and
+docs/reference/settings.md.
 """
 
 from __future__ import annotations

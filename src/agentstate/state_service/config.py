@@ -1,4 +1,5 @@
-"""State service settings: one declaration each, read from environment variables (README)."""
+"""State service settings: one declaration each, read from environment variables
+(docs/reference/settings.md)."""
 
 from __future__ import annotations
 

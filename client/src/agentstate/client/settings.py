@@ -124,7 +124,7 @@ class ClientSettings:
 
     @classmethod
     def documented_defaults(cls) -> dict[str, str]:
-        """Environment variable name -> its default as the README writes it."""
+        """Environment variable name -> its default as docs/reference/settings.md writes it."""
         shown = {}
         for f in fields(cls):
             default = f.default

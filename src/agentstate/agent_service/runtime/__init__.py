@@ -12,6 +12,7 @@
 No gRPC, no SQL, no protobuf here.
 """
 
+from agentstate.agent_service.runtime.lease import LeaseSettings
 from agentstate.agent_service.runtime.runner import RuntimeSettings, TurnRunner
 
-__all__ = ["RuntimeSettings", "TurnRunner"]
+__all__ = ["LeaseSettings", "RuntimeSettings", "TurnRunner"]

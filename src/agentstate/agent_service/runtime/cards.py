@@ -10,6 +10,7 @@ versions stored, so cards saved by them still load.
 from __future__ import annotations
 
 import enum
+import logging
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -25,6 +26,8 @@ from agentstate.agent_service.agent_state import (
 )
 from agentstate.agent_service.runtime import outcomes, texts
 from agentstate.client.types import MessageStatus, MessageUpdate, MessageWrite
+
+log = logging.getLogger(__name__)
 
 CARD_METADATA_KEY = outcomes.CARD_METADATA_KEY
 # On the confirmation message (never in the model context): [{call_id, approved}].
@@ -76,7 +79,8 @@ class Card:
 
     @classmethod
     def of(cls, msg: Msg) -> Card | None:
-        """The card on a message; None when it has none of ours (say, another runtime's)."""
+        """The card on a message; None when it has none of ours (say, another runtime's)
+        or one that does not decode (logged: its calls then count as expired)."""
         data = msg.metadata.get(CARD_METADATA_KEY)
         if not isinstance(data, dict):
             return None
@@ -96,13 +100,21 @@ class Card:
                     for c in data.get("calls", [])
                 ],
             )
-        except (KeyError, TypeError, ValueError):
+        except (KeyError, TypeError, ValueError) as exc:
+            log.warning(
+                "the card on message %s does not decode (%s: %s); its calls count as expired",
+                msg.id,
+                type(exc).__name__,
+                exc,
+                extra={"message_id": msg.id},
+            )
             return None
 
 
 @dataclass(frozen=True)
-class OpenCard:
-    """The calls still waiting in a state, and the card that asked for them."""
+class WaitingCalls:
+    """The calls still waiting in a state, and the card that asked for them (not the
+    BeginTurn guard `agentstate.client.types.OpenCard`, which names a card's record)."""
 
     message: Msg  # the assistant message holding the calls
     card: Card | None  # None: pending calls with no card of ours (they count as expired)
@@ -115,22 +127,23 @@ class OpenCard:
         return self.card is not None and self.card.record_id == record_id
 
 
-def open_card(state: AgentState) -> OpenCard | None:
+def waiting_calls(state: AgentState) -> WaitingCalls | None:
+    """The calls of `state` that have no result yet, or None."""
     pending = state.pending_calls()
     if not pending:
         return None
     message = pending[0][0]
-    return OpenCard(message, Card.of(message), [call for _, call in pending])
+    return WaitingCalls(message, Card.of(message), [call for _, call in pending])
 
 
 def now() -> datetime:
     return datetime.now(UTC)
 
 
-def settle_expired(state: AgentState, opened: OpenCard) -> list[MessageWrite]:
+def settle_expired(state: AgentState, waiting: WaitingCalls) -> list[MessageWrite]:
     """Answer every pending call of an expired card as not executed; the record
     write that marks its card expired (none when it has no card of ours)."""
-    for call in opened.calls:
+    for call in waiting.calls:
         state.context.append(
             Msg(
                 role=Role.TOOL,
@@ -141,9 +154,9 @@ def settle_expired(state: AgentState, opened: OpenCard) -> list[MessageWrite]:
                 ],
             )
         )
-    if opened.card is None:
+    if waiting.card is None:
         return []
-    return [answered(opened.card.settled(CardStatus.EXPIRED), state, opened.message)]
+    return [answered(waiting.card.settled(CardStatus.EXPIRED), state, waiting.message)]
 
 
 def answered(card: Card, state: AgentState, message: Msg) -> MessageUpdate:
@@ -160,7 +173,7 @@ def answered(card: Card, state: AgentState, message: Msg) -> MessageUpdate:
     )
 
 
-def decision_message(opened: OpenCard, approved: bool) -> Msg:
+def decision_message(waiting: WaitingCalls, approved: bool) -> Msg:
     """How a confirmation reaches the runtime: a user message with no text whose
     metadata carries the decisions. It never enters the model context."""
     return Msg(
@@ -169,7 +182,7 @@ def decision_message(opened: OpenCard, approved: bool) -> Msg:
         content=[],
         metadata={
             CONFIRM_RESULTS_KEY: [
-                {"call_id": call.id, "approved": approved} for call in opened.calls
+                {"call_id": call.id, "approved": approved} for call in waiting.calls
             ]
         },
     )

@@ -29,6 +29,8 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class LeaseSettings:
+    """The runtime's lease settings (declared for operators in agent_service/config.py)."""
+
     holder: str = "agent"  # this replica's name, recorded on leases
     ttl_ms: int = 15_000
     renew_seconds: float = 2.0

@@ -11,7 +11,7 @@ stored state is left as it was: never half a turn.
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +31,8 @@ from agentstate.agent_service.runtime.deltas import (
 from agentstate.agent_service.runtime.port import StatePort
 from agentstate.agent_service.turns import TurnControl
 from agentstate.client.types import CompactionNote, MessageStatus, MessageUpdate, MessageWrite
+
+log = logging.getLogger(__name__)
 
 # On an ERROR record: the sentence a page shows for what went wrong.
 ERROR_METADATA_KEY = "error"
@@ -142,8 +144,11 @@ class TurnSaver:
 
     async def mark_failed(self, control: TurnControl, record: TurnRecord, error: str) -> None:
         """The reply record says ERROR, keeps what the user saw and `error`, the
-        sentence a page shows for it (metadata "error"); the state is not written."""
-        with contextlib.suppress(errors.AgentError):
+        sentence a page shows for it (metadata "error"); the state is not written.
+        When even that write fails (the state service is gone too), the turn's own
+        error still reaches the caller: this one is logged, and the record stays
+        STREAMING until the conversation's next turn marks it INTERRUPTED."""
+        try:
             await self._state.update_message(
                 control.user_id,
                 control.conversation_id,
@@ -153,6 +158,21 @@ class TurnSaver:
                     blocks=record.to_json(),
                     metadata={ERROR_METADATA_KEY: error},
                 ),
+            )
+        except errors.AgentError as exc:
+            log.warning(
+                "turn %s of conversation %s: its reply record %s could not be marked ERROR "
+                "(%s: %s)",
+                control.task_id,
+                control.conversation_id,
+                record.record_id,
+                type(exc).__name__,
+                exc,
+                extra={
+                    "conversation_id": control.conversation_id,
+                    "task_id": control.task_id,
+                    "record_id": record.record_id,
+                },
             )
 
 

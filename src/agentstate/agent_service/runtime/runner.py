@@ -3,8 +3,10 @@
 A turn is two state calls when nothing goes wrong. BeginTurn takes the
 conversation's run lease, appends the turn's records and loads the state (a load
 failure ends the turn: never start fresh over a state that exists); the ReAct
-loop runs; EndTurn saves the whole state with the version it loaded
-(compare-and-set) together with the turn's record writes and releases the lease.
+loop runs; EndTurn saves it compare-and-set on the version it loaded, together with
+the turn's record writes, and releases the lease. What EndTurn carries is a delta,
+only what the turn changed, when this replica holds that version's parts (the
+baseline), else the whole state (persistence.py).
 Knows nothing of gRPC or SQL: state goes through a StatePort, the model through
 a ChatModel.
 """
@@ -16,7 +18,7 @@ import contextlib
 import json
 import logging
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Any
 
@@ -74,10 +76,7 @@ Outcome = Finished | CardShown | Cancelled
 
 @dataclass(frozen=True)
 class RuntimeSettings:
-    holder: str = "agent"  # this replica's name, recorded on leases
-    lease_ttl_ms: int = 15_000
-    lease_renew_seconds: float = 2.0
-    max_turns_per_user: int = 5
+    lease: LeaseSettings = field(default_factory=LeaseSettings)
     card_ttl_seconds: float = 900.0
     max_steps: int = 8
     trace_user_id: str = "hash"  # how spans carry the end user: hash, plain or omit
@@ -132,16 +131,7 @@ class TurnRunner:
         self.context = context
         self.settings = settings
         self.registry = registry
-        self.leases = TurnLeases(
-            state,
-            LeaseSettings(
-                holder=settings.holder,
-                ttl_ms=settings.lease_ttl_ms,
-                renew_seconds=settings.lease_renew_seconds,
-                max_turns_per_user=settings.max_turns_per_user,
-            ),
-            registry,
-        )
+        self.leases = TurnLeases(state, settings.lease, registry)
         self.loop = ReactLoop(
             model=model,
             tools=tools,
@@ -245,15 +235,15 @@ class TurnRunner:
             state_changed = state.shutdown_interrupted
             hints = self._recover_interrupted(state, control)
             writes: list[MessageWrite] = []
-            opened = cards.open_card(state)
-            if opened is not None:
-                if not opened.expired(cards.now()):  # the record and the state disagree
-                    assert opened.card is not None
+            waiting = cards.waiting_calls(state)
+            if waiting is not None:
+                if not waiting.expired(cards.now()):  # the record and the state disagree
+                    assert waiting.card is not None
                     raise errors.CardPending(
-                        texts.CARD_PENDING.format(message_id=opened.card.record_id),
-                        opened.card.record_id,
+                        texts.CARD_PENDING.format(message_id=waiting.card.record_id),
+                        waiting.card.record_id,
                     )
-                writes += cards.settle_expired(state, opened)
+                writes += cards.settle_expired(state, waiting)
                 hints.append(texts.HINT_EXPIRED_CARD_SETTLED)
             record = TurnRecord(begun.record_ids[1])
             await emit(Meta(conversation_id, control.task_id, begun.conversation_created))
@@ -293,8 +283,8 @@ class TurnRunner:
         """CardPending unless the open card `message_id` has expired (a rare path: one
         more state call, before anything is written)."""
         loaded = await self.state.load(user_id, conversation_id)
-        opened = cards.open_card(loaded.state) if loaded.state else None
-        if opened is not None and opened.is_card(message_id) and not opened.expired(cards.now()):
+        waiting = cards.waiting_calls(loaded.state) if loaded.state else None
+        if waiting is not None and waiting.is_card(message_id) and not waiting.expired(cards.now()):
             raise errors.CardPending(texts.CARD_PENDING.format(message_id=message_id), message_id)
 
     async def confirm(
@@ -338,20 +328,20 @@ class TurnRunner:
                 raise
             record = TurnRecord(begun.record_ids[0])
             state, baseline = self._loaded(begun, held)
-            opened = cards.open_card(state) if state else None
-            if state is None or opened is None or not opened.is_card(message_id):
+            waiting = cards.waiting_calls(state) if state else None
+            if state is None or waiting is None or not waiting.is_card(message_id):
                 # The record awaits confirmation but the state has no such card: refuse,
                 # and leave the reply record this turn opened saying it failed.
                 await self.saver.mark_failed(control, record, texts.CARD_HANDLED_RECORD)
                 raise errors.Conflict(texts.CARD_ALREADY_HANDLED.format(message_id=message_id))
-            card = opened.card
+            card = waiting.card
             assert card is not None
             hints = self._recover_interrupted(state, control)
-            if opened.expired(cards.now()):
+            if waiting.expired(cards.now()):
                 CONFIRMATIONS.add(1, {"decision": CardStatus.EXPIRED.value})
                 # The reply record this turn opened says what happened.
                 record.add(TextBlock(texts.EXPIRED_CARD))
-                settled = cards.settle_expired(state, opened)
+                settled = cards.settle_expired(state, waiting)
                 await self.saver.save(
                     control, state, begun.version, record, settled, baseline=baseline
                 )
@@ -360,7 +350,7 @@ class TurnRunner:
                         message_id=message_id, expires_at=card.expires_at.isoformat()
                     )
                 )
-            decision = cards.decision_message(opened, approved)
+            decision = cards.decision_message(waiting, approved)
             await emit(Meta(begun.conversation_id, control.task_id, False))
             for hint in hints:
                 await emit(Hint(hint))
@@ -375,7 +365,7 @@ class TurnRunner:
                 [],
                 emit,
                 decision=decision,
-                card=(answered, opened.message),
+                card=(answered, waiting.message),
                 baseline=baseline,
             )
         await self._finish(outcome, emit)

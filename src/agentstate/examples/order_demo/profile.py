@@ -27,7 +27,8 @@ SYSTEM_PROMPT = (
 
 
 class OrderDemoSettings(EnvSettings):
-    """The profile's own settings, read from the agent's environment (README table)."""
+    """The profile's own settings, read from the agent's environment
+    (docs/reference/settings.md)."""
 
     database_url: str = Field(
         default="",
