@@ -11,41 +11,35 @@ import json
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import grpc
 import pytest
 
 from agentstate.agent.v1 import agent_service_pb2 as apb
 from agentstate.agent.v1 import agent_service_pb2_grpc as apb_grpc
-from agentstate.agent_service.auth import USER_ID_METADATA_KEY
 from agentstate.client import AsyncStateClient
 from agentstate.client.error_details import error_info
+from agentstate.client.metadata import USER_ID_METADATA_KEY
 from agentstate.dev.processes import ServiceProcess
 from agentstate.state.v1 import state_service_pb2 as pb
 from agentstate.state.v1 import state_service_pb2_grpc as pb_grpc
+from tests.support.state_process import StateServices, on_postgres
 
 CAP, QUEUED, RETRY_AFTER_MS, CALLERS = 4, 4, 40, 40
 
 
 @pytest.fixture
-def capped_service(database_url: str) -> Iterator[str]:
-    service = ServiceProcess(
-        "agentstate.state_service",
-        {
-            "STATE_LISTEN_ADDRESS": "127.0.0.1:0",
-            "STATE_STORE": "postgres",
-            "DATABASE_URL": database_url,
-            "STATE_DB_POOL_MAX_SIZE": str(CAP),
-            "STATE_MAX_CALLS_IN_FLIGHT": str(CAP),
-            "STATE_MAX_QUEUED_CALLS": str(QUEUED),
-            "STATE_OVERLOAD_RETRY_AFTER_MS": str(RETRY_AFTER_MS),
-        },
+def capped_service(database_url: str, state_services: StateServices) -> str:
+    return state_services.serve(
+        on_postgres(
+            database_url,
+            STATE_DB_POOL_MAX_SIZE=str(CAP),
+            STATE_MAX_CALLS_IN_FLIGHT=str(CAP),
+            STATE_MAX_QUEUED_CALLS=str(QUEUED),
+            STATE_OVERLOAD_RETRY_AFTER_MS=str(RETRY_AFTER_MS),
+        )
     )
-    address = service.wait_ready()
-    yield address
-    assert service.terminate() == 0, service.output
 
 
 def _payload(caller: int, n: int) -> bytes:
@@ -55,7 +49,7 @@ def _payload(caller: int, n: int) -> bytes:
 def _check_refusal(exc: grpc.aio.AioRpcError) -> int:
     """A refusal at capacity as documented; its pushback in ms."""
     assert exc.code() == grpc.StatusCode.UNAVAILABLE, (exc.code(), exc.details())
-    trailers = dict(exc.trailing_metadata() or ())
+    trailers: dict[str, Any] = dict(cast(Any, exc.trailing_metadata()) or ())
     pushback = int(trailers["grpc-retry-pushback-ms"])
     assert RETRY_AFTER_MS / 2 <= pushback <= RETRY_AFTER_MS * 3 / 2
     info = error_info(exc)
@@ -71,8 +65,9 @@ async def test_past_capacity_calls_are_refused_with_pushback_and_nothing_is_lost
     async with grpc.aio.insecure_channel(capped_service) as channel:
         stub = pb_grpc.StateServiceStub(channel)
         cids = [
-            (await stub.CreateConversation(pb.CreateConversationRequest(user_id=user_id)))
-            .conversation.conversation_id
+            (
+                await stub.CreateConversation(pb.CreateConversationRequest(user_id=user_id))
+            ).conversation.conversation_id
             for _ in range(CALLERS)
         ]
         acknowledged: dict[int, tuple[int, bytes]] = {}
@@ -124,7 +119,7 @@ async def test_past_capacity_calls_are_refused_with_pushback_and_nothing_is_lost
             )
 
 
-class _Attempts(grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[misc]
+class _Attempts(grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[type-arg]
     """Counts the attempts the client itself makes, by status."""
 
     def __init__(self) -> None:
@@ -141,7 +136,9 @@ async def test_the_client_comes_back_when_the_server_says(
 ) -> None:
     attempts = _Attempts()
     async with AsyncStateClient.connect(
-        capped_service, timeout_seconds=30, interceptors=[attempts]
+        capped_service,
+        timeout_seconds=30,
+        interceptors=[cast("grpc.aio.ClientInterceptor", attempts)],
     ) as client:
         cids = [(await client.create_conversation(user_id)).conversation_id for _ in range(CALLERS)]
 
@@ -167,20 +164,17 @@ async def test_the_client_comes_back_when_the_server_says(
 
 
 def test_the_agents_turns_wait_out_a_busy_state_service(
-    database_url: str, orders_database_url: str
+    database_url: str, orders_database_url: str, state_services: StateServices
 ) -> None:
     """A state service that serves one call at a time and queues none: 12 concurrent Chat
     turns all finish, because the agent's state client comes back after each refusal."""
-    state = ServiceProcess(
-        "agentstate.state_service",
-        {
-            "STATE_LISTEN_ADDRESS": "127.0.0.1:0",
-            "STATE_STORE": "postgres",
-            "DATABASE_URL": database_url,
-            "STATE_MAX_CALLS_IN_FLIGHT": "1",
-            "STATE_MAX_QUEUED_CALLS": "0",
-            "STATE_OVERLOAD_RETRY_AFTER_MS": "20",
-        },
+    state_address = state_services.serve(
+        on_postgres(
+            database_url,
+            STATE_MAX_CALLS_IN_FLIGHT="1",
+            STATE_MAX_QUEUED_CALLS="0",
+            STATE_OVERLOAD_RETRY_AFTER_MS="20",
+        )
     )
     agent = None
     try:
@@ -189,7 +183,7 @@ def test_the_agents_turns_wait_out_a_busy_state_service(
             {
                 "AGENT_LISTEN_ADDRESS": "127.0.0.1:0",
                 "AGENT_AUTH_MODE": "dev-header",
-                "AGENT_STATE_ADDRESS": state.wait_ready(),
+                "AGENT_STATE_ADDRESS": state_address,
                 "AGENT_PROFILE": "order_demo",
                 "ORDERS_DATABASE_URL": orders_database_url,
                 "AGENT_STATE_TIMEOUT_SECONDS": "30",
@@ -213,4 +207,3 @@ def test_the_agents_turns_wait_out_a_busy_state_service(
     finally:
         if agent is not None:
             assert agent.terminate() == 0, agent.output
-        assert state.terminate() == 0, state.output

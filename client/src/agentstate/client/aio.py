@@ -129,17 +129,15 @@ class AsyncStateClient:
         method = getattr(self._stub, op.method)
         budget = self._timeout if timeout is None else timeout
         deadline = time.monotonic() + budget
-        attempts = 1
         while True:
             try:
                 response = await method(op.request, timeout=deadline - time.monotonic())
             except grpc.RpcError as exc:
                 # A server at capacity refused it before doing anything: come back when
                 # it says (agentstate.client.pushback).
-                delay = pushback.retry_delay(exc, op.method, attempts, deadline)
+                delay = pushback.retry_delay(exc, deadline)
                 if delay is None:
                     raise from_rpc_error(exc) from exc
-                attempts += 1
                 await pushback.async_pause(delay)
                 continue
             return op.parse(response)
