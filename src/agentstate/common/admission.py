@@ -38,12 +38,18 @@ from typing import Any
 import grpc
 
 from agentstate.common.error_details import ErrorDetail, abort
+from agentstate.common.telemetry import meter
 
 REASON = "OVERLOADED"
 RETRY_AFTER_MS = "retry_after_ms"  # ErrorInfo.metadata key
 PUSHBACK_TRAILER = "grpc-retry-pushback-ms"
 # Never refused: probes and tooling.
 EXEMPT_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
+
+REFUSED = meter("agentstate.admission").create_counter(
+    "agentstate.admission.refused",
+    description="Calls refused at capacity (UNAVAILABLE, reason OVERLOADED), by rpc.method",
+)
 
 
 @dataclass(frozen=True)
@@ -112,7 +118,10 @@ def _refusal_message(limits: AdmissionLimits, pushback_ms: int) -> str:
     )
 
 
-async def refuse(context: grpc.aio.ServicerContext[Any, Any], admission: Admission) -> None:
+async def refuse(
+    context: grpc.aio.ServicerContext[Any, Any], admission: Admission, method: str
+) -> None:
+    REFUSED.add(1, {"rpc.method": method})
     pushback = admission.pushback_ms()
     await abort(
         context,
@@ -126,13 +135,14 @@ async def refuse(context: grpc.aio.ServicerContext[Any, Any], admission: Admissi
 UnaryBehaviour = Callable[[Any, grpc.aio.ServicerContext[Any, Any]], Awaitable[Any]]
 
 
-def admitted(behaviour: UnaryBehaviour, admission: Admission) -> UnaryBehaviour:
-    """`behaviour` run inside a slot, or refused."""
+def admitted(behaviour: UnaryBehaviour, admission: Admission, method: str) -> UnaryBehaviour:
+    """`behaviour` (the handler of `method`) run inside a slot, or refused."""
+    name = method.rsplit("/", 1)[-1]
 
     async def guarded(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         entry = admission.try_enter()
         if entry is False:
-            await refuse(context, admission)
+            await refuse(context, admission, name)
         if entry is not True:
             assert isinstance(entry, asyncio.Future)
             try:
@@ -173,7 +183,7 @@ class AdmissionInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg
         if handler is None or handler.unary_unary is None or method.startswith(EXEMPT_PREFIXES):
             return handler  # not cached: the continuation stays authoritative
         guarded = grpc.unary_unary_rpc_method_handler(
-            admitted(handler.unary_unary, self.admission),
+            admitted(handler.unary_unary, self.admission, method),
             request_deserializer=handler.request_deserializer,
             response_serializer=handler.response_serializer,
         )

@@ -93,6 +93,14 @@ class _Worker:
     proc: subprocess.Popen[bytes]
     started: float
     ready_fd: int | None  # the read end while it is starting
+    served: bool = False  # it said it serves
+
+    def stopped_cleanly(self) -> bool:
+        """Exit 0, or killed by the stop signal before it served (nothing to drain: a
+        worker that is still importing has no handler for it yet)."""
+        code = self.proc.returncode
+        stop_signals = (-signal.SIGTERM, -signal.SIGINT)
+        return code == 0 or (not self.served and code in stop_signals)
 
 
 @dataclass
@@ -137,6 +145,9 @@ class Supervisor:
                 said = os.read(fd, 64)
                 os.close(fd)
                 worker.ready_fd = None
+                worker.served = bool(said)
+                if not said and self._stopping:
+                    return 0
                 if not said:  # the pipe closed unread: it exited before serving
                     code = worker.proc.wait()
                     log.error("%s %d exited with %d while starting", self.label, worker.index, code)
@@ -175,7 +186,8 @@ class Supervisor:
             if self._stopping:
                 codes = [w.proc.wait() for w in self._workers.values()]
                 log.info("%ss stopped (exit statuses %s)", self.label, codes)
-                return 0 if all(code == 0 for code in codes) else 1
+                clean = all(w.stopped_cleanly() for w in self._workers.values())
+                return 0 if clean else 1
             try:
                 pid, status = os.waitpid(-1, 0)
             except ChildProcessError:
