@@ -172,8 +172,14 @@ def measure_workers(bench: Bench, workers: int, seconds: float) -> dict[str, Any
         service.terminate()
 
 
-def measure_overload(bench: Bench, capacity_calls_per_s: float, seconds: float) -> dict[str, Any]:
-    service, address = bench.service(STATE_DB_POOL_MAX_SIZE="8")
+def measure_overload(
+    bench: Bench, capacity_calls_per_s: float, seconds: float, caps: tuple[int, int]
+) -> dict[str, Any]:
+    service, address = bench.service(
+        STATE_DB_POOL_MAX_SIZE="8",
+        STATE_MAX_CALLS_IN_FLIGHT=str(caps[0]),
+        STATE_MAX_QUEUED_CALLS=str(caps[1]),
+    )
     try:
         turns_per_s = capacity_calls_per_s / 2  # a turn is two calls
         rates = [0.2 * turns_per_s, 5 * turns_per_s, 0.2 * turns_per_s]
@@ -192,6 +198,7 @@ def measure_overload(bench: Bench, capacity_calls_per_s: float, seconds: float) 
                 for k, v in r["phases"][i]["statuses"].items():
                     statuses[k] = statuses.get(k, 0) + v
             merged["statuses"] = statuses
+            merged["errors"] = [e for r in results for e in r["phases"][i]["errors"]]
             merged["ok_calls_per_s"] = sum(r["phases"][i]["ok_per_s"] for r in results)
             for key in ("p50_ms", "p99_ms", "refused_p50_ms", "refused_p99_ms"):
                 values = [r["phases"][i][key] for r in results if key in r["phases"][i]]
@@ -199,6 +206,8 @@ def measure_overload(bench: Bench, capacity_calls_per_s: float, seconds: float) 
             phases.append(merged)
         return {
             "capacity_calls_per_s": capacity_calls_per_s,
+            "max_calls_in_flight": caps[0],
+            "max_queued_calls": caps[1],
             "phases": phases,
             "not_started": sum(r["not_started"] for r in results),
             "lost": lost,
@@ -226,6 +235,12 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--overload-seconds", type=float, default=60.0)
     parser.add_argument("--only", default="cpu,workers,overload")
+    parser.add_argument(
+        "--caps", default="32,32", help="overload: STATE_MAX_CALLS_IN_FLIGHT,STATE_MAX_QUEUED_CALLS"
+    )
+    parser.add_argument(
+        "--capacity", type=float, default=0.0, help="overload: calls/s (else measured)"
+    )
     args = parser.parse_args()
     only = set(args.only.split(","))
     root = Path(tempfile.mkdtemp(prefix="agentstate-capacity-"))
@@ -242,8 +257,8 @@ def main() -> None:
                 f"p50 {cpu['p50_ms']:.2f} ms p99 {cpu['p99_ms']:.2f} ms",
                 flush=True,
             )
-        if "workers" in only or "overload" in only:
-            report["workers"] = []
+        report["workers"] = []
+        if "workers" in only or ("overload" in only and not args.capacity):
             for count in (1, 2) if "workers" in only else (1,):
                 w = measure_workers(bench, count, args.seconds)
                 report["workers"].append(w)
@@ -257,9 +272,12 @@ def main() -> None:
                 report["workers_ratio"] = ratio
                 print(f"workers 2 / 1: {ratio:.2f}x", flush=True)
         if "overload" in only:
-            capacity = report["workers"][0]["calls_per_s"]
-            report["overload"] = o = measure_overload(bench, capacity, args.overload_seconds)
-            print(f"overload, capacity {capacity:.0f} calls/s:", flush=True)
+            capacity = args.capacity or report["workers"][0]["calls_per_s"]
+            in_flight, queued = (int(x) for x in args.caps.split(","))
+            report["overload"] = o = measure_overload(
+                bench, capacity, args.overload_seconds, (in_flight, queued)
+            )
+            print(f"overload, capacity {capacity:.0f} calls/s, caps {args.caps}:", flush=True)
             for p in o["phases"]:
                 print(
                     f"  {p['phase']}: offered {p['offered_turns_per_s']:.0f} turns/s, "
@@ -267,6 +285,9 @@ def main() -> None:
                     f"{p['p99_ms']} ms, refusals p99 {p['refused_p99_ms']} ms, {p['statuses']}",
                     flush=True,
                 )
+            for p in o["phases"]:
+                if p["errors"]:
+                    print(f"  {p['phase']} errors: {p['errors']}", flush=True)
             print(
                 f"  not started (generator's own bound): {o['not_started']}; lost: "
                 f"{len(o['lost'])} of {o['conversations']} conversations",

@@ -67,7 +67,9 @@ class Stats:
     ok: list[float] = field(default_factory=list)  # ms per successful call
     statuses: Counter[str] = field(default_factory=Counter)
     pushback_ms: Counter[str] = field(default_factory=Counter)
+    errors: Counter[str] = field(default_factory=Counter)  # failures other than refusals
     refused_ms: list[float] = field(default_factory=list)  # how long a refusal took
+    last_pushback_ms: int | None = None  # of the last failed call, if it was a refusal
 
     def summary(self, seconds: float) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -75,6 +77,7 @@ class Stats:
             "statuses": dict(self.statuses),
             "ok_per_s": len(self.ok) / seconds if seconds else 0.0,
             "pushback_ms": dict(self.pushback_ms),
+            "errors": dict(self.errors.most_common(5)),
         }
         if len(self.ok) >= 2:
             q = statistics.quantiles(self.ok, n=100, method="inclusive")
@@ -150,8 +153,12 @@ class Conversation:
             ),
         )  # fmt: skip
         ended = await _timed(stats, self.stub.EndTurn(end))
+        while ended is None and stats.last_pushback_ms is not None:
+            # Refused at capacity (nothing was done): the turn is saved again after the
+            # pushback, as agentstate.client does, so no lease is left behind.
+            await asyncio.sleep(stats.last_pushback_ms / 1000)
+            ended = await _timed(stats, self.stub.EndTurn(end))
         if ended is None:
-            # Refused: the turn's lease is released so the conversation can go on.
             await _quietly(self.stub.ReleaseLease(pb.ReleaseLeaseRequest(
                 user_id=USER, task_id=begun.lease.task_id)))  # fmt: skip
             return
@@ -171,11 +178,15 @@ async def _timed(stats: Stats, call: Any) -> Any:
     except grpc.aio.AioRpcError as exc:
         elapsed = (time.perf_counter() - started) * 1000
         stats.statuses[exc.code().name] += 1
+        stats.last_pushback_ms = None
         trailers: Any = exc.trailing_metadata() or ()
         for key, value in trailers:
             if key == PUSHBACK:
                 stats.pushback_ms[str(value)] += 1
                 stats.refused_ms.append(elapsed)
+                stats.last_pushback_ms = int(value)
+        if exc.code() is not grpc.StatusCode.UNAVAILABLE or stats.last_pushback_ms is None:
+            stats.errors[f"{exc.code().name}: {exc.details()}"[:200]] += 1
         return None
     stats.ok.append((time.perf_counter() - started) * 1000)
     stats.statuses["OK"] += 1
