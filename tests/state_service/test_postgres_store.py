@@ -25,9 +25,9 @@ from agentstate.state_service.domain import (
     NotFound,
     TurnStart,
 )
-from agentstate.state_service.storage import migrations
-from agentstate.state_service.storage.migrations import MIGRATIONS, apply_migrations
-from agentstate.state_service.storage.postgres import BigintArray, PostgresStore, TextArray
+from agentstate.state_service.storage.postgres import PostgresStore, migrations
+from agentstate.state_service.storage.postgres.codecs import BigintArray, TextArray
+from agentstate.state_service.storage.postgres.migrations import MIGRATIONS, apply_migrations
 from tests.conftest import create_database, start_state_server
 from tests.support.helpers import (
     all_messages,
