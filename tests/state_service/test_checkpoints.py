@@ -243,7 +243,7 @@ async def test_delete_for_runs_copy_and_prune(state_stub: Stub, user_id: str) ->
     )
     assert copied.checkpoints_copied == 2
     assert await ids(state_stub, user_id, target) == ["c2", "c1"]
-    await expect_rpc_error(
+    merged = await expect_rpc_error(
         state_stub.CopyCheckpoints(
             pb.CopyCheckpointsRequest(
                 user_id=user_id, source_conversation_id=cid, target_conversation_id=target
@@ -252,6 +252,7 @@ async def test_delete_for_runs_copy_and_prune(state_stub: Stub, user_id: str) ->
         grpc.StatusCode.FAILED_PRECONDITION,
         "already has checkpoints",
     )
+    assert error_info(merged) == ("TARGET_HAS_CHECKPOINTS", {})
 
     pruned = await state_stub.PruneCheckpoints(
         pb.PruneCheckpointsRequest(

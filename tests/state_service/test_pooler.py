@@ -20,9 +20,8 @@ from agentstate.common.embedded_postgres import EmbeddedPostgres
 from agentstate.state.v1 import state_service_pb2 as pb
 from agentstate.state.v1 import state_service_pb2_grpc as pb_grpc
 from agentstate.state_service.domain import TurnStart
-from agentstate.state_service.storage import sql
-from agentstate.state_service.storage.migrations import MIGRATION_LOCK_ID, MIGRATIONS
-from agentstate.state_service.storage.postgres import PostgresStore
+from agentstate.state_service.storage.postgres import PostgresStore, sql
+from agentstate.state_service.storage.postgres.migrations import MIGRATION_LOCK_ID, MIGRATIONS
 from tests.support.pooler_tools import (
     SERVING,
     health,

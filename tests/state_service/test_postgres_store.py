@@ -25,9 +25,9 @@ from agentstate.state_service.domain import (
     NotFound,
     TurnStart,
 )
-from agentstate.state_service.storage import migrations
-from agentstate.state_service.storage.migrations import MIGRATIONS, apply_migrations
-from agentstate.state_service.storage.postgres import BigintArray, PostgresStore, TextArray
+from agentstate.state_service.storage.postgres import PostgresStore, migrations
+from agentstate.state_service.storage.postgres.codecs import BigintArray, TextArray
+from agentstate.state_service.storage.postgres.migrations import MIGRATIONS, apply_migrations
 from tests.conftest import create_database, start_state_server
 from tests.support.helpers import (
     all_messages,
@@ -328,15 +328,19 @@ async def test_migration_6_fences_turns_that_began_before_it(
         monkeypatch.setattr(migrations, "MIGRATIONS", [m for m in MIGRATIONS if m.version < 6])
         await apply_migrations(conn)
         monkeypatch.undo()
-    # An old replica begins two turns with migration 5's function (today's store speaks
-    # to a later schema: migration 10 replaced BeginTurn's function).
+    # An old replica begins two turns as migration 5's BeginTurn did: a conversation and
+    # its lease row, with no record of the task on the conversation (migration 6 adds it).
+    # The rows are written directly: since functions live in files, every migration
+    # installs today's text, so migration 5's own function is no longer there to call.
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
         old_turns = []
         for _ in range(2):
             cur = await conn.execute(
-                "SELECT (r.conversation).id, r.task_id FROM agentstate_begin_turn("
-                "'u', NULL, 't', 'agent_state', 'old', 100, 0, false, NULL,"
-                " '{}'::text[], '{}'::text[], '{}'::text[], '{}'::text[]) AS r"
+                "WITH c AS (INSERT INTO t_conversation (user_id, title) VALUES ('u', 't')"
+                " RETURNING id)"
+                " INSERT INTO t_run_lease (conversation_id, user_id, task_id, holder, expire_time)"
+                " SELECT c.id, 'u', agentstate_next_id(), 'old', now() + interval '100 ms'"
+                " FROM c RETURNING conversation_id, task_id"
             )
             row = await cur.fetchone()
             assert row is not None

@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from agentstate.state_service import domain as d
 from agentstate.state_service.domain import StateDelta
 from agentstate.state_service.storage.base import StateStore
+from agentstate.state_service.storage.memory.jsonb import jsonb_text
 from agentstate.state_service.storage.postgres import PostgresStore
 from tests.support.state_process import StateServices
 
@@ -115,7 +116,7 @@ class Run:
         )
         await self.store.delete_conversations(user_id=USER, conversation_ids=[twin.conversation_id])
         assert got.payload == whole.payload
-        assert got.payload == d.jsonb_text(self.model)
+        assert got.payload == jsonb_text(self.model)
         assert json.loads(got.payload) == json.loads(dumps(self.model))
 
     async def unchanged_after(self, delta: StateDelta, error: type[Exception]) -> None:
@@ -482,7 +483,7 @@ async def test_assembly_matches_jsonb_for_awkward_keys(database_url: str) -> Non
             ).fetchone()
             assert whole is not None and assembled is not None
             assert assembled[0] == whole[0], key
-            assert d.jsonb_text({**rest, "context": [1, 2]}).decode() == whole[0]
+            assert jsonb_text({**rest, "context": [1, 2]}).decode() == whole[0]
 
 
 # ----------------------------------------------------------------- over gRPC

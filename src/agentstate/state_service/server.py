@@ -31,8 +31,8 @@ from agentstate.state_service.domain import DeleteCounts, StateServiceError
 from agentstate.state_service.servicer import StateServicer
 from agentstate.state_service.storage.base import StateStore
 from agentstate.state_service.storage.memory import MemoryStore
-from agentstate.state_service.storage.migrations import MigrationLockTimeout
 from agentstate.state_service.storage.postgres import MisconfiguredStore, PostgresStore
+from agentstate.state_service.storage.postgres.migrations import MigrationLockTimeout
 
 log = logging.getLogger(__name__)
 

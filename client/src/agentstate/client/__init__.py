@@ -35,6 +35,8 @@ _EXPORTS: dict[str, str] = {
     "LeaseLost": "agentstate.client.errors",
     "LimitReached": "agentstate.client.errors",
     "MessageStatusMismatch": "agentstate.client.errors",
+    "ContextNotArray": "agentstate.client.errors",
+    "NotSupported": "agentstate.client.errors",
     "NotFound": "agentstate.client.errors",
     "PayloadTooLarge": "agentstate.client.errors",
     "ResourceExhausted": "agentstate.client.errors",
@@ -98,6 +100,9 @@ if TYPE_CHECKING:
         CheckpointConflict as CheckpointConflict,
     )
     from agentstate.client.errors import (
+        ContextNotArray as ContextNotArray,
+    )
+    from agentstate.client.errors import (
         DeadlineExceeded as DeadlineExceeded,
     )
     from agentstate.client.errors import (
@@ -123,6 +128,9 @@ if TYPE_CHECKING:
     )
     from agentstate.client.errors import (
         NotFound as NotFound,
+    )
+    from agentstate.client.errors import (
+        NotSupported as NotSupported,
     )
     from agentstate.client.errors import (
         PayloadTooLarge as PayloadTooLarge,

@@ -120,6 +120,15 @@ class MessageStatusMismatch(FailedPrecondition):
     """A record write's expected_status did not match the stored status."""
 
 
+class ContextNotArray(FailedPrecondition):
+    """A delta save on a state whose "context" is not an array: send the whole state."""
+
+
+class NotSupported(StateError):
+    """UNIMPLEMENTED: the service's store does not keep what this call needs (for example
+    checkpoints or items on a store without that capability)."""
+
+
 class TargetHasCheckpoints(FailedPrecondition):
     """copy_checkpoints into a conversation that has checkpoints (a copy never merges)."""
 
@@ -161,6 +170,8 @@ _BY_REASON: dict[str, type[StateError]] = {
     "CARD_PENDING": CardPending,
     "CARD_ALREADY_HANDLED": CardAlreadyHandled,
     "MESSAGE_STATUS_MISMATCH": MessageStatusMismatch,
+    "CONTEXT_NOT_ARRAY": ContextNotArray,
+    "NOT_SUPPORTED": NotSupported,
     "FAILED_PRECONDITION": FailedPrecondition,
     "PAYLOAD_TOO_LARGE": PayloadTooLarge,
     "LIMIT_REACHED": LimitReached,
@@ -176,6 +187,7 @@ _BY_CODE: dict[grpc.StatusCode, type[StateError]] = {
     grpc.StatusCode.RESOURCE_EXHAUSTED: ResourceExhausted,
     grpc.StatusCode.UNAVAILABLE: Unavailable,
     grpc.StatusCode.DEADLINE_EXCEEDED: DeadlineExceeded,
+    grpc.StatusCode.UNIMPLEMENTED: NotSupported,
 }
 
 

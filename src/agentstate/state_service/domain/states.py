@@ -1,0 +1,145 @@
+"""Agent states and turns: whole saves, deltas, the card guards of BeginTurn."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from agentstate.state_service.domain.conversations import DEFAULT_TITLE, Conversation
+from agentstate.state_service.domain.errors import InvalidArgument, PayloadTooLarge
+from agentstate.state_service.domain.leases import Lease
+from agentstate.state_service.domain.messages import MessageRecord, NewMessage
+from agentstate.state_service.domain.rules import (
+    JSON_OBJECT_START,
+    MAX_JSON_DEPTH,
+    check_json_bytes,
+    check_json_depth,
+)
+
+DEFAULT_STATE_KEY = "agent_state"
+
+
+_STATE_KEY_RE = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
+
+
+@dataclass(frozen=True)
+class StoredState:
+    payload: bytes
+    version: int
+    update_time: datetime
+
+
+@dataclass(frozen=True)
+class StateDelta:
+    """What changed in a state since `base_version` (the contract's StateDelta): drop
+    `drop_head` messages from the front of "context", keep the first `replace_from`
+    (None: all), append `messages`, and replace every other member by `fields_json`'s
+    (None: keep them). Each part is UTF-8 JSON text."""
+
+    base_version: int
+    drop_head: int = 0
+    replace_from: int | None = None
+    messages: tuple[bytes, ...] = ()
+    fields_json: bytes | None = None
+
+
+@dataclass(frozen=True)
+class RequireNoneAwaiting:
+    """Card guard: no record of the conversation may await confirmation."""
+
+
+@dataclass(frozen=True)
+class RequireAwaiting:
+    """Card guard: this record must await confirmation (a card is answered once)."""
+
+    message_id: int
+
+
+CardGuard = RequireNoneAwaiting | RequireAwaiting
+
+
+@dataclass(frozen=True)
+class TurnStart:
+    """What BeginTurn needs besides the user and the conversation."""
+
+    holder: str
+    ttl_ms: int
+    max_user_leases: int = 0
+    title: str = DEFAULT_TITLE  # for a new conversation
+    state_key: str = DEFAULT_STATE_KEY
+    new_messages: tuple[NewMessage, ...] = ()
+    guard: CardGuard | None = None
+    # The version the caller already holds: when it is the stored one, the state's
+    # payload is not returned (BegunTurn.payload_omitted).
+    cached_version: int | None = None
+
+
+@dataclass(frozen=True)
+class BegunTurn:
+    conversation: Conversation
+    conversation_created: bool
+    lease: Lease
+    lapsed_task_id: int | None
+    interrupted_records: int
+    state: StoredState | None  # None: no state yet
+    messages: list[MessageRecord]
+    payload_omitted: bool = False  # state.payload is b"": the caller's cached copy is current
+
+
+@dataclass(frozen=True)
+class UpsertResult:
+    version: int
+    update_time: datetime
+    messages: list[MessageRecord] = field(default_factory=list)
+    lease_released: bool = False  # EndTurn only
+
+
+def validate_state_key(state_key: str) -> str:
+    if not state_key:
+        return DEFAULT_STATE_KEY
+    if not _STATE_KEY_RE.fullmatch(state_key):
+        raise InvalidArgument("state_key must be 1..64 characters of [A-Za-z0-9_.:-]")
+    return state_key
+
+
+def check_state_payload(payload: bytes, max_bytes: int) -> None:
+    """Cheap checks done before the database parses the JSON itself.
+
+    The payload is not decoded here: PostgreSQL's JSONB input is the parser of
+    record, so large states cross the service without a Python round trip. Its
+    nesting depth is the store's to check (cheaply where it can: see MAX_JSON_DEPTH).
+    """
+    if len(payload) > max_bytes:
+        raise PayloadTooLarge(
+            f"payload is {len(payload)} bytes, over the limit of {max_bytes} bytes"
+        )
+    if not JSON_OBJECT_START.match(payload):
+        raise InvalidArgument("payload must be a JSON object (it must start with '{')")
+    check_json_bytes(payload, "payload")
+
+
+# A context message sits inside the state object and its "context" array.
+MAX_MESSAGE_DEPTH_IN_STATE = 2
+
+
+def check_state_delta(delta: StateDelta) -> None:
+    """Cheap checks of every part of a delta, before the database parses each one
+    (which is the JSON check of record, as for a whole payload)."""
+    if delta.base_version < 1:
+        raise InvalidArgument("delta.base_version must be at least 1 (a first save is whole)")
+    if delta.drop_head < 0:
+        raise InvalidArgument("delta.drop_head must not be negative")
+    if delta.replace_from is not None and delta.replace_from < 0:
+        raise InvalidArgument("delta.replace_from must not be negative")
+    for index, message in enumerate(delta.messages):
+        what = f"delta.messages[{index}]"
+        if not message.strip():
+            raise InvalidArgument(f"{what} is empty: a message is a JSON value")
+        check_json_bytes(message, what)
+        check_json_depth(message, what, MAX_JSON_DEPTH - MAX_MESSAGE_DEPTH_IN_STATE)
+    if delta.fields_json is not None:
+        if not JSON_OBJECT_START.match(delta.fields_json):
+            raise InvalidArgument("delta.fields_json must be a JSON object")
+        check_json_bytes(delta.fields_json, "delta.fields_json")
+        check_json_depth(delta.fields_json, "delta.fields_json")

@@ -1,0 +1,164 @@
+"""Conversation items, events and scoped state (the items capability)."""
+
+from __future__ import annotations
+
+from datetime import UTC
+from typing import Any
+
+import grpc
+
+from agentstate.state.v1 import state_service_pb2 as pb
+from agentstate.state_service import domain as d
+from agentstate.state_service.servicer.base import ServicerBase
+from agentstate.state_service.servicer.translate import grpc_errors, timestamp
+
+
+def _expected_revision(
+    request: pb.AppendItemsRequest | pb.PopItemRequest | pb.AppendEventRequest,
+) -> int | None:
+    if not request.HasField("expected_revision"):
+        return None
+    if request.expected_revision < 0:
+        raise d.InvalidArgument("expected_revision must not be negative")
+    return request.expected_revision
+
+
+def item_to_pb(item: d.ConversationItem) -> pb.ConversationItem:
+    return pb.ConversationItem(
+        conversation_id=str(item.conversation_id),
+        seq=item.seq,
+        item_json=item.item_json,
+        item_time=timestamp(item.item_time),
+        create_time=timestamp(item.create_time),
+    )
+
+
+def _scoped_to_pb(state: d.StoredState) -> pb.ScopedState:
+    return pb.ScopedState(
+        payload=state.payload, version=state.version, update_time=timestamp(state.update_time)
+    )
+
+
+class ItemRpcs(ServicerBase):
+    def _new_item(self, item: pb.NewItem, what: str) -> d.NewItem:
+        return d.NewItem(
+            item_json=d.check_item_json(item.item_json, self._max_payload_bytes, what),
+            item_time=item.item_time.ToDatetime(UTC) if item.HasField("item_time") else None,
+        )
+
+    @grpc_errors
+    async def AppendItems(
+        self, request: pb.AppendItemsRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.AppendItemsResponse:
+        user_id = d.validate_user_id(request.user_id)
+        conversation_id = d.parse_id(request.conversation_id, "conversation_id")
+        if not 1 <= len(request.items) <= d.MAX_ITEMS_PER_APPEND:
+            raise d.InvalidArgument(f"items must hold 1..{d.MAX_ITEMS_PER_APPEND} items")
+        items = [self._new_item(item, f"items[{i}]") for i, item in enumerate(request.items)]
+        appended = await self._items().append_items(
+            user_id=user_id,
+            conversation_id=conversation_id,
+            items=items,
+            expected_revision=_expected_revision(request),
+        )
+        return pb.AppendItemsResponse(
+            items=[item_to_pb(i) for i in appended.items], revision=appended.revision
+        )
+
+    @grpc_errors
+    async def ListItems(
+        self, request: pb.ListItemsRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.ListItemsResponse:
+        last_n: int | None = None
+        if request.HasField("last_n"):
+            last_n = request.last_n
+            if last_n < 0:
+                raise d.InvalidArgument("last_n must not be negative")
+        page = await self._items().list_items(
+            user_id=d.validate_user_id(request.user_id),
+            conversation_id=d.parse_id(request.conversation_id, "conversation_id"),
+            last_n=last_n,
+            min_item_time=(
+                request.min_item_time.ToDatetime(UTC) if request.HasField("min_item_time") else None
+            ),
+            page_size=d.page_size(request.page_size, default=1000, maximum=10000),
+            after_seq=d.parse_page_token(request.page_token),
+        )
+        return pb.ListItemsResponse(
+            items=[item_to_pb(i) for i in page.items],
+            next_page_token=page.next_page_token,
+            revision=page.revision,
+            update_time=timestamp(page.update_time),
+        )
+
+    @grpc_errors
+    async def PopItem(
+        self, request: pb.PopItemRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.PopItemResponse:
+        popped = await self._items().pop_item(
+            user_id=d.validate_user_id(request.user_id),
+            conversation_id=d.parse_id(request.conversation_id, "conversation_id"),
+            expected_revision=_expected_revision(request),
+        )
+        response = pb.PopItemResponse(revision=popped.revision)
+        if popped.item is not None:
+            response.item.CopyFrom(item_to_pb(popped.item))
+        return response
+
+    @grpc_errors
+    async def ClearItems(
+        self, request: pb.ClearItemsRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.ClearItemsResponse:
+        cleared = await self._items().clear_items(
+            user_id=d.validate_user_id(request.user_id),
+            conversation_id=d.parse_id(request.conversation_id, "conversation_id"),
+        )
+        return pb.ClearItemsResponse(items_deleted=cleared.deleted, revision=cleared.revision)
+
+    @grpc_errors
+    async def GetScopedState(
+        self, request: pb.GetScopedStateRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.GetScopedStateResponse:
+        states = await self._items().get_scoped_state(
+            user_id=d.validate_user_id(request.user_id),
+            app_name=d.validate_app_name(request.app_name),
+        )
+        response = pb.GetScopedStateResponse()
+        if states.app is not None:
+            response.app_state.CopyFrom(_scoped_to_pb(states.app))
+        if states.user is not None:
+            response.user_state.CopyFrom(_scoped_to_pb(states.user))
+        return response
+
+    @grpc_errors
+    async def AppendEvent(
+        self, request: pb.AppendEventRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.AppendEventResponse:
+        user_id = d.validate_user_id(request.user_id)
+        conversation_id = d.parse_id(request.conversation_id, "conversation_id")
+        limit = self._max_payload_bytes
+        # Only the conversation delta carries ADK's prefixes; the scoped ones are stored as given.
+        app_delta = d.state_delta(request.app_state_delta_json, limit, "app_state_delta")
+        user_delta = d.state_delta(request.user_state_delta_json, limit, "user_state_delta")
+        event = d.EventAppend(
+            item=self._new_item(request.item, "item") if request.HasField("item") else None,
+            expected_revision=_expected_revision(request),
+            state_key=d.validate_state_key(request.state_key),
+            state_delta=d.without_temp_keys(request.state_delta_json, limit, "state_delta"),
+            app_name=(
+                d.validate_app_name(request.app_name)
+                if app_delta or user_delta or request.app_name
+                else ""
+            ),
+            app_delta=app_delta,
+            user_delta=user_delta,
+        )
+        appended = await self._items().append_event(
+            user_id=user_id, conversation_id=conversation_id, event=event
+        )
+        response = pb.AppendEventResponse(
+            revision=appended.revision, state_version=appended.state_version
+        )
+        if appended.item is not None:
+            response.item.CopyFrom(item_to_pb(appended.item))
+        return response

@@ -1,0 +1,227 @@
+"""LangGraph checkpoints, their writes and channel values (a capability)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from agentstate.state_service import domain as d
+from agentstate.state_service.domain import (
+    Page,
+)
+from agentstate.state_service.storage.base.checkpoints import CheckpointStore
+from agentstate.state_service.storage.postgres import sql
+from agentstate.state_service.storage.postgres.codecs import (
+    BigintArray,
+    RawJson,
+    Row,
+    TextArray,
+)
+from agentstate.state_service.storage.postgres.connection import (
+    PostgresConnection,
+)
+
+
+def checkpoint_of(row: Row) -> d.StoredCheckpoint:
+    def column(name: str) -> list[Any]:
+        return row[name] or []  # array_agg over no rows is NULL
+
+    return d.StoredCheckpoint(
+        conversation_id=int(row["conversation_id"]),
+        namespace=row["namespace"],
+        checkpoint_id=row["checkpoint_id"],
+        parent_checkpoint_id=row["parent_checkpoint_id"],
+        checkpoint_type=row["checkpoint_type"],
+        checkpoint=bytes(row["checkpoint"]),
+        metadata_json=row["metadata"].encode(),
+        channel_versions=json.loads(row["channel_versions"]),
+        channel_values=[
+            d.ChannelValue(channel, version, value_type, bytes(value))
+            for channel, version, value_type, value in zip(
+                column("channels"),
+                column("versions"),
+                column("value_types"),
+                column("values"),
+                strict=True,
+            )
+        ],
+        pending_writes=[
+            d.CheckpointWrite(task_id, int(idx), channel, value_type, bytes(value), task_path)
+            for task_id, idx, channel, value_type, value, task_path in zip(
+                column("task_ids"),
+                column("idxs"),
+                column("write_channels"),
+                column("write_types"),
+                column("write_values"),
+                column("task_paths"),
+                strict=True,
+            )
+        ],
+        create_time=row["create_time"],
+    )
+
+
+class PostgresCheckpoints(PostgresConnection, CheckpointStore):
+    async def put_checkpoint(
+        self,
+        *,
+        user_id: str,
+        conversation_id: int,
+        checkpoint: d.NewCheckpoint,
+        expected_head: str | None,
+    ) -> datetime:
+        d.check_json_depth(checkpoint.metadata_json, "metadata_json")
+        values = checkpoint.new_values
+        rows = await self._rows(
+            sql.PUT_CHECKPOINT,
+            {
+                "user_id": user_id,
+                "conversation_id": conversation_id,
+                "namespace": checkpoint.namespace,
+                "checkpoint_id": checkpoint.checkpoint_id,
+                "parent_id": checkpoint.parent_checkpoint_id,
+                "checkpoint_type": checkpoint.checkpoint_type,
+                "checkpoint": checkpoint.checkpoint,
+                "metadata": RawJson(checkpoint.metadata_json),
+                "channel_versions": RawJson(json.dumps(checkpoint.channel_versions).encode()),
+                "check_head": expected_head is not None,
+                "expected_head": expected_head or "",
+                "channels": TextArray([v.channel for v in values]),
+                "versions": TextArray([v.version for v in values]),
+                "value_types": TextArray([v.value_type for v in values]),
+                "values": [v.value for v in values],
+            },
+            json_param="metadata_json",
+        )
+        created: datetime = rows[0]["create_time"]
+        return created
+
+    async def _select_checkpoints(
+        self,
+        *,
+        user_id: str,
+        conversation_id: int,
+        namespace: str | None,
+        checkpoint_id: str | None = None,
+        metadata_filter: bytes | None = None,
+        before_checkpoint_id: str | None = None,
+        after: tuple[str, str] | None = None,
+        limit: int,
+    ) -> list[d.StoredCheckpoint]:
+        rows = await self._rows(
+            sql.SELECT_CHECKPOINTS,
+            {
+                "user_id": user_id,
+                "conversation_id": conversation_id,
+                "namespace": namespace,
+                "checkpoint_id": checkpoint_id,
+                "before": before_checkpoint_id,
+                "after_id": after[0] if after else None,
+                "after_ns": after[1] if after else None,
+                "filter": RawJson(metadata_filter) if metadata_filter else None,
+                "limit": limit,
+            },
+            json_param="metadata_filter_json",
+            binary=True,
+        )
+        if not rows:
+            raise d.conversation_not_found(conversation_id)
+        return [checkpoint_of(row) for row in rows if row["checkpoint_id"] is not None]
+
+    async def get_checkpoint(
+        self, *, user_id: str, conversation_id: int, namespace: str, checkpoint_id: str | None
+    ) -> d.StoredCheckpoint | None:
+        found = await self._select_checkpoints(
+            user_id=user_id,
+            conversation_id=conversation_id,
+            namespace=namespace,
+            checkpoint_id=checkpoint_id,
+            limit=1,
+        )
+        return found[0] if found else None
+
+    async def list_checkpoints(
+        self,
+        *,
+        user_id: str,
+        conversation_id: int,
+        namespace: str | None,
+        metadata_filter: bytes | None,
+        before_checkpoint_id: str | None,
+        page_size: int,
+        after: tuple[str, str] | None,
+    ) -> Page[d.StoredCheckpoint]:
+        found = await self._select_checkpoints(
+            user_id=user_id,
+            conversation_id=conversation_id,
+            namespace=namespace,
+            metadata_filter=metadata_filter,
+            before_checkpoint_id=before_checkpoint_id,
+            after=after,
+            limit=page_size + 1,  # one more tells whether there is a next page
+        )
+        page = found[:page_size]
+        token = ""
+        if len(found) > page_size:
+            token = d.checkpoint_page_token(page[-1].checkpoint_id, page[-1].namespace)
+        return Page(page, token)
+
+    async def put_checkpoint_writes(
+        self,
+        *,
+        user_id: str,
+        conversation_id: int,
+        namespace: str,
+        checkpoint_id: str,
+        writes: Sequence[d.CheckpointWrite],
+    ) -> int:
+        rows = await self._rows(
+            sql.PUT_CHECKPOINT_WRITES,
+            {
+                "user_id": user_id,
+                "conversation_id": conversation_id,
+                "namespace": namespace,
+                "checkpoint_id": checkpoint_id,
+                "task_ids": TextArray([w.task_id for w in writes]),
+                "idxs": BigintArray([w.idx for w in writes]),
+                "channels": TextArray([w.channel for w in writes]),
+                "value_types": TextArray([w.value_type for w in writes]),
+                "values": [w.value for w in writes],
+                "task_paths": TextArray([w.task_path for w in writes]),
+            },
+        )
+        return int(rows[0]["stored"])
+
+    async def delete_checkpoints_for_runs(self, *, user_id: str, run_ids: Sequence[str]) -> int:
+        rows = await self._rows(
+            sql.DELETE_CHECKPOINTS_FOR_RUNS, {"user_id": user_id, "run_ids": TextArray(run_ids)}
+        )
+        return int(rows[0]["deleted"])
+
+    async def copy_checkpoints(
+        self, *, user_id: str, source_conversation_id: int, target_conversation_id: int
+    ) -> int:
+        rows = await self._rows(
+            sql.COPY_CHECKPOINTS,
+            {
+                "user_id": user_id,
+                "source": source_conversation_id,
+                "target": target_conversation_id,
+            },
+        )
+        return int(rows[0]["copied"])
+
+    async def prune_checkpoints(
+        self, *, user_id: str, conversation_ids: Sequence[int], strategy: d.PruneStrategy
+    ) -> int:
+        rows = await self._rows(
+            sql.PRUNE_CHECKPOINTS,
+            {
+                "user_id": user_id,
+                "ids": BigintArray(sorted(set(conversation_ids))),
+                "keep_latest": strategy is d.PruneStrategy.KEEP_LATEST,
+            },
+        )
+        return int(rows[0]["deleted"])

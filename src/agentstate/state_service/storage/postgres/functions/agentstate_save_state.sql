@@ -1,0 +1,196 @@
+CREATE OR REPLACE FUNCTION agentstate_save_state(
+    p_user_id text, p_conversation_id bigint, p_state_key text, p_payload jsonb,
+    p_expected_version bigint, p_task_id bigint,
+    p_kinds text[], p_message_ids bigint[], p_roles text[], p_statuses text[],
+    p_blocks text[], p_metadata text[], p_expected_statuses text[],
+    p_compactions bigint[], p_compaction_reasons text[], p_max_depth integer,
+    p_base_version bigint DEFAULT NULL, p_drop_head integer DEFAULT 0,
+    p_replace_from integer DEFAULT NULL, p_messages text[] DEFAULT NULL,
+    p_fields jsonb DEFAULT NULL, p_max_bytes bigint DEFAULT NULL)
+RETURNS TABLE (version bigint, state_update_time timestamptz, lease_released boolean,
+               message t_agent_message)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_state t_agent_state;
+    v_current bigint;
+    v_released boolean := false;
+    v_row t_agent_message;
+    v_written integer := 0;
+    v_rest jsonb;
+    v_start bigint;
+    v_count integer;
+    v_bytes bigint;
+    v_new text[];
+    v_new_bytes bigint;
+    v_size bigint;
+    v_from integer;
+    v_frame record;
+BEGIN
+    -- Set only for a large payload with many brackets (the store checks small ones):
+    -- is any value nested deeper than allowed?
+    IF p_max_depth IS NOT NULL
+       AND jsonb_path_exists(p_payload, format('strict $.**{%s}', p_max_depth + 1)::jsonpath)
+    THEN
+        PERFORM agentstate_refuse(jsonb_build_object('kind', 'too_deep', 'limit', p_max_depth));
+    END IF;
+    SELECT NULL::text AS head, NULL::text AS tail INTO v_frame;
+    PERFORM agentstate_touch_conversation(p_user_id, p_conversation_id);
+    IF p_task_id IS NOT NULL THEN
+        -- Fencing (migration 6): a turn whose lease another task took over never
+        -- writes again, whether or not the lease is free now.
+        PERFORM agentstate_fence_turn(p_user_id, p_conversation_id, p_task_id);
+    END IF;
+    -- FOR UPDATE: the batched split (agentstate_split_states) may hold it.
+    SELECT * INTO v_state FROM t_agent_state AS s
+    WHERE s.user_id = p_user_id AND s.session_id = p_conversation_id
+      AND s.state_key = p_state_key
+    FOR UPDATE;
+    v_current := coalesce(v_state.version, 0);
+    IF (p_base_version IS NOT NULL AND p_base_version <> v_current)
+       OR (p_base_version IS NULL AND p_expected_version IS NOT NULL
+           AND p_expected_version <> v_current) THEN
+        PERFORM agentstate_refuse(jsonb_build_object(
+            'kind', 'version_conflict', 'expected', coalesce(p_base_version, p_expected_version),
+            'current', v_current));
+    END IF;
+    IF p_base_version IS NULL THEN
+        -- A whole state. Its "context", when an array, goes to rows (positions kept,
+        -- unchanged rows not rewritten); otherwise the payload is kept whole.
+        v_start := coalesce(v_state.context_start, 0);
+        IF jsonb_typeof(p_payload->'context') = 'array' THEN
+            SELECT coalesce(array_agg(e.value::text ORDER BY e.i), '{}') INTO v_new
+            FROM jsonb_array_elements(p_payload->'context') WITH ORDINALITY AS e(value, i);
+            PERFORM agentstate_write_context(
+                p_user_id, p_conversation_id, p_state_key, v_start, 0, v_new);
+            v_rest := p_payload - 'context';
+            v_frame := agentstate_state_frame(v_rest);
+            v_count := cardinality(v_new);
+            SELECT coalesce(sum(octet_length(m)), 0) INTO v_bytes FROM unnest(v_new) AS m;
+        ELSE
+            IF v_state.context_start IS NOT NULL THEN
+                DELETE FROM t_agent_state_message AS m
+                WHERE m.user_id = p_user_id AND m.session_id = p_conversation_id
+                  AND m.state_key = p_state_key;
+            END IF;
+            v_rest := p_payload;
+            v_start := NULL;
+        END IF;
+    ELSE
+        -- A delta on the stored version (see StateDelta).
+        IF v_state.context_start IS NULL THEN
+            v_state := agentstate_split_state(v_state, true);
+            IF v_state.context_start IS NULL THEN
+                PERFORM agentstate_refuse(jsonb_build_object('kind', 'context_not_array'));
+            END IF;
+        END IF;
+        v_start := v_state.context_start;
+        v_count := v_state.context_count;
+        v_bytes := v_state.context_bytes;
+        v_rest := v_state.payload;
+        SELECT v_state.context_head AS head, v_state.context_tail AS tail INTO v_frame;
+        IF p_drop_head > v_count THEN
+            PERFORM agentstate_refuse(jsonb_build_object(
+                'kind', 'delta_range', 'field', 'drop_head', 'value', p_drop_head,
+                'length', v_count));
+        END IF;
+        IF p_drop_head > 0 THEN
+            WITH dropped AS (
+                DELETE FROM t_agent_state_message AS m
+                WHERE m.user_id = p_user_id AND m.session_id = p_conversation_id
+                  AND m.state_key = p_state_key AND m.position < v_start + p_drop_head
+                RETURNING octet_length(m.message) AS size)
+            SELECT v_bytes - coalesce(sum(size), 0) INTO v_bytes FROM dropped;
+            v_start := v_start + p_drop_head;
+            v_count := v_count - p_drop_head;
+        END IF;
+        v_from := coalesce(p_replace_from, v_count);
+        IF v_from > v_count THEN
+            PERFORM agentstate_refuse(jsonb_build_object(
+                'kind', 'delta_range', 'field', 'replace_from', 'value', v_from,
+                'length', v_count));
+        END IF;
+        -- Each message parsed (a bad one fails the statement: the store names it)
+        -- and kept as jsonb prints it.
+        SELECT coalesce(array_agg(u.m::jsonb::text ORDER BY u.i), '{}') INTO v_new
+        FROM unnest(p_messages) WITH ORDINALITY AS u(m, i);
+        SELECT coalesce(sum(octet_length(m)), 0) INTO v_new_bytes FROM unnest(v_new) AS m;
+        IF v_from = v_count THEN
+            -- Appending (the common turn): no row after the end to compare or remove.
+            INSERT INTO t_agent_state_message (user_id, session_id, state_key, position, message)
+            SELECT p_user_id, p_conversation_id, p_state_key, v_start + v_count + u.i - 1,
+                   u.message
+            FROM unnest(v_new) WITH ORDINALITY AS u(message, i);
+            v_bytes := v_bytes + v_new_bytes;
+        ELSE
+            v_bytes := v_bytes - agentstate_write_context(
+                p_user_id, p_conversation_id, p_state_key, v_start, v_from, v_new) + v_new_bytes;
+        END IF;
+        v_count := v_from + cardinality(v_new);
+        IF p_fields IS NOT NULL THEN
+            IF jsonb_typeof(p_fields) <> 'object' THEN
+                PERFORM agentstate_refuse(jsonb_build_object('kind', 'fields_not_object'));
+            END IF;
+            IF p_fields ? 'context' THEN
+                PERFORM agentstate_refuse(jsonb_build_object('kind', 'fields_name_context'));
+            END IF;
+            v_rest := p_fields;
+            v_frame := agentstate_state_frame(v_rest);
+        END IF;
+        IF p_max_bytes IS NOT NULL THEN
+            -- The size of the whole state as GetState returns it.
+            v_size := octet_length(v_frame.head) + octet_length(v_frame.tail)
+                      + CASE WHEN v_count = 0 THEN 2 ELSE v_bytes + 2 * v_count END;
+            IF v_size > p_max_bytes THEN
+                PERFORM agentstate_refuse(jsonb_build_object(
+                    'kind', 'too_large', 'size', v_size, 'limit', p_max_bytes));
+            END IF;
+        END IF;
+    END IF;
+    IF v_state.version IS NULL THEN
+        INSERT INTO t_agent_state AS s (user_id, session_id, state_key, payload, version,
+                                        context_start, context_count, context_bytes,
+                                        context_head, context_tail)
+        VALUES (p_user_id, p_conversation_id, p_state_key, v_rest, 1, v_start,
+                CASE WHEN v_start IS NULL THEN NULL ELSE v_count END,
+                CASE WHEN v_start IS NULL THEN NULL ELSE v_bytes END,
+                CASE WHEN v_start IS NULL THEN NULL ELSE v_frame.head END,
+                CASE WHEN v_start IS NULL THEN NULL ELSE v_frame.tail END)
+        RETURNING s.* INTO v_state;
+    ELSE
+        UPDATE t_agent_state AS s
+        SET payload = v_rest, version = s.version + 1, update_time = now(),
+            context_start = v_start,
+            context_count = CASE WHEN v_start IS NULL THEN NULL ELSE v_count END,
+            context_bytes = CASE WHEN v_start IS NULL THEN NULL ELSE v_bytes END,
+            context_head = CASE WHEN v_start IS NULL THEN NULL ELSE v_frame.head END,
+            context_tail = CASE WHEN v_start IS NULL THEN NULL ELSE v_frame.tail END
+        WHERE s.user_id = p_user_id AND s.session_id = p_conversation_id
+          AND s.state_key = p_state_key
+        RETURNING s.* INTO v_state;
+    END IF;
+    -- Compactions: five numbers each, flattened (see sql.py), and a reason.
+    INSERT INTO t_context_compaction (user_id, conversation_id, messages_before, messages_after,
+                                      tokens_before, tokens_after, summary_chars, reason)
+    SELECT p_user_id, p_conversation_id, p_compactions[i * 5 + 1], p_compactions[i * 5 + 2],
+           p_compactions[i * 5 + 3], p_compactions[i * 5 + 4], p_compactions[i * 5 + 5],
+           p_compaction_reasons[i + 1]
+    FROM generate_series(0, coalesce(array_length(p_compaction_reasons, 1), 0) - 1) AS i
+    ORDER BY i;
+    IF p_task_id IS NOT NULL THEN
+        DELETE FROM t_run_lease WHERE conversation_id = p_conversation_id AND task_id = p_task_id;
+        v_released := FOUND;
+    END IF;
+    FOR v_row IN
+        SELECT * FROM agentstate_write_messages(
+            p_user_id, p_conversation_id, p_kinds, p_message_ids, p_roles, p_statuses, p_blocks,
+            p_metadata, p_expected_statuses)
+    LOOP
+        v_written := v_written + 1;
+        RETURN QUERY SELECT v_state.version, v_state.update_time, v_released, v_row;
+    END LOOP;
+    IF v_written = 0 THEN
+        RETURN QUERY SELECT v_state.version, v_state.update_time, v_released,
+                            NULL::t_agent_message;
+    END IF;
+END $$;

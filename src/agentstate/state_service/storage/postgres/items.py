@@ -1,0 +1,135 @@
+"""Conversation items (OpenAI Agents), events and app/user-scoped state (ADK): a capability."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+
+from agentstate.state_service import domain as d
+from agentstate.state_service.domain import (
+    StoredState,
+)
+from agentstate.state_service.storage.base.items import ItemStore
+from agentstate.state_service.storage.postgres import sql
+from agentstate.state_service.storage.postgres.codecs import (
+    Row,
+    TextArray,
+    text_of,
+)
+from agentstate.state_service.storage.postgres.connection import (
+    PostgresConnection,
+)
+
+
+def item_of(conversation_id: int, row: Row) -> d.ConversationItem:
+    return d.ConversationItem(
+        conversation_id=conversation_id,
+        seq=int(row["seq"]),
+        item_json=row["item"],
+        item_time=row["item_time"],
+        create_time=row["create_time"],
+    )
+
+
+class PostgresItems(PostgresConnection, ItemStore):
+    async def append_items(
+        self,
+        *,
+        user_id: str,
+        conversation_id: int,
+        items: Sequence[d.NewItem],
+        expected_revision: int | None,
+    ) -> d.AppendedItems:
+        rows = await self._rows(
+            sql.APPEND_ITEMS,
+            {
+                "user_id": user_id,
+                "conversation_id": conversation_id,
+                "items": TextArray([i.item_json for i in items]),
+                "item_times": [i.item_time for i in items],
+                "expected_revision": expected_revision,
+            },
+        )
+        return d.AppendedItems(
+            [item_of(conversation_id, row) for row in rows], int(rows[-1]["revision"])
+        )
+
+    async def list_items(
+        self,
+        *,
+        user_id: str,
+        conversation_id: int,
+        last_n: int | None,
+        min_item_time: datetime | None,
+        page_size: int,
+        after_seq: int | None,
+    ) -> d.ItemsPage:
+        rows = await self._rows(
+            sql.LIST_ITEMS,
+            {
+                "user_id": user_id,
+                "conversation_id": conversation_id,
+                "last_n": last_n,
+                "min_item_time": min_item_time,
+                "after_seq": after_seq,
+                "limit": page_size + 1,
+            },
+        )
+        if not rows:
+            raise d.conversation_not_found(conversation_id)
+        found = [item_of(conversation_id, r) for r in rows if r["seq"] is not None]
+        items = found[:page_size]
+        token = str(items[-1].seq) if len(found) > page_size else ""
+        first = rows[0]
+        return d.ItemsPage(
+            items, token, int(first["item_revision"]), first["conversation_update_time"]
+        )
+
+    async def pop_item(
+        self, *, user_id: str, conversation_id: int, expected_revision: int | None
+    ) -> d.PoppedItem:
+        (row,) = await self._rows(
+            sql.POP_ITEM,
+            {
+                "user_id": user_id,
+                "conversation_id": conversation_id,
+                "expected_revision": expected_revision,
+            },
+        )
+        item = item_of(conversation_id, row) if row["seq"] is not None else None
+        return d.PoppedItem(item, int(row["revision"]))
+
+    async def clear_items(self, *, user_id: str, conversation_id: int) -> d.ClearedItems:
+        (row,) = await self._rows(
+            sql.CLEAR_ITEMS, {"user_id": user_id, "conversation_id": conversation_id}
+        )
+        return d.ClearedItems(int(row["deleted"]), int(row["revision"]))
+
+    async def get_scoped_state(self, *, user_id: str, app_name: str) -> d.ScopedStates:
+        rows = await self._rows(sql.SELECT_SCOPED_STATE, {"user_id": user_id, "app_name": app_name})
+        states = {
+            row["user_id"]: StoredState(row["payload"], int(row["version"]), row["update_time"])
+            for row in rows
+        }
+        return d.ScopedStates(app=states.get(""), user=states.get(user_id))
+
+    async def append_event(
+        self, *, user_id: str, conversation_id: int, event: d.EventAppend
+    ) -> d.AppendedEvent:
+        (row,) = await self._rows(
+            sql.APPEND_EVENT,
+            {
+                "user_id": user_id,
+                "conversation_id": conversation_id,
+                "item": event.item.item_json.decode() if event.item else None,
+                "item_time": event.item.item_time if event.item else None,
+                "expected_revision": event.expected_revision,
+                "state_key": event.state_key,
+                "state_delta": text_of(event.state_delta),
+                "app_name": event.app_name,
+                "app_delta": text_of(event.app_delta),
+                "user_delta": text_of(event.user_delta),
+            },
+        )
+        item = item_of(conversation_id, row) if row["seq"] is not None else None
+        return d.AppendedEvent(item, int(row["revision"]), int(row["state_version"]))

@@ -1,0 +1,135 @@
+"""The SQL functions live in files (storage/postgres/functions/) and the migration list
+installs them by name: the catalog must equal the files, whatever path a database took."""
+
+from __future__ import annotations
+
+import uuid
+
+import psycopg
+import pytest
+from psycopg.rows import tuple_row
+
+from agentstate.common.embedded_postgres import EmbeddedPostgres
+from agentstate.state_service.storage.postgres import migrations
+from agentstate.state_service.storage.postgres.migrations import (
+    MIGRATIONS,
+    apply_migrations,
+    function_names,
+    function_sql,
+)
+from tests.conftest import create_database
+
+# Everything a migration can change, as text: tables and columns, constraints, indexes,
+# functions, triggers, sequences and storage options of the agentstate schema.
+SCHEMA_QUERY = """
+SELECT 'column ' || c.relname || '.' || a.attname || ' ' || format_type(a.atttypid, a.atttypmod)
+       || CASE WHEN a.attnotnull THEN ' not null' ELSE '' END
+       || coalesce(' default ' || pg_get_expr(d.adbin, d.adrelid), '')
+       || coalesce(' storage ' || a.attstorage::text, '')
+       || coalesce(' compression ' || nullif(a.attcompression::text, ''), '')
+FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
+JOIN pg_namespace n ON n.oid = c.relnamespace AND n.nspname = 'public'
+LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+WHERE a.attnum > 0 AND NOT a.attisdropped AND c.relkind IN ('r', 'p')
+UNION ALL
+SELECT 'relation ' || c.relname || ' ' || c.relkind::text || ' '
+       || coalesce(array_to_string(c.reloptions, ','), '')
+FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace AND n.nspname = 'public'
+WHERE c.relkind IN ('r', 'p', 'S', 'i', 'v')
+UNION ALL
+SELECT 'constraint ' || conrelid::regclass::text || ' ' || conname || ' '
+       || pg_get_constraintdef(oid)
+FROM pg_constraint WHERE connamespace = 'public'::regnamespace
+UNION ALL
+SELECT 'index ' || indexdef FROM pg_indexes WHERE schemaname = 'public'
+UNION ALL
+SELECT 'function ' || pg_get_functiondef(p.oid)
+FROM pg_proc p WHERE p.pronamespace = 'public'::regnamespace
+UNION ALL
+SELECT 'trigger ' || pg_get_triggerdef(t.oid)
+FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid
+WHERE c.relnamespace = 'public'::regnamespace AND NOT t.tgisinternal
+ORDER BY 1
+"""
+
+
+async def _schema(dsn: str) -> list[str]:
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        cur = conn.cursor(row_factory=tuple_row)
+        await cur.execute(SCHEMA_QUERY)
+        return [str(row[0]) for row in await cur.fetchall()]
+
+
+async def _migrate(dsn: str, up_to: int | None = None) -> None:
+    listed = MIGRATIONS if up_to is None else [m for m in MIGRATIONS if m.version <= up_to]
+    async with await psycopg.AsyncConnection.connect(dsn) as conn:
+        original = migrations.MIGRATIONS
+        migrations.MIGRATIONS = listed
+        try:
+            await apply_migrations(conn)
+        finally:
+            migrations.MIGRATIONS = original
+
+
+@pytest.fixture
+async def fresh(postgres: EmbeddedPostgres) -> str:
+    dsn = create_database(postgres, f"fresh_{uuid.uuid4().hex[:8]}")
+    await _migrate(dsn)
+    return dsn
+
+
+async def test_the_catalog_holds_exactly_the_function_files(fresh: str) -> None:
+    async with await psycopg.AsyncConnection.connect(fresh) as conn:
+        cur = conn.cursor(row_factory=tuple_row)
+        await cur.execute(
+            "SELECT proname, count(*) FROM pg_proc WHERE pronamespace = 'public'::regnamespace"
+            " AND proname LIKE 'agentstate%%' GROUP BY proname ORDER BY proname"
+        )
+        catalog = {str(name): int(n) for name, n in await cur.fetchall()}
+        assert sorted(catalog) == function_names()
+        assert {name: n for name, n in catalog.items() if n != 1} == {}, "stale overloads"
+        # Each file, installed again, changes nothing: the catalog is the files' text.
+        for name in function_names():
+            await cur.execute(
+                "SELECT pg_get_functiondef(oid) FROM pg_proc WHERE proname = %s", (name,)
+            )
+            before = await cur.fetchall()
+            async with conn.transaction(force_rollback=True):
+                await conn.execute(function_sql(name).encode())
+                await cur.execute(
+                    "SELECT pg_get_functiondef(oid) FROM pg_proc WHERE proname = %s", (name,)
+                )
+                assert await cur.fetchall() == before, name
+
+
+async def test_every_function_file_is_installed_by_some_migration() -> None:
+    listed = {name for migration in MIGRATIONS for name in migration.functions()}
+    assert sorted(listed) == function_names()
+
+
+async def test_a_database_upgraded_from_any_version_equals_a_fresh_one(
+    postgres: EmbeddedPostgres, fresh: str
+) -> None:
+    wanted = await _schema(fresh)
+    for migration in MIGRATIONS[:-1]:
+        dsn = create_database(postgres, f"from_{migration.version}_{uuid.uuid4().hex[:6]}")
+        await _migrate(dsn, up_to=migration.version)
+        await _migrate(dsn)
+        assert await _schema(dsn) == wanted, f"upgraded from version {migration.version}"
+
+
+async def test_a_changed_function_file_is_installed_on_the_next_migrate(
+    fresh: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An edit of a function's file reaches databases migrated before it, with no new
+    migration: the recorded sha-256 no longer matches."""
+    name = "agentstate_next_id"
+    changed = function_sql(name).replace("$$", "$$ -- edited\n", 1)
+    monkeypatch.setattr(
+        migrations, "function_sql", lambda n: changed if n == name else function_sql(n)
+    )
+    await _migrate(fresh)
+    async with await psycopg.AsyncConnection.connect(fresh) as conn:
+        cur = await conn.execute("SELECT prosrc FROM pg_proc WHERE proname = %s", (name,))
+        row = await cur.fetchone()
+    assert row is not None and "-- edited" in row[0]
