@@ -73,6 +73,7 @@ TWINS = [
             "open_async_channel": "open_channel",
             "close_async_channel": "close_channel",
             "AioRpcError": "RpcError",
+            "async_pause": "pause",
         },
         phrases={
             "asyncio code (grpc.aio)": "synchronous code (a grpc channel, no event loop)",

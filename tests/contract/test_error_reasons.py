@@ -29,8 +29,9 @@ from tests.support.helpers import expect_rpc_error, new_conversation, put_state
 from tests.support.paths import REPO, TESTS
 
 Stub: TypeAlias = "pb_grpc.StateServiceAsyncStub"
-# Sent by the servers' shared request decoding, not by a domain error.
-DECODING_REASONS = {"MALFORMED_REQUEST"}
+# Sent before a handler runs (the shared request decoding, admission control), not by a
+# domain error.
+INTERCEPTOR_REASONS = {"MALFORMED_REQUEST", "OVERLOADED"}
 
 
 def _documented() -> dict[str, str]:
@@ -73,7 +74,7 @@ def test_every_documented_state_reason_is_sent_and_tested() -> None:
     documented = {r for r, when in _documented().items() if not when.startswith("agent")}
     # STORE_UNAVAILABLE / UNAVAILABLE and STORE_ERROR / INTERNAL share a row with the agent's.
     state_reasons = documented - {"UNAVAILABLE", "INTERNAL", "FAILED_PRECONDITION"}
-    assert state_reasons - _domain_reasons() - DECODING_REASONS == set()
+    assert state_reasons - _domain_reasons() - INTERCEPTOR_REASONS == set()
     assert state_reasons - _asserted_in_tests() == set()
 
 

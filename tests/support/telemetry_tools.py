@@ -86,6 +86,7 @@ class OtlpReceiver:
     def __init__(self) -> None:
         self.spans: list[tuple[str, Any]] = []  # (service.name, span)
         self.metric_names: set[tuple[str, str]] = set()
+        self._resource_metrics: list[Any] = []  # every export's, as sent
         self._lock = threading.Lock()
         self._server: grpc.Server | None = None
 
@@ -104,6 +105,7 @@ class OtlpReceiver:
         class Metrics(metrics_service_pb2_grpc.MetricsServiceServicer):
             def Export(self, request: Any, context: Any) -> Any:
                 with receiver._lock:
+                    receiver._resource_metrics += list(request.resource_metrics)
                     for resource_metrics in request.resource_metrics:
                         service = _service_name(resource_metrics.resource)
                         for scope in resource_metrics.scope_metrics:
@@ -117,6 +119,11 @@ class OtlpReceiver:
         port = self._server.add_insecure_port("127.0.0.1:0")
         self._server.start()
         return f"http://127.0.0.1:{port}"
+
+    def snapshot(self) -> list[Any]:
+        """The ResourceMetrics of every export so far, oldest first."""
+        with self._lock:
+            return list(self._resource_metrics)
 
     def stop(self) -> None:
         if self._server is not None:

@@ -11,6 +11,7 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from agentstate.common.admission import Admission, AdmissionInterceptor
 from agentstate.common.listen import cannot_listen
 from agentstate.common.reflection import enable_documented_reflection
 from agentstate.common.request_decoding import DecodeErrorsAsInvalidArgument
@@ -26,23 +27,33 @@ def create_server(
     max_message_bytes: int,
     interceptors: Sequence[Any] = (),
     max_connection_age_seconds: float = 0.0,
+    admission: Admission | None = None,
+    reuse_port: bool = False,
 ) -> grpc.aio.Server:
     """`max_connection_age_seconds` > 0: each client connection is closed (GOAWAY, in-flight
     calls finish) after that long, so clients of several replicas re-resolve the name and
-    find replicas added since (k8s/overlays/central)."""
+    find replicas added since (k8s/overlays/central).
+
+    `admission`: calls beyond its limits are refused (agentstate.common.admission).
+    `reuse_port`: SO_REUSEPORT, so that worker processes (agentstate.common.workers) bind
+    one port and the kernel spreads the connections over them; off otherwise, so that a
+    second server on a port in use fails instead of silently sharing it."""
     age: list[tuple[str, int]] = []
     if max_connection_age_seconds > 0:
         age = [
             ("grpc.max_connection_age_ms", int(max_connection_age_seconds * 1000)),
             ("grpc.max_connection_age_grace_ms", 10_000),
         ]
+    # Innermost: undecodable requests are INVALID_ARGUMENT before any servicer runs.
+    # Admission sits just outside it, after everything that looks at a call's metadata
+    # (it caches one guarded handler per method).
+    admit = [AdmissionInterceptor(admission)] if admission is not None else []
     return grpc.aio.server(
-        # Innermost: undecodable requests are INVALID_ARGUMENT before any servicer runs.
-        interceptors=[*interceptors, DecodeErrorsAsInvalidArgument()],
+        interceptors=[*interceptors, *admit, DecodeErrorsAsInvalidArgument()],
         options=[
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", max_message_bytes),
-            ("grpc.so_reuseport", 0),
+            ("grpc.so_reuseport", 1 if reuse_port else 0),
             *age,
         ],
     )

@@ -28,6 +28,7 @@ from opentelemetry import metrics, trace
 from pydantic import BeforeValidator, Field
 from pythonjsonlogger.json import JsonFormatter
 
+from agentstate.common import workers
 from agentstate.common.config import ConfigError, EnvSettings, casefold_choice
 
 TRACER_NAME = "agentstate"
@@ -163,14 +164,16 @@ class LoggingSettings(EnvSettings):
 
 
 class JsonLogFormatter(JsonFormatter):
-    """One JSON object per line: time, level, logger, message, service, the record's
-    `extra=` fields, and the current trace and span ids when a span is active."""
+    """One JSON object per line: time, level, logger, message, service, `worker` (a
+    supervised worker's index, agentstate.common.workers), the record's `extra=` fields,
+    and the current trace and span ids when a span is active."""
 
     def __init__(self, service: str) -> None:
+        worker = workers.worker_index()
         super().__init__(
             ["levelname", "name", "message"],
             rename_fields={"levelname": "level", "name": "logger", "exc_info": "exception"},
-            static_fields={"service": service},
+            static_fields={"service": service, **({} if worker is None else {"worker": worker})},
             json_ensure_ascii=False,  # the product speaks Chinese: keep it readable
         )
 

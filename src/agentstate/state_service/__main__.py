@@ -14,16 +14,23 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 
-from agentstate.common import telemetry
+from agentstate.common import telemetry, workers
 from agentstate.common.config import ConfigError
 from agentstate.common.embedded_postgres import EmbeddedPostgres, EmbeddedPostgresError
 from agentstate.state_service.config import StateServiceSettings
 from agentstate.state_service.domain import StoreUnavailable
-from agentstate.state_service.server import open_store, postgres_store, purge, serve
+from agentstate.state_service.server import (
+    LISTEN_SETTING,
+    open_store,
+    postgres_store,
+    purge,
+    serve,
+)
 from agentstate.state_service.storage.postgres import PostgresStore
 
 
@@ -113,6 +120,15 @@ def main(argv: list[str] | None = None) -> int:
                 )
 
             asyncio.run(_with_store(settings, purged))
+        elif settings.workers > 1 and workers.worker_index() is None:
+            # The supervisor: the workers are this command again, one process each.
+            return workers.supervise(
+                settings.workers,
+                settings.listen_address,
+                LISTEN_SETTING,
+                os.environ,
+                workers.python_module("agentstate.state_service", "serve"),
+            )
         else:
             asyncio.run(serve(settings))
     except (ConfigError, EmbeddedPostgresError, StoreUnavailable) as exc:

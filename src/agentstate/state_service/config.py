@@ -106,6 +106,34 @@ class StateServiceSettings(EnvSettings):
         description="close each client connection after this long so callers re-resolve "
         "a name with several replicas and find new ones; 0 never (the sidecar)",
     )
+    workers: int = Field(
+        default=1,
+        validation_alias="STATE_WORKERS",
+        ge=1,
+        le=256,
+        description="server processes on the one port (SO_REUSEPORT), each with its own "
+        "pool: one per core a central replica may use; more than 1 needs STATE_STORE=postgres "
+        "and a host:port address (docs/scaling.md)",
+    )
+    max_calls_in_flight: int = Field(
+        default=32,
+        validation_alias="STATE_MAX_CALLS_IN_FLIGHT",
+        ge=0,
+        description="calls one worker serves at once; 0: no admission control",
+    )
+    max_queued_calls: int = Field(
+        default=32,
+        validation_alias="STATE_MAX_QUEUED_CALLS",
+        ge=0,
+        description="calls one worker lets wait for a free slot; beyond them calls are "
+        "refused at once (UNAVAILABLE, reason OVERLOADED, grpc-retry-pushback-ms)",
+    )
+    overload_retry_after_ms: int = Field(
+        default=100,
+        validation_alias="STATE_OVERLOAD_RETRY_AFTER_MS",
+        ge=1,
+        description="the pushback a refused call carries (scattered over ±50 %)",
+    )
     shutdown_grace_seconds: float = Field(
         default=10.0,
         validation_alias="STATE_SHUTDOWN_GRACE_SECONDS",
@@ -162,6 +190,17 @@ class StateServiceSettings(EnvSettings):
             raise ValueError(
                 f"STATE_MIGRATION_DATABASE_URL is set but STATE_STORE={self.store} does not "
                 "use it: set STATE_STORE=postgres, or unset STATE_MIGRATION_DATABASE_URL"
+            )
+        if self.workers > 1 and self.store != "postgres":
+            raise ValueError(
+                f"STATE_WORKERS={self.workers} needs STATE_STORE=postgres: the workers must "
+                f"share one database, and STATE_STORE={self.store} is one process's own"
+            )
+        if self.workers > 1 and self.listen_address.startswith("unix:"):
+            raise ValueError(
+                f"STATE_WORKERS={self.workers} needs a host:port STATE_LISTEN_ADDRESS: "
+                "worker processes share a TCP port, not a unix socket (a sidecar needs one "
+                "worker)"
             )
         if self.store != "postgres" and self.database_url:
             raise ValueError(

@@ -10,7 +10,8 @@ from typing import Any
 
 import grpc
 
-from agentstate.common import telemetry
+from agentstate.common import telemetry, workers
+from agentstate.common.admission import Admission, AdmissionLimits
 from agentstate.common.config import ConfigError
 from agentstate.common.embedded_postgres import EmbeddedPostgres
 from agentstate.common.grpc_server import (
@@ -49,15 +50,22 @@ class StateServiceApp:
         self._server: grpc.aio.Server | None = None
         self._health: Any = None
         self._sweeper: asyncio.Task[None] | None = None
+        self.admission = admission_of(settings)
+        # A supervised worker shares its port with the others (agentstate.common.workers).
+        self.worker = workers.worker_index()
 
     async def start(self) -> str:
-        # A port in use is reported before a database is started for nothing.
-        check_listen_address(self.settings.listen_address, LISTEN_SETTING)
+        # A port in use is reported before a database is started for nothing (a worker's
+        # port is the supervisor's, reserved for sharing).
+        if self.worker is None:
+            check_listen_address(self.settings.listen_address, LISTEN_SETTING)
         self.store = await self._open_store()
         server = create_server(
             max_message_bytes=self.settings.grpc_max_message_bytes,
             max_connection_age_seconds=self.settings.grpc_max_connection_age_seconds,
             interceptors=telemetry.grpc_server_interceptors(),
+            admission=self.admission,
+            reuse_port=self.worker is not None,
         )
         pb_grpc.add_StateServiceServicer_to_server(
             StateServicer(self.store, max_payload_bytes=self.settings.max_payload_bytes), server
@@ -72,9 +80,14 @@ class StateServiceApp:
             self.store.guard.add_listener(self._database_changed)
             if not self.store.guard.available:  # it went away while we were starting
                 await self._database_changed(False, "unreachable")
-        if self.settings.retention_days > 0:
+        # One retention sweeper per replica: the first worker's.
+        if self.settings.retention_days > 0 and not self.worker:
             self._sweeper = asyncio.create_task(self._sweep_forever(self.store))
-        log.info("state service listening on %s (store: %s)", address, self.settings.store)
+        if self.worker is None:
+            log.info("state service listening on %s (store: %s)", address, self.settings.store)
+        else:
+            log.info("state service worker %d serving on %s", self.worker, address)
+            workers.announce_ready()
         return address
 
     async def _database_changed(self, available: bool, reason: str) -> None:
@@ -135,6 +148,19 @@ class StateServiceApp:
                 await asyncio.to_thread(self._embedded.stop)
             raise
         return store
+
+
+def admission_of(settings: StateServiceSettings) -> Admission | None:
+    """The admission control the settings ask for (None: STATE_MAX_CALLS_IN_FLIGHT=0)."""
+    if settings.max_calls_in_flight == 0:
+        return None
+    return Admission(
+        AdmissionLimits(
+            max_in_flight=settings.max_calls_in_flight,
+            max_queued=settings.max_queued_calls,
+            retry_after_ms=settings.overload_retry_after_ms,
+        )
+    )
 
 
 # The settings behind each PostgresStore parameter a start-up check can fault.

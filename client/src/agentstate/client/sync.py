@@ -6,12 +6,14 @@
         conversation = state.create_conversation("alice")
 
 Every call has a deadline (the client's default, or `timeout=` per call), reads are
-retried on UNAVAILABLE by the channel's service config, and failures raise the typed
-exceptions of agentstate.client.errors.
+retried on UNAVAILABLE by the channel's service config, a call refused by a server at
+capacity is sent again after the wait the server asks for (agentstate.client.pushback),
+and failures raise the typed exceptions of agentstate.client.errors.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from types import TracebackType
@@ -20,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Self, TypeVar
 import grpc
 
 from agentstate.client import convert as ops
+from agentstate.client import pushback
 from agentstate.client.channel import close_channel, open_channel
 from agentstate.client.convert import Payload
 from agentstate.client.errors import NotFound, from_rpc_error
@@ -124,11 +127,20 @@ class StateClient:
 
     def _call(self, op: ops.Op[R], timeout: float | None) -> R:
         method = getattr(self._stub, op.method)
-        try:
-            response = method(op.request, timeout=self._timeout if timeout is None else timeout)
-        except grpc.RpcError as exc:
-            raise from_rpc_error(exc) from exc
-        return op.parse(response)
+        budget = self._timeout if timeout is None else timeout
+        deadline = time.monotonic() + budget
+        while True:
+            try:
+                response = method(op.request, timeout=deadline - time.monotonic())
+            except grpc.RpcError as exc:
+                # A server at capacity refused it before doing anything: come back when
+                # it says (agentstate.client.pushback).
+                delay = pushback.retry_delay(exc, deadline)
+                if delay is None:
+                    raise from_rpc_error(exc) from exc
+                pushback.pause(delay)
+                continue
+            return op.parse(response)
 
     def find_state(
         self,
