@@ -249,7 +249,14 @@ def test_sigterm_drains_the_calls_in_flight_in_every_worker(
     comes: each worker stops taking calls, finishes its own once the lock goes, and the
     supervisor exits 0. Every acknowledged write is in the database."""
     process = state_services.start(
-        on_postgres(database_url, STATE_WORKERS="2", STATE_SHUTDOWN_GRACE_SECONDS="20")
+        on_postgres(
+            database_url,
+            STATE_WORKERS="2",
+            STATE_SHUTDOWN_GRACE_SECONDS="20",
+            # The kernel may give one worker more than the default pool of 10 of the 16
+            # connections; every held call must reach the lock, not wait for a pool slot.
+            STATE_DB_POOL_MAX_SIZE=str(CHANNELS),
+        )
     )
     address = process.wait_ready()
     port = int(address.rsplit(":", 1)[1])
