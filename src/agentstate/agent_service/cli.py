@@ -160,11 +160,13 @@ def run_turn(
     try:
         for response in responses:
             event = response.event
-            renderer.event(event)
+            # Kept before it is shown: a Ctrl-C right after the line is printed must
+            # still know which turn goes on.
             if event.HasField("meta"):
                 meta = event.meta
             if event.HasField("confirm"):
                 card = event.confirm
+            renderer.event(event)
     except KeyboardInterrupt:
         cancel = getattr(responses, "cancel", None)
         if callable(cancel):
