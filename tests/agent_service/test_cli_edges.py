@@ -74,6 +74,9 @@ def test_ctrl_c_in_a_chat_says_the_turn_goes_on_and_how_to_stop_it(
         stderr=subprocess.STDOUT,
         text=True,
         env=cli_env(jwt_agent_address, user_id),
+        # As from a terminal: a suite started in the background (`./run test &`) passes
+        # SIGINT on ignored, and Python then installs no KeyboardInterrupt for it.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     assert chat.stdout is not None
     lines: list[str] = []
