@@ -20,6 +20,7 @@ import pytest
 
 from agentstate.agent.v1 import agent_service_pb2 as pb
 from agentstate.common.config import ConfigError
+from agentstate.console import app
 from agentstate.console.config import ConsoleSettings
 from agentstate.console.present import record_view
 
@@ -122,12 +123,13 @@ USE = {
             "Waiting for your confirmation",
             "Expired: nothing was done",
         ),
-        # The record's own outcome wins when the agent wrote one.
+        # The record's own outcome wins when the agent wrote one, in the console's words
+        # (its outcome_text is the item's detail).
         (
             [{**USE, "outcome": "finished", "outcome_text": "订单88235已取消。"}],
             pb.MESSAGE_STATUS_NORMAL,
             _card("approved"),
-            "订单88235已取消。",
+            "Done",
             "Approved by you",
         ),
         (
@@ -254,7 +256,8 @@ def test_the_console_is_the_trusted_proxy_of_an_agent_in_proxy_mode(
     state_process_address: str,
 ) -> None:
     """As in k8s: the agent in AGENT_AUTH_MODE=proxy believes the console's user only with
-    the shared secret (CONSOLE_AGENT_PROXY_SECRET); without it the page is told to sign in."""
+    the shared secret (CONSOLE_AGENT_PROXY_SECRET); without it the page is told that the
+    console is not trusted (the user is signed in: telling them to sign in would be wrong)."""
     from agentstate.dev.processes import ServiceProcess
 
     secret = "s" * 40
@@ -293,7 +296,11 @@ def test_the_console_is_the_trusted_proxy_of_an_agent_in_proxy_mode(
             {"conversations": [], "next_page_token": ""},
         )
         status, refused = _get(urls[1] + "/api/conversations", user)
-        assert status == 401 and refused["error"] == "You are not signed in."
+        assert status == 502 and "CONSOLE_AGENT_PROXY_SECRET" in refused["error"]
+        assert "not signed in" not in refused["error"]
+        # No user at all: the console's own sentence, not the agent's.
+        status, anonymous = _get(urls[0] + "/api/conversations", {})
+        assert (status, anonymous["error"]) == (401, app.NOT_SIGNED_IN)
     finally:
         codes = [c.terminate() for c in reversed(consoles)] + [agent.terminate()]
         assert codes == [0] * len(codes), "\n".join(s.output for s in [*consoles, agent])

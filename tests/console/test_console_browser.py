@@ -297,13 +297,15 @@ def test_the_worked_example_ask_card_cancel_reply(
     reply = page.all("#messages .msg.assistant")[-1].text
     assert "88235" in reply and "3378.00" in reply
     # The cancel_order call, told by the outcome_text the agent wrote on the real record.
-    assert "你在确认卡片上点了取消，操作没有执行。" in page.text("#messages")
+    assert "你在确认卡片上点了取消，操作没有执行。" in page.text("#messages")  # its detail
     _, history = api(
         console_url, page.user, "GET", f"/api/conversations/{conversation_id}/messages"
     )
     records = history["records"]
     (declined,) = [i for r in records for i in r["items"] if i.get("tool_name") == "cancel_order"]
-    assert declined["words"] == "你在确认卡片上点了取消，操作没有执行。"
+    # The status word is the console's language; the agent's sentence is its detail.
+    assert declined["words"] == "Declined by you: not run"
+    assert declined["detail"] == "你在确认卡片上点了取消，操作没有执行。"
     page.wait(lambda: page.text("[data-field=context-count]") == "8")
     assert page.text("[data-field=pending]") == "none"
     assert "free" in page.text("[data-field=lease]")
@@ -344,8 +346,9 @@ def test_approve_on_a_fresh_conversation_once_despite_a_double_click(
     (ran,) = [
         i for r in before["records"] for i in r["items"] if i.get("tool_name") == "cancel_order"
     ]
-    assert ran["words"] == "已执行完成。"
-    assert "cancel_order" in page.text("#messages") and "已执行完成。" in page.text("#messages")
+    assert (ran["words"], ran["detail"]) == ("Done", "已执行完成。")
+    assert "订单 88235 已取消" in ran["output"]  # replay shows the tool's output
+    assert "cancel_order" in page.text("#messages") and "Done" in page.text("#messages")
     # A second answer to the same card (another tab, a replayed request): refused, no change.
     status, events = api(
         console_url,

@@ -10,8 +10,10 @@ agent finishes and saves it); the page then resumes from the message records.
 from __future__ import annotations
 
 import contextlib
+import html
 import json
 import re
+import urllib.parse
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any, cast
@@ -21,7 +23,13 @@ from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import FileResponse, JSONResponse, Response, StreamingResponse
+from starlette.responses import (
+    FileResponse,
+    HTMLResponse,
+    JSONResponse,
+    Response,
+    StreamingResponse,
+)
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
@@ -31,7 +39,7 @@ from agentstate.client import StateError
 from agentstate.client.metadata import PROXY_SECRET_METADATA_KEY, USER_ID_METADATA_KEY
 from agentstate.client.service_config import channel_options
 from agentstate.console.config import ConsoleSettings
-from agentstate.console.present import event_view, record_view
+from agentstate.console.present import event_view, record_view, tool_outputs, unanswered
 from agentstate.console.state_reads import StateReader
 
 STATIC = Path(__file__).parent / "static"
@@ -44,7 +52,18 @@ _REASONS = {
     "CARD_PENDING": (409, "Answer the open confirmation card first."),
     "LEASE_HELD": (409, "A reply is still being written in this conversation. Wait for it."),
     "LIMIT_REACHED": (429, "You have too many replies running at once. Wait for one to end."),
-    "UNAUTHENTICATED": (401, "You are not signed in."),
+    # The agent refused the console's credentials: the user is signed in, the console is
+    # not trusted (no or a wrong CONSOLE_AGENT_PROXY_SECRET, or an agent in jwt mode).
+    "UNAUTHENTICATED": (
+        502,
+        "The agent service did not accept this console's credentials, so nothing can be "
+        "shown. An operator must check CONSOLE_AGENT_PROXY_SECRET.",
+    ),
+    "MODEL_FAILED": (
+        502,
+        "The model did not answer, so this turn did not finish. The service itself is "
+        "fine: try again in a moment.",
+    ),
 }
 _CODES = {
     grpc.StatusCode.NOT_FOUND: (
@@ -53,8 +72,14 @@ _CODES = {
     ),
     grpc.StatusCode.UNAVAILABLE: (503, "The service is unreachable right now. Try again."),
     grpc.StatusCode.DEADLINE_EXCEEDED: (504, "The service did not answer in time. Try again."),
-    grpc.StatusCode.UNAUTHENTICATED: (401, "You are not signed in."),
+    grpc.StatusCode.UNAUTHENTICATED: (
+        502,
+        "The agent service did not accept this console's credentials, so nothing can be "
+        "shown. An operator must check CONSOLE_AGENT_PROXY_SECRET.",
+    ),
 }
+# The console's own refusal when no user came with the request (not the agent's).
+NOT_SIGNED_IN = "You are not signed in (no user from the authenticating proxy)."
 
 
 class BadRequest(Exception):
@@ -133,7 +158,7 @@ class Console:
         user = request.headers.get(header, "").strip() if header else ""
         user = user or self.settings.dev_user
         if not user:
-            raise BadRequest("You are not signed in (no user from the proxy).", 401)
+            raise BadRequest(NOT_SIGNED_IN, 401)
         return user
 
     def metadata(self, request: Request) -> tuple[tuple[str, str], ...]:
@@ -176,6 +201,24 @@ def create_app(settings: ConsoleSettings, on_ready: Callable[[], None] | None = 
     async def index(request: Request) -> Response:
         return FileResponse(STATIC / "index.html")
 
+    async def index_posted(request: Request) -> Response:
+        """The composer submitted as a plain form (its scripts had not loaded yet): the
+        page comes back with the question still in the box, marked for the script to
+        send once it runs. Nothing the user typed is lost."""
+        # A urlencoded body, read here (python-multipart is not a dependency).
+        form = urllib.parse.parse_qs((await request.body()).decode("utf-8", "replace"))
+        question = (form.get("question") or [""])[0][:MAX_QUESTION_CHARS]
+        page = (STATIC / "index.html").read_text(encoding="utf-8")
+        page = page.replace(
+            '<form id="composer" method="post" action="/">',
+            '<form id="composer" method="post" action="/" data-pending="1">',
+        ).replace(
+            '<textarea id="question" name="question" rows="2"',
+            '<textarea id="question" name="question" rows="2" data-escaped="1"',
+        )
+        page = page.replace("></textarea>", f">{html.escape(question)}</textarea>", 1)
+        return HTMLResponse(page, headers={"Cache-Control": "no-store"})
+
     async def me(request: Request) -> Response:
         async def run() -> Response:
             return JSONResponse({"user": console.user_of(request)})
@@ -197,6 +240,7 @@ def create_app(settings: ConsoleSettings, on_ready: Callable[[], None] | None = 
                         {
                             "conversation_id": c.conversation_id,
                             "title": c.title,
+                            "create_time": c.create_time.ToDatetime().isoformat() + "Z",
                             "update_time": c.update_time.ToDatetime().isoformat() + "Z",
                         }
                         for c in page.conversations
@@ -219,9 +263,22 @@ def create_app(settings: ConsoleSettings, on_ready: Callable[[], None] | None = 
                 metadata=console.metadata(request),
                 timeout=console.timeout,
             )
+            outputs = tool_outputs(page.records)
+            if page.next_page_token and unanswered(page.records, outputs):
+                # A card's call is answered in the next turn's record: look one page on.
+                after = await console.agent.ListMessages(
+                    pb.ListMessagesRequest(
+                        conversation_id=cid,
+                        page_size=settings.history_page_size,
+                        page_token=page.next_page_token,
+                    ),
+                    metadata=console.metadata(request),
+                    timeout=console.timeout,
+                )
+                outputs = {**tool_outputs(after.records), **outputs}
             return JSONResponse(
                 {
-                    "records": [record_view(r) for r in page.records],
+                    "records": [record_view(r, others=outputs) for r in page.records],
                     "next_page_token": page.next_page_token,
                 }
             )
@@ -365,7 +422,8 @@ def create_app(settings: ConsoleSettings, on_ready: Callable[[], None] | None = 
 
     return Starlette(
         routes=[
-            Route("/", index),
+            Route("/", index, methods=["GET", "HEAD"]),
+            Route("/", index_posted, methods=["POST"]),
             Route("/healthz", health),
             Route("/api/me", me),
             Route("/api/conversations", conversations),

@@ -2,8 +2,9 @@
 
 The agent's records carry each tool call as blocks (`tool_use`, `tool_result`); newer
 agents add to a record's `tool_use` its final `outcome` and a short `outcome_text`. The
-text is shown when present; otherwise the words are derived from the blocks, the card and
-the record's status.
+status word is always the console's own (one language for the interface, live and on
+replay): from the outcome, else derived from the blocks, the card and the record's status;
+the agent's `outcome_text` (in its profile's language) is shown beside it as a detail.
 """
 
 from __future__ import annotations
@@ -86,7 +87,12 @@ def _first_line(text: str, limit: int = 120) -> str:
     return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
-def card_view(card: dict[str, Any], now: datetime) -> dict[str, Any]:
+def card_view(
+    card: dict[str, Any], now: datetime, inputs: dict[Any, Any] | None = None
+) -> dict[str, Any]:
+    """A card as the page draws it; `inputs` maps call ids to the tool_use inputs of the
+    card's record, so the card says what each tool will be run with."""
+    inputs = inputs or {}
     status = str(card.get("status", "pending"))
     expires = str(card.get("expires_at", ""))
     try:
@@ -106,6 +112,7 @@ def card_view(card: dict[str, Any], now: datetime) -> dict[str, Any]:
                 "title": str(c.get("title", "")),
                 "tool_name": str(c.get("name", "")),
                 "fields": [[str(k), str(v)] for k, v in c.get("fields", [])],
+                "arguments": inputs.get(c.get("call_id"), {}),
             }
             for c in card.get("calls", [])
             if isinstance(c, dict)
@@ -113,14 +120,41 @@ def card_view(card: dict[str, Any], now: datetime) -> dict[str, Any]:
     }
 
 
-def record_view(record: Any, now: datetime | None = None) -> dict[str, Any]:
-    """One agent MessageRecord as the page draws it."""
+def tool_outputs(records: Any) -> dict[Any, dict[str, Any]]:
+    """The tool_result blocks of some records by call id: a card's call is answered in the
+    record of the turn that answered the card, not in the card's own record."""
+    return {
+        b.get("id"): b
+        for r in records
+        for b in _loads(r.blocks_json, [])
+        if isinstance(b, dict) and b.get("type") == "tool_result"
+    }
+
+
+def unanswered(records: Any, outputs: dict[Any, dict[str, Any]]) -> bool:
+    """Whether some tool_use of these records has no result among `outputs`."""
+    return any(
+        isinstance(b, dict) and b.get("type") == "tool_use" and b.get("id") not in outputs
+        for r in records
+        for b in _loads(r.blocks_json, [])
+    )
+
+
+def record_view(
+    record: Any, now: datetime | None = None, others: dict[Any, dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    """One agent MessageRecord as the page draws it; `others` are tool results found in
+    the records around it (tool_outputs)."""
     now = now or datetime.now(UTC)
     blocks = [b for b in _loads(record.blocks_json, []) if isinstance(b, dict)]
     metadata = _loads(record.metadata_json, {})
     card = metadata.get("card") if isinstance(metadata, dict) else None
     card_status = str(card.get("status", "")) if isinstance(card, dict) else ""
-    results = {b.get("id"): b for b in blocks if b.get("type") == "tool_result"}
+    results = {
+        **(others or {}),
+        **{b.get("id"): b for b in blocks if b.get("type") == "tool_result"},
+    }
+    inputs = {b.get("id"): b.get("input", {}) for b in blocks if b.get("type") == "tool_use"}
     items: list[dict[str, Any]] = []
     for block in blocks:
         kind = block.get("type")
@@ -129,12 +163,18 @@ def record_view(record: Any, now: datetime | None = None) -> dict[str, Any]:
         elif kind == "thinking" and block.get("thinking"):
             items.append({"kind": "thinking", "text": str(block["thinking"])})
         elif kind == "tool_use":
+            result = results.get(block.get("id"))
             items.append(
                 {
                     "kind": "tool",
+                    "call_id": str(block.get("id", "")),
                     "tool_name": str(block.get("name", "")),
                     "arguments": block.get("input", {}),
-                    "words": _tool_words(block, results.get(block.get("id")), record, card_status),
+                    "words": _tool_words(block, result, record, card_status),
+                    # The agent's own sentence (in its profile's language) is a detail
+                    # under the console's status word, never instead of it.
+                    "detail": str(block.get("outcome_text", "")),
+                    "output": _output_text(result) if result is not None else "",
                 }
             )
     # An ERROR record keeps the failure's sentence in metadata {"error": …}; its blocks
@@ -152,16 +192,15 @@ def record_view(record: Any, now: datetime | None = None) -> dict[str, Any]:
         "error_text": error_text,
         "partial": failed and any(i["kind"] == "text" for i in items),
         "items": items,
-        "card": card_view(card, now) if isinstance(card, dict) else None,
+        "card": card_view(card, now, inputs) if isinstance(card, dict) else None,
         "create_time": _iso(record.create_time),
+        "update_time": _iso(record.update_time),
     }
 
 
 def _tool_words(
     use: dict[str, Any], result: dict[str, Any] | None, record: Any, card_status: str
 ) -> str:
-    if use.get("outcome_text"):
-        return str(use["outcome_text"])
     if use.get("outcome") in OUTCOME_WORDS:
         return OUTCOME_WORDS[str(use["outcome"])]
     if result is not None:
@@ -228,6 +267,7 @@ def event_view(event: Any) -> dict[str, Any]:
                         "title": call.title,
                         "tool_name": call.tool_name,
                         "fields": [[f.label, f.value] for f in call.display_fields],
+                        "arguments": _loads(call.arguments_json, {}),
                     }
                     for call in c.calls
                 ],

@@ -35,6 +35,23 @@ def _block_summary(block: dict[str, Any]) -> str:
     return kind
 
 
+def _block_contents(block: dict[str, Any]) -> str:
+    """What a block holds, as text: the words, a call's input, a result's output."""
+    kind = block.get("type")
+    if kind == "text":
+        return str(block.get("text", ""))
+    if kind == "thinking":
+        return str(block.get("thinking", ""))
+    if kind == "tool_use":
+        return json.dumps(block.get("input", {}), ensure_ascii=False)
+    if kind == "tool_result":
+        output = block.get("output")
+        if isinstance(output, list):
+            return "".join(str(p.get("text", "")) for p in output if isinstance(p, dict))
+        return str(output or "")
+    return json.dumps(block, ensure_ascii=False)
+
+
 def describe_state(payload: bytes, version: int, update_time: str | None) -> dict[str, Any]:
     """The parts of an AgentState a person looks at; the JSON codec's shape, read loosely
     (the console must not break on fields it does not know)."""
@@ -59,14 +76,24 @@ def describe_state(payload: bytes, version: int, update_time: str | None) -> dic
         "summary": data.get("summary") or "",
         "messages": [
             {
+                "id": str(m.get("id", "")),
                 "role": m.get("role", "?"),
+                "timestamp": m.get("timestamp"),
+                "usage": m.get("usage"),
                 "blocks": [
                     _block_summary(b) for b in m.get("content") or [] if isinstance(b, dict)
+                ],
+                "contents": [
+                    {"label": _block_summary(b), "text": _block_contents(b)}
+                    for b in m.get("content") or []
+                    if isinstance(b, dict)
                 ],
             }
             for m in context
         ],
         "pending_calls": pending,
+        # The whole stored payload, for the raw view (the codec's JSON, pretty-printed).
+        "raw": json.dumps(data, ensure_ascii=False, indent=2),
     }
 
 

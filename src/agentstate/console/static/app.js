@@ -9,6 +9,75 @@ const el = (tag, cls, text) => {
   return node;
 };
 
+// Markdown, rendered safely: the text is parsed into DOM nodes built with textContent, so
+// no input can become HTML (no innerHTML anywhere in this file). Links keep http(s) only.
+function inline(text, parent) {
+  const re = /(`[^`]+`)|(\*\*[^*]+\*\*)|(\*[^*\s][^*]*\*)|(\[[^\]]+\]\([^)\s]+\))/g;
+  let last = 0, m;
+  while ((m = re.exec(text)) !== null) {
+    if (m.index > last) parent.append(document.createTextNode(text.slice(last, m.index)));
+    const t = m[0];
+    if (m[1]) parent.append(el("code", "", t.slice(1, -1)));
+    else if (m[2]) { const b = el("strong"); inline(t.slice(2, -2), b); parent.append(b); }
+    else if (m[3]) { const i = el("em"); inline(t.slice(1, -1), i); parent.append(i); }
+    else {
+      const label = t.slice(1, t.indexOf("]("));
+      const href = t.slice(t.indexOf("](") + 2, -1);
+      if (/^https?:\/\//i.test(href)) {
+        const a = el("a", "", label);
+        a.href = href; a.target = "_blank"; a.rel = "noopener noreferrer";
+        parent.append(a);
+      } else parent.append(document.createTextNode(t));
+    }
+    last = m.index + t.length;
+  }
+  if (last < text.length) parent.append(document.createTextNode(text.slice(last)));
+}
+
+function markdown(text) {
+  const root = el("div", "md");
+  const lines = String(text).split("\n");
+  let list = null, para = null;
+  const close = () => { list = null; para = null; };
+  for (let i = 0; i < lines.length; i++) {
+    const line = lines[i];
+    if (line.startsWith("```")) {
+      const code = [];
+      for (i++; i < lines.length && !lines[i].startsWith("```"); i++) code.push(lines[i]);
+      const pre = el("pre"); pre.append(el("code", "", code.join("\n")));
+      root.append(pre); close(); continue;
+    }
+    let m;
+    if (!line.trim()) { close(); continue; }
+    if ((m = line.match(/^(#{1,4})\s+(.*)$/))) {
+      const h = el(`h${Math.min(6, m[1].length + 2)}`); inline(m[2], h); root.append(h); close(); continue;
+    }
+    if ((m = line.match(/^\s*(?:[-*+]|(\d+)[.)])\s+(.*)$/))) {
+      const tag = m[1] ? "ol" : "ul";
+      if (!list || list.tagName.toLowerCase() !== tag) { list = el(tag); root.append(list); para = null; }
+      const li = el("li"); inline(m[2], li); list.append(li); continue;
+    }
+    if ((m = line.match(/^>\s?(.*)$/))) {
+      const q = el("blockquote"); inline(m[1], q); root.append(q); close(); continue;
+    }
+    list = null;
+    if (!para) { para = el("p"); root.append(para); } else para.append(el("br"));
+    inline(line, para);
+  }
+  return root;
+}
+
+const plural = (n, one, many) => `${n} ${n === 1 ? one : many}`;
+
+function when(iso) {
+  if (!iso) return "";
+  const d = new Date(iso);
+  const today = new Date();
+  return d.toDateString() === today.toDateString()
+    ? d.toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" })
+    : d.toLocaleDateString([], { month: "short", day: "numeric" }) + " " + d.toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" });
+}
+
 const ui = {
   cid: "",            // current conversation ("" = a new one)
   streaming: false,
@@ -18,6 +87,9 @@ const ui = {
   nextMessages: "",
   titles: {},
   pollTimer: null,
+  question: "",       // what the running turn was asked (kept in the box until it starts)
+  retry: "",          // a question to ask again once the running turn has stopped
+  loaded: false,      // the first load of the conversation list worked
 };
 
 async function api(method, path, body) {
@@ -28,7 +100,11 @@ async function api(method, path, body) {
   });
   let data = {};
   try { data = await res.json(); } catch (e) { data = {}; }
-  if (!res.ok) throw new Error(data.error || `The console answered ${res.status}.`);
+  if (!res.ok) {
+    const error = new Error(data.error || `The console answered ${res.status}.`);
+    error.status = res.status;
+    throw error;
+  }
   return data;
 }
 
@@ -55,8 +131,13 @@ async function loadConversations(more) {
     box.type = "checkbox";
     box.title = "Select for batch delete";
     box.addEventListener("change", updateBatchButton);
-    const title = el("span", "title", c.title || "(untitled)");
-    title.title = c.title;
+    const title = el("span", "title");
+    const name = el("span", "name", c.title || "(untitled)");
+    // Two equal titles stay apart: each row shows when it changed last and its id.
+    const stamp = el("span", "when", `${when(c.update_time)} · #${c.conversation_id}`);
+    stamp.dataset.field = "updated";
+    title.append(name, stamp);
+    title.title = `${c.title}\nstarted ${new Date(c.create_time).toLocaleString()}\nlast change ${new Date(c.update_time).toLocaleString()}`;
     title.addEventListener("click", () => go(c.conversation_id));
     const rename = el("button", "rename", "✎");
     rename.title = "Rename";
@@ -69,7 +150,22 @@ async function loadConversations(more) {
   }
   ui.nextConversations = data.next_page_token;
   $("#more-conversations").hidden = !data.next_page_token;
+  ui.loaded = true;
+  filterConversations();
   updateBatchButton();
+}
+
+// Search narrows the list to the titles (and ids) holding every word typed.
+function filterConversations() {
+  const words = $("#search").value.toLowerCase().split(/\s+/).filter(Boolean);
+  let shown = 0;
+  for (const li of document.querySelectorAll("#conversations li")) {
+    const hay = `${ui.titles[li.dataset.conversationId] || ""} #${li.dataset.conversationId}`.toLowerCase();
+    li.hidden = !words.every((w) => hay.includes(w));
+    if (!li.hidden) shown++;
+  }
+  const none = $("#no-match");
+  if (none) none.hidden = !(words.length && !shown);
 }
 
 function selectedIds() {
@@ -99,12 +195,14 @@ async function renameConversation(cid) {
 async function deleteConversations(ids) {
   const what = ids.length === 1
     ? `the conversation “${ui.titles[ids[0]] || ids[0]}”`
-    : `${ids.length} conversations`;
+    : plural(ids.length, "conversation", "conversations");
   if (!confirm(`Delete ${what}? Its messages and its agent state are removed for good.`)) return;
   try {
+    let deleted = 1;
     if (ids.length === 1) await api("DELETE", `/api/conversations/${ids[0]}`);
-    else await api("POST", "/api/conversations/batch-delete", { conversation_ids: ids });
-    notice(ids.length === 1 ? "Deleted." : `Deleted ${ids.length} conversations.`, "info");
+    else deleted = (await api("POST", "/api/conversations/batch-delete", { conversation_ids: ids })).deleted;
+    // The count the service deleted (another tab may have deleted some already).
+    notice(`Deleted ${plural(deleted, "conversation", "conversations")}.`, "info");
     if (ids.includes(ui.cid)) go("");
     await loadConversations(false);
   } catch (e) { notice(e.message); }
@@ -121,6 +219,15 @@ function renderCard(card, cid) {
     const dl = el("dl");
     for (const [label, value] of call.fields) dl.append(el("dt", "", label), el("dd", "", value));
     box.append(dl);
+    // What will run, from the call's input: the tool and every argument it gets.
+    const will = el("div", "will");
+    will.dataset.field = "will-run";
+    will.append(el("span", "muted", "Approving runs "), el("code", "", call.tool_name), el("span", "muted", " with:"));
+    const args = el("dl", "arguments");
+    const entries = Object.entries(call.arguments || {});
+    for (const [k, v] of entries) args.append(el("dt", "", k), el("dd", "", typeof v === "string" ? v : JSON.stringify(v)));
+    if (!entries.length) args.append(el("dd", "muted", "(no arguments)"));
+    box.append(will, args);
   }
   if (card.open) {
     const buttons = el("div", "buttons");
@@ -141,17 +248,30 @@ function renderCard(card, cid) {
   return box;
 }
 
+function toolRow(name, args, words, detail, output) {
+  const row = el("div", "tool");
+  row.append(el("span", "", `⚙ ${name} ${JSON.stringify(args)} · `), el("span", "words", words || ""));
+  if (detail) row.append(el("span", "detail", ` ${detail}`));
+  if (output) {
+    const more = el("details", "output");
+    more.append(el("summary", "", "output"), el("pre", "", output));
+    row.append(more);
+  }
+  return row;
+}
+
 function renderRecord(view, cid) {
   const div = el("div", `msg ${view.role}` + (view.error ? " error" : ""));
   div.dataset.messageId = view.message_id;
   for (const item of view.items) {
-    if (item.kind === "text") div.append(el("div", "text", item.text));
-    else if (item.kind === "thinking") div.append(el("div", "thinking", item.text));
-    else if (item.kind === "tool") {
-      const row = el("div", "tool");
-      row.append(el("span", "", `⚙ ${item.tool_name} ${JSON.stringify(item.arguments)} · `), el("span", "words", item.words));
-      div.append(row);
-    }
+    if (item.kind === "text") {
+      const text = el("div", "text");
+      // The user's words as typed; the assistant's as markdown (rendered safely).
+      if (view.role === "user") text.textContent = item.text;
+      else text.append(markdown(item.text));
+      div.append(text);
+    } else if (item.kind === "thinking") div.append(el("div", "thinking", item.text));
+    else if (item.kind === "tool") div.append(toolRow(item.tool_name, item.arguments, item.words, item.detail, item.output));
   }
   if (view.card) div.append(renderCard(view.card, cid));
   // A failed turn: what was streamed stays as a partial answer, then the failure's sentence.
@@ -159,6 +279,11 @@ function renderRecord(view, cid) {
   if (view.error_text) div.append(el("div", "error-text", view.error_text));
   if (view.status_words) div.append(el("div", "status", view.status_words));
   if (view.role === "user" && !view.items.length && !view.card) return null;  // a card's answer
+  if (view.create_time) {
+    const t = el("div", "stamp", when(view.create_time));
+    t.title = new Date(view.create_time).toLocaleString();
+    div.append(t);
+  }
   return div;
 }
 
@@ -231,7 +356,7 @@ async function loadInspector() {
       ["size", `${s.size_bytes.toLocaleString()} bytes`, "size"],
       ["messages in context", s.messages.length, "context-count"],
       ["pending calls", s.pending_calls.length ? s.pending_calls.map((p) => p.name).join(", ") : "none", "pending"],
-      ["saved", s.update_time ? new Date(s.update_time).toLocaleString() : "", "saved"],
+      ["saved (update time)", s.update_time ? new Date(s.update_time).toLocaleString() : "", "saved"],
     ]));
     parts.push(el("h3", "", "Summary"));
     const summary = el("div", s.summary ? "summary" : "muted", s.summary || "none (not compacted)");
@@ -239,8 +364,25 @@ async function loadInspector() {
     parts.push(summary);
     parts.push(el("h3", "", "Context (what the model sees)"));
     const ol = el("ol", "context");
-    for (const m of s.messages) ol.append(el("li", "", `${m.role}: ${m.blocks.join(", ") || "(empty)"}`));
+    for (const m of s.messages) {
+      // Every message with the contents of its blocks (folded; a click opens one).
+      const li = el("li");
+      const more = el("details", "message");
+      more.append(el("summary", "", `${m.role}: ${m.blocks.join(", ") || "(empty)"}`));
+      for (const b of m.contents) {
+        const block = el("div", "block");
+        block.append(el("div", "label", b.label), el("pre", "", b.text || "(empty)"));
+        more.append(block);
+      }
+      if (m.usage) more.append(el("div", "muted", `tokens: ${JSON.stringify(m.usage)}`));
+      li.append(more);
+      ol.append(li);
+    }
     parts.push(ol);
+    const raw = el("details", "raw");
+    raw.dataset.field = "raw";
+    raw.append(el("summary", "", `Raw JSON (version ${s.version})`), el("pre", "", s.raw));
+    parts.push(raw);
   }
   parts.push(el("h3", "", `Compactions (${data.compactions.length})`));
   if (!data.compactions.length) parts.push(el("p", "muted", "none"));
@@ -286,12 +428,47 @@ function liveTurn() {
   const div = el("div", "msg assistant live");
   $("#messages").append(div);
   scrollDown();
-  return { div, text: null, thinking: null, tools: {} };
+  return { div, text: null, raw: "", thinking: null, tools: {}, wait: null, lastEvent: Date.now(), progress: null };
+}
+
+// A long silence from the model: time elapsed (and the attempt, once the agent says),
+// with Retry. Drawn from the agent's progress events and the page's own clock.
+function showWait(turn) {
+  if (!turn.wait) {
+    turn.wait = el("div", "wait");
+    turn.wait.dataset.field = "wait";
+    const words = el("span", "words");
+    const retry = el("button", "retry", "Retry");
+    retry.title = "Stop this turn and ask the same question again";
+    retry.addEventListener("click", () => {
+      retry.disabled = true;
+      ui.retry = ui.question;
+      stopTurn();
+    });
+    turn.wait.append(words, retry);
+    turn.div.append(turn.wait);
+  }
+  const p = turn.progress;
+  const seconds = Math.round((Date.now() - (p ? p.since : turn.lastEvent)) / 1000);
+  let words = `Waiting for the model… ${seconds} s`;
+  if (p && p.attempts > 1) words += `, attempt ${p.attempt} of ${p.attempts}`;
+  if (p && p.note) words += ` (${p.note})`;
+  turn.wait.querySelector(".words").textContent = words;
+}
+
+function hideWait(turn) {
+  if (turn.wait) { turn.wait.remove(); turn.wait = null; }
+  turn.progress = null;
 }
 
 function onEvent(turn, ev) {
+  turn.lastEvent = Date.now();
+  if (ev.type !== "progress") hideWait(turn);
   if (ev.type === "meta") {
     ui.taskId = ev.task_id;
+    // The turn has started: the question is in the service now, the box may be cleared.
+    if ($("#question").value === ui.question) $("#question").value = "";
+    note("");
     if (ev.conversation_id !== ui.cid) {
       ui.cid = ev.conversation_id;
       history.replaceState(null, "", `#/c/${ui.cid}`);
@@ -300,25 +477,27 @@ function onEvent(turn, ev) {
         .catch(() => {});
     }
     loadInspector();
+  } else if (ev.type === "progress") {
+    turn.progress = { since: Date.now() - ev.elapsed_ms, attempt: ev.attempt, attempts: ev.attempts, note: ev.note };
+    showWait(turn);
   } else if (ev.type === "message") {
     if (ev.kind === "thinking") {
       if (!turn.thinking) { turn.thinking = el("div", "thinking", ""); turn.div.append(turn.thinking); turn.text = null; }
       turn.thinking.textContent += ev.delta;
     } else {
-      if (!turn.text) { turn.text = el("div", ev.kind === "error" ? "text error" : "text", ""); turn.div.append(turn.text); turn.thinking = null; }
-      turn.text.textContent += ev.delta;
+      if (!turn.text) { turn.text = el("div", ev.kind === "error" ? "text error" : "text", ""); turn.div.append(turn.text); turn.thinking = null; turn.raw = ""; }
+      turn.raw += ev.delta;
+      turn.text.replaceChildren(markdown(turn.raw));
     }
     scrollDown();
   } else if (ev.type === "block") {
     let row = turn.tools[ev.call_id];
+    const fresh = toolRow(ev.tool_name, ev.arguments, ev.words + (ev.summary ? `: ${ev.summary}` : ""), "", "");
     if (!row) {
-      row = el("div", "tool");
-      row.append(el("span", "", `⚙ ${ev.tool_name} ${JSON.stringify(ev.arguments)} · `), el("span", "words", ""));
-      turn.tools[ev.call_id] = row;
-      turn.div.append(row);
+      turn.div.append(fresh);
       turn.text = turn.thinking = null;
-    }
-    row.querySelector(".words").textContent = ev.words + (ev.summary ? `: ${ev.summary}` : "");
+    } else row.replaceWith(fresh);
+    turn.tools[ev.call_id] = fresh;
   } else if (ev.type === "hint") {
     turn.div.append(el("div", "status", ev.text));
   } else if (ev.type === "confirm") {
@@ -331,6 +510,35 @@ function onEvent(turn, ev) {
   }
 }
 
+// The words beside the composer: why a question was not sent (it stays in the box).
+function note(text) {
+  const box = $("#composer-note");
+  box.hidden = !text;
+  box.textContent = text || "";
+}
+
+async function stopTurn() {
+  if (!ui.taskId) return;
+  try { await api("POST", "/api/stop", { task_id: ui.taskId }); } catch (e) { notice(e.message); }
+}
+
+async function readEvents(res, onEach) {
+  const reader = res.body.getReader();
+  const decoder = new TextDecoder();
+  let buffer = "";
+  for (;;) {
+    const { value, done: end } = await reader.read();
+    if (end) break;
+    buffer += decoder.decode(value, { stream: true });
+    let cut;
+    while ((cut = buffer.indexOf("\n\n")) >= 0) {
+      const chunk = buffer.slice(0, cut);
+      buffer = buffer.slice(cut + 2);
+      if (chunk.startsWith("data: ")) onEach(JSON.parse(chunk.slice(6)));
+    }
+  }
+}
+
 async function runStream(path, body) {
   ui.streaming = true;
   clearTimeout(ui.pollTimer);
@@ -339,7 +547,10 @@ async function runStream(path, body) {
   const controller = new AbortController();
   ui.abort = controller;
   const turn = liveTurn();
-  let done = false, failed = false;
+  const ticker = setInterval(() => {
+    if (turn.progress || Date.now() - turn.lastEvent > 3000) showWait(turn);
+  }, 500);
+  let done = false, failed = false, started = false;
   try {
     const res = await fetch(path, {
       method: "POST",
@@ -352,30 +563,28 @@ async function runStream(path, body) {
       try { data = await res.json(); } catch (e) { data = {}; }
       throw new Error(data.error || `The console answered ${res.status}.`);
     }
-    const reader = res.body.getReader();
-    const decoder = new TextDecoder();
-    let buffer = "";
-    for (;;) {
-      const { value, done: end } = await reader.read();
-      if (end) break;
-      buffer += decoder.decode(value, { stream: true });
-      let cut;
-      while ((cut = buffer.indexOf("\n\n")) >= 0) {
-        const chunk = buffer.slice(0, cut);
-        buffer = buffer.slice(cut + 2);
-        if (!chunk.startsWith("data: ")) continue;
-        const ev = JSON.parse(chunk.slice(6));
-        if (ev.type === "error") failed = true;
-        if (ev.type === "done") done = true;
-        onEvent(turn, ev);
+    await readEvents(res, (ev) => {
+      if (ev.type === "meta") started = true;
+      if (ev.type === "error") {
+        failed = true;
+        // Refused before the turn started: the question stays in the box, with the reason.
+        if (!started && ui.question) { $("#question").value = ui.question; note(`Not sent: ${ev.message} Your question is kept above.`); }
       }
-    }
+      if (ev.type === "done") done = true;
+      onEvent(turn, ev);
+    });
   } catch (e) {
-    if (e.name !== "AbortError") { notice(e.message); failed = true; }
+    if (e.name !== "AbortError") {
+      notice(e.message); failed = true;
+      if (!started && ui.question) { $("#question").value = ui.question; note(`Not sent: ${e.message} Your question is kept above.`); }
+    }
   } finally {
+    clearInterval(ticker);
+    hideWait(turn);
     ui.streaming = false;
     ui.abort = null;
     ui.taskId = "";
+    ui.question = "";
     $("#send").disabled = false;
     $("#stop").hidden = true;
   }
@@ -394,6 +603,7 @@ async function runStream(path, body) {
   } else {
     turn.div.remove();
   }
+  if (ui.retry) { const again = ui.retry; ui.retry = ""; send(again); }
 }
 
 function confirmCard(cid, messageId, approved) {
@@ -401,13 +611,21 @@ function confirmCard(cid, messageId, approved) {
   return runStream("/api/confirm", { conversation_id: cid, message_id: messageId, approved });
 }
 
+function openCardShown() {
+  return [...document.querySelectorAll("#messages .card button.approve")].some((b) => !b.disabled);
+}
+
 async function send(question) {
-  if (!question.trim() || ui.streaming) return;
+  if (!question.trim()) { note("Type a question first."); return; }
+  // Refused here: the question stays in the box and the reason shows beside it.
+  if (ui.streaming || ui.watching) { note("Not sent: a reply is still being written. Your question is kept; send it when the reply ends."); return; }
+  if (openCardShown()) { note("Not sent: answer the open confirmation card first. Your question is kept."); return; }
   notice("");
+  note("");
   const user = el("div", "msg user");
   user.append(el("div", "text", question));
   $("#messages").append(user);
-  $("#question").value = "";
+  ui.question = question;
   await runStream("/api/chat", { conversation_id: ui.cid, question });
 }
 
@@ -440,25 +658,50 @@ async function route() {
   }
 }
 
-async function start() {
+async function firstLoad() {
+  let user = "";
   try {
-    $("#user").textContent = "signed in as " + (await api("GET", "/api/me")).user;
+    user = (await api("GET", "/api/me")).user;
+    $("#user").textContent = "signed in as " + user;
     await loadConversations(false);
-  } catch (e) { notice(e.message); }
+    $("#user").classList.remove("offline");
+    return true;
+  } catch (e) {
+    // Said, never a blank page: who is signed in (if anyone) and why nothing loaded.
+    $("#user").textContent = user ? `signed in as ${user} · not connected` : "not signed in";
+    $("#user").classList.add("offline");
+    const box = $("#load-error");
+    box.hidden = false;
+    box.querySelector(".words").textContent = `The console could not load your conversations: ${e.message}`;
+    return false;
+  }
+}
+
+async function start() {
+  const composer = $("#composer");
+  const pending = composer.dataset.pending === "1" ? $("#question").value : "";
+  const ok = await firstLoad();
+  $("#load-retry").addEventListener("click", async () => {
+    if (await firstLoad()) { $("#load-error").hidden = true; await route(); }
+  });
   $("#new-chat").addEventListener("click", () => go(""));
+  $("#search").addEventListener("input", filterConversations);
   $("#more-conversations").addEventListener("click", () => loadConversations(true).catch((e) => notice(e.message)));
   $("#more-messages").addEventListener("click", () => loadHistory(true).catch((e) => notice(e.message)));
   $("#delete-selected").addEventListener("click", () => deleteConversations(selectedIds()));
-  $("#composer").addEventListener("submit", (e) => { e.preventDefault(); send($("#question").value); });
+  composer.addEventListener("submit", (e) => { e.preventDefault(); send($("#question").value); });
   $("#question").addEventListener("keydown", (e) => {
     if (e.key === "Enter" && !e.shiftKey) { e.preventDefault(); send($("#question").value); }
   });
-  $("#stop").addEventListener("click", async () => {
-    if (!ui.taskId) return;
-    try { await api("POST", "/api/stop", { task_id: ui.taskId }); } catch (e) { notice(e.message); }
-  });
+  $("#stop").addEventListener("click", stopTurn);
   window.addEventListener("hashchange", route);
   await route();
+  // Typed and sent before this script ran (a plain form post): send it now.
+  if (pending && ok) {
+    delete composer.dataset.pending;
+    history.replaceState(null, "", location.pathname + location.hash);
+    send(pending);
+  }
 }
 
 // For tests and curious operators: drop the running stream as a network failure would.
