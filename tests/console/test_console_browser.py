@@ -15,6 +15,7 @@ import json
 import os
 import shutil
 import tempfile
+import threading
 import urllib.error
 import urllib.request
 import uuid
@@ -296,6 +297,17 @@ def test_the_worked_example_ask_card_cancel_reply(
     ]
     reply = page.all("#messages .msg.assistant")[-1].text
     assert "88235" in reply and "3378.00" in reply
+    # The reply's markdown list is rendered as one.
+    assert len(page.all("#messages .msg.assistant .md ul li")) >= 3
+    # The card said what would run, from the call's input.
+    assert "cancel_order" in page.text("[data-field=will-run]")
+    assert "orderNo" in page.text(".card dl.arguments")
+    # The inspector: block contents and the raw JSON, with the version.
+    page.find("#inspector details.message summary").click()
+    assert page.text("#inspector details.message pre")
+    raw = page.find("[data-field=raw]")
+    raw.find_element(By.CSS_SELECTOR, "summary").click()
+    assert '"cancel_order"' in raw.text and page.text("[data-field=version]") in raw.text
     # The cancel_order call, told by the outcome_text the agent wrote on the real record.
     assert "你在确认卡片上点了取消，操作没有执行。" in page.text("#messages")  # its detail
     _, history = api(
@@ -526,3 +538,195 @@ def test_users_are_isolated_and_bad_input_changes_nothing(
     assert [
         li.get_attribute("data-conversation-id") for li in alice_page.all("#conversations li")
     ] == [conversation_id]
+
+
+# ----------------------------------------------------------------- what a user types
+
+
+def test_a_question_sent_before_the_scripts_load_is_kept_and_then_sent(
+    browser: WebDriver, console_url: str, screenshots: Path
+) -> None:
+    """A slow link: the page's script has not run when the user presses Send. The plain
+    form posts to the console, which gives the page back with the question still in the
+    box; once the script runs it sends it."""
+    page = Page(browser, console_url, new_user("slow"), screenshots)
+    browser.execute_cdp_cmd("Network.setBlockedURLs", {"urls": ["*/static/app.js"]})
+    try:
+        browser.get("about:blank")
+        browser.get(console_url)
+        page.wait(lambda: page.all("#question"))
+        page.find("#question").send_keys(STATUS_QUESTION)
+        page.find("#send").click()  # no script: a plain form post
+        page.wait(lambda: page.find("#composer").get_attribute("data-pending") == "1")
+        assert page.find("#question").get_attribute("value") == STATUS_QUESTION
+        assert page.text("#user") == ""  # the script has still not run
+    finally:
+        browser.execute_cdp_cmd("Network.setBlockedURLs", {"urls": []})
+    # The script arrives late: it sends what was typed.
+    browser.execute_script(
+        "const s = document.createElement('script'); s.src = '/static/app.js';"
+        " document.body.append(s);"
+    )
+    page.wait(lambda: page.user in page.text("#user"))
+    page.wait(lambda: "88235" in page.text("#messages .msg.assistant"), timeout=20)
+    page.idle()
+    assert STATUS_QUESTION in page.text("#messages .msg.user")
+    assert page.find("#question").get_attribute("value") == ""
+    page.conversation_id()
+
+
+def test_a_refused_question_stays_in_the_box_with_the_reason(
+    browser: WebDriver, console_url: str, screenshots: Path
+) -> None:
+    user = new_user("kept")
+    page = Page(browser, console_url, user, screenshots)
+    page.open()
+    page.ask(QUESTION)
+    page.open_card()
+    # A card is open: refused on the page, the question kept.
+    page.ask(STATUS_QUESTION)
+    page.wait(lambda: "answer the open confirmation card" in page.text("#composer-note"))
+    assert page.find("#question").get_attribute("value") == STATUS_QUESTION
+    # A turn running in another tab: refused by the service, the question kept, with why.
+    conversation_id = chat(console_url, user, STATUS_QUESTION)[0]["conversation_id"]
+    page.open(conversation_id)
+    page.idle()
+    other = threading.Thread(
+        target=chat, args=(console_url, user, STATUS_QUESTION, conversation_id)
+    )
+    other.start()
+    try:
+        page.wait(
+            lambda: (
+                api(console_url, user, "GET", f"/api/conversations/{conversation_id}/inspector")[
+                    1
+                ].get("lease")
+                is not None
+            )
+        )
+        page.ask("还有别的订单吗？")
+        page.wait(lambda: "still being written" in page.text("#composer-note"), timeout=10)
+        assert page.find("#question").get_attribute("value") == "还有别的订单吗？"
+        assert "Not sent" in page.text("#composer-note")
+        page.screenshot("08-refused-question-kept")
+    finally:
+        other.join(timeout=30)
+
+
+def test_a_failed_first_load_says_why(
+    browser: WebDriver, database_url: str, screenshots: Path
+) -> None:
+    """The agent is down: the page says so, never a blank list under 'signed in'."""
+    console = ServiceProcess(
+        "agentstate.console",
+        {
+            "CONSOLE_LISTEN_ADDRESS": "127.0.0.1:0",
+            "CONSOLE_AGENT_ADDRESS": "127.0.0.1:1",  # nothing listens there
+            "CONSOLE_STATE_ADDRESS": "127.0.0.1:1",
+            "CONSOLE_USER_HEADER": USER_HEADER,
+            "CONSOLE_DEV_USER": "",
+            "CONSOLE_RPC_TIMEOUT_SECONDS": "2",
+        },
+    )
+    try:
+        base = console.wait_ready()
+        page = Page(browser, base, new_user("down"), screenshots)
+        browser.get("about:blank")
+        browser.get(base)
+        page.wait(lambda: page.find("#load-error").is_displayed(), timeout=20)
+        shown = page.text("#load-error")
+        assert "could not load your conversations" in shown and "unreachable" in shown
+        assert "not connected" in page.text("#user")
+        page.screenshot("09-first-load-failed")
+    finally:
+        browser.get("about:blank")
+        assert console.terminate() == 0, console.output
+
+
+# ----------------------------------------------------------------- polish
+
+
+def test_markdown_is_rendered_and_hostile_input_stays_text(
+    browser: WebDriver, console_url: str, screenshots: Path
+) -> None:
+    user = new_user("md")
+    page = Page(browser, console_url, user, screenshots)
+    page.open()
+    hostile = '<img src=x onerror="window.__pwned=1"><script>window.__pwned=1</script>'
+    page.ask(hostile + " [x](javascript:window.__pwned=1) **粗体**")
+    page.idle()
+    assert hostile in page.text("#messages .msg.user")
+    shown = page.all("#messages img, #messages script, #conversations img")
+    assert not shown and not browser.execute_script("return window.__pwned")
+    # The renderer alone, with hostile markdown: tags stay text, only http(s) links.
+    rendered = browser.execute_script(
+        """const node = window.agentstateConsole.markdown(arguments[0]);
+        return {html: node.innerHTML, text: node.textContent,
+                tags: [...node.querySelectorAll('*')].map((n) => n.tagName.toLowerCase()),
+                links: [...node.querySelectorAll('a')].map((a) => a.href)};""",
+        "# 标题\n- **一** <b>二</b>\n- [ok](https://example.com) [bad](javascript:alert(1))\n"
+        "```\n<script>alert(1)</script>\n```\n<iframe src=x></iframe>",
+    )
+    assert set(rendered["tags"]) <= {"div", "h3", "ul", "li", "strong", "a", "pre", "code", "p"}
+    assert rendered["links"] == ["https://example.com/"]
+    assert "<b>二</b>" in rendered["text"] and "<iframe src=x></iframe>" in rendered["text"]
+    assert "<script>" not in rendered["html"] and "<iframe" not in rendered["html"]
+
+
+def test_the_list_has_timestamps_and_search_and_plurals_are_right(
+    browser: WebDriver, console_url: str, screenshots: Path
+) -> None:
+    user = new_user("list")
+    ids = [chat(console_url, user, STATUS_QUESTION)[0]["conversation_id"] for _ in range(3)]
+    page = Page(browser, console_url, user, screenshots)
+    page.open()
+    page.wait(lambda: len(page.all("#conversations li")) == 3)
+    # Identical titles stay apart: each row says when and which.
+    stamps = [e.text for e in page.all("#conversations li [data-field=updated]")]
+    assert len(set(stamps)) == 3 and all(":" in s for s in stamps), stamps
+    page.find("#search").send_keys(ids[1])
+    page.wait(lambda: len([li for li in page.all("#conversations li") if li.is_displayed()]) == 1)
+    page.find("#search").clear()
+    page.find("#search").send_keys("没有这个标题")
+    page.wait(lambda: page.find("#no-match").is_displayed())
+    page.find("#search").clear()
+    page.find("#search").send_keys(" ")  # an input event; every row back
+    page.wait(lambda: all(li.is_displayed() for li in page.all("#conversations li")))
+    # One, then two: the count in words.
+    page.find(f"#conversations li[data-conversation-id='{ids[0]}'] input").click()
+    page.find("#delete-selected").click()
+    browser.switch_to.alert.accept()
+    page.wait(lambda: "Deleted 1 conversation." in page.text("#notice"))
+    page.wait(lambda: len(page.all("#conversations li")) == 2)
+    for li in page.all("#conversations li"):
+        li.find_element(By.CSS_SELECTOR, "input").click()
+    page.find("#delete-selected").click()
+    assert "Delete 2 conversations?" in browser.switch_to.alert.text
+    browser.switch_to.alert.accept()
+    page.wait(lambda: "Deleted 2 conversations." in page.text("#notice"))
+
+
+def test_a_narrow_screen_shows_every_panel(
+    browser: WebDriver, console_url: str, screenshots: Path
+) -> None:
+    user = new_user("narrow")
+    conversation_id = chat(console_url, user, STATUS_QUESTION)[0]["conversation_id"]
+    page = Page(browser, console_url, user, screenshots)
+    browser.set_window_size(600, 900)
+    try:
+        page.open(conversation_id)
+        page.wait(lambda: "88235" in page.text("#messages"))
+        width = browser.execute_script("return document.documentElement.clientWidth")
+        for css in ("#sidebar", "#chat", "#inspector", "#question", "#send"):
+            box = browser.execute_script(
+                "const r = document.querySelector(arguments[0]).getBoundingClientRect();"
+                " return [r.left, r.right, r.width];",
+                css,
+            )
+            assert box[0] >= 0 and box[1] <= width + 1 and box[2] > 0, (css, box, width)
+        assert browser.execute_script(
+            "return document.documentElement.scrollWidth <= document.documentElement.clientWidth"
+        )
+        page.screenshot("10-narrow")
+    finally:
+        browser.set_window_size(1400, 900)

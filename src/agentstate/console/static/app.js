@@ -709,6 +709,7 @@ async function start() {
 window.agentstateConsole = {
   dropStream: () => ui.abort && ui.abort.abort(),
   taskId: () => ui.taskId,
+  markdown: (text) => markdown(text),  // the renderer alone, for its hostile-input test
 };
 
 start();
