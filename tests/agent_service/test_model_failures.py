@@ -264,3 +264,42 @@ async def test_the_same_question_after_a_stopped_turn_is_read_once(
     assert _user_texts(server.received[-1].body) == [("user", QUESTION)]
     state, _ = await stack.reader.state(user_id, meta.conversation_id)
     assert [m.text for m in state.context] == [QUESTION, "订单88235已支付待发货。"]
+
+
+async def test_a_hung_model_is_told_as_progress_and_ends_within_the_first_byte_limits(
+    stack: Stack, server: FakeChatServer, user_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The endpoint never answers: the client gets progress events (attempt k of n,
+    time elapsed) while it waits, and the turn fails after (first-byte limit x attempts),
+    not after minutes; the failure is the model's, in its own words."""
+    from agentstate.agent_service.model import openai_compat
+
+    monkeypatch.setattr(openai_compat, "PROGRESS_EVERY_SECONDS", 0.2)
+    monkeypatch.setattr(openai_compat, "_BACKOFF_SECONDS", 0.01)
+    model = OpenAICompatModel(
+        settings_for(
+            server.base_url, max_retries=1, timeout_seconds=60, first_byte_timeout_seconds=0.6
+        )
+    )
+    agent = await stack.start_agent(model=model)
+    try:
+        server.script(Reply(hang_after=0), Reply(hang_after=0))
+        started = time.monotonic()
+        turn = await agent.chat(user_id, QUESTION)
+        took = time.monotonic() - started
+    finally:
+        await model.aclose()
+    assert took < 4, f"the user waited {took:.1f}s"
+    progress = turn.of("progress")
+    assert {(p.attempt, p.attempts) for p in progress} == {(1, 2), (2, 2)}
+    assert [p.elapsed_ms for p in progress] == sorted(p.elapsed_ms for p in progress)
+    assert any("timed out" in p.note for p in progress)
+    assert turn.kinds()[0] == "meta" and turn.kinds()[-1] == "message"
+    assert turn.code == grpc.StatusCode.UNAVAILABLE
+    assert turn.error_info.reason == "MODEL_FAILED"
+    assert (turn.error_info.metadata["cause"], turn.error_info.metadata["attempts"]) == (
+        "timeout",
+        "2",
+    )
+    assert turn.of("message")[-1].delta == "模型响应超时，这一轮没有完成，请稍后重试。"
+    assert len(server.received) == 2

@@ -677,6 +677,8 @@ def test_settings_defaults_and_overrides() -> None:
         model="gpt-4o-mini",
         timeout_seconds=60.0,
         max_retries=2,
+        first_byte_timeout_seconds=20.0,
+        stall_timeout_seconds=20.0,
     )
     assert "sk-x" not in repr(defaults)
 
@@ -816,3 +818,67 @@ async def test_cancelling_a_hung_call_closes_its_http_request(
     assert server.hung_up, "the HTTP request was left open"
     assert server.hung_up[0] - cancelled < 1.0
     assert seen == ([TextDelta("部分")] if hang_after else [])
+
+
+async def test_a_hung_endpoint_is_retried_after_the_first_byte_limit_with_progress(
+    server: FakeChatServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No first byte within OPENAI_FIRST_BYTE_TIMEOUT_SECONDS: the attempt ends and the
+    next one starts, each told as Waiting (attempt k of n), never minutes of silence."""
+    from agentstate.agent_service.model import openai_compat
+    from agentstate.agent_service.model.base import Waiting
+
+    monkeypatch.setattr(openai_compat, "PROGRESS_EVERY_SECONDS", 0.1)
+    monkeypatch.setattr(openai_compat, "_BACKOFF_SECONDS", 0.01)
+    server.script(Reply(hang_after=0), text_stream("终于"))
+    chat = OpenAICompatModel(
+        settings_for(server.base_url, max_retries=1, first_byte_timeout_seconds=0.4)
+    )
+    started = time.monotonic()
+    try:
+        events = await collect(chat, ask())
+    finally:
+        await chat.aclose()
+    assert time.monotonic() - started < 3
+    waits = [e for e in events if isinstance(e, Waiting)]
+    assert {(w.attempt, w.attempts) for w in waits} >= {(1, 2), (2, 2)}
+    assert any("timed out" in w.note for w in waits if w.attempt == 2)
+    assert [w.elapsed_seconds for w in waits] == sorted(w.elapsed_seconds for w in waits)
+    assert TextDelta("终于") in events and len(server.received) == 2
+
+
+async def test_a_stall_mid_stream_ends_at_the_stall_limit_and_is_not_retried(
+    server: FakeChatServer,
+) -> None:
+    """Text was already streamed: a retry would say it twice, so the call fails."""
+    stalled = text_stream("部分", "回答")
+    stalled.hang_after = 2
+    server.script(stalled, text_stream("never asked"))
+    chat = OpenAICompatModel(
+        settings_for(server.base_url, max_retries=2, stall_timeout_seconds=0.4)
+    )
+    started = time.monotonic()
+    events: list[ModelEvent] = []
+    try:
+        with pytest.raises(ModelError) as caught:
+            async for event in chat.stream(ask()):
+                events.append(event)
+    finally:
+        await chat.aclose()
+    assert time.monotonic() - started < 3
+    assert (caught.value.cause, caught.value.attempts) == ("timeout", 1)
+    assert "OPENAI_STALL_TIMEOUT_SECONDS" in str(caught.value)
+    assert TextDelta("部分") in events and len(server.received) == 1
+
+
+def test_wait_limits_come_from_the_environment() -> None:
+    custom = OpenAISettings.from_env(
+        {
+            "OPENAI_API_KEY": "sk-z",
+            "OPENAI_FIRST_BYTE_TIMEOUT_SECONDS": "7.5",
+            "OPENAI_STALL_TIMEOUT_SECONDS": "3",
+        }
+    )
+    assert (custom.first_byte_timeout_seconds, custom.stall_timeout_seconds) == (7.5, 3.0)
+    with pytest.raises(ConfigError, match="OPENAI_STALL_TIMEOUT_SECONDS"):
+        OpenAISettings.from_env({"OPENAI_API_KEY": "sk-z", "OPENAI_STALL_TIMEOUT_SECONDS": "0"})

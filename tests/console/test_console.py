@@ -22,7 +22,7 @@ from agentstate.agent.v1 import agent_service_pb2 as pb
 from agentstate.common.config import ConfigError
 from agentstate.console import app
 from agentstate.console.config import ConsoleSettings
-from agentstate.console.present import record_view
+from agentstate.console.present import event_view, record_view
 
 pytest.importorskip("starlette")
 
@@ -304,3 +304,19 @@ def test_the_console_is_the_trusted_proxy_of_an_agent_in_proxy_mode(
     finally:
         codes = [c.terminate() for c in reversed(consoles)] + [agent.terminate()]
         assert codes == [0] * len(codes), "\n".join(s.output for s in [*consoles, agent])
+
+
+def test_progress_events_and_model_failures_are_told_in_their_own_words() -> None:
+    event = pb.TurnEvent(
+        progress=pb.ProgressEvent(attempt=2, attempts=3, elapsed_ms=20500, note="retrying")
+    )
+    assert event_view(event) == {
+        "type": "progress",
+        "attempt": 2,
+        "attempts": 3,
+        "elapsed_ms": 20500,
+        "note": "retrying",
+    }
+    assert app._REASONS["MODEL_FAILED"][1].startswith("The model did not answer")
+    assert "unreachable" not in app._REASONS["MODEL_FAILED"][1]
+    assert app._REASONS["UNAUTHENTICATED"][1] != app.NOT_SIGNED_IN

@@ -1,5 +1,5 @@
-"""The events a turn emits, in the order the stream carries them:
-Meta, then Delta / ToolStatus / Hint, then one of Finished / CardShown / Cancelled, then Done."""
+"""The events a turn emits, in the order the stream carries them: Meta, then Delta /
+ToolStatus / Hint / Progress, then one of Finished / CardShown / Cancelled, then Done."""
 
 from __future__ import annotations
 
@@ -53,6 +53,16 @@ class Hint:
 
 
 @dataclass(frozen=True)
+class Progress:
+    """The model has been silent a while: attempt k of n, seconds since the call began."""
+
+    attempt: int
+    attempts: int
+    elapsed_seconds: float
+    note: str = ""
+
+
+@dataclass(frozen=True)
 class Finished:
     message_id: str
 
@@ -86,5 +96,5 @@ class Done:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-TurnEvent = Meta | Delta | ToolStatus | Hint | Finished | CardShown | Cancelled | Done
+TurnEvent = Meta | Delta | ToolStatus | Hint | Progress | Finished | CardShown | Cancelled | Done
 Emit = Callable[[TurnEvent], Awaitable[None]]

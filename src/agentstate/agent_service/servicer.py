@@ -36,6 +36,7 @@ from agentstate.agent_service.events import (
     Finished,
     Hint,
     Meta,
+    Progress,
     ToolStatus,
     TurnEvent,
 )
@@ -104,6 +105,15 @@ def event_to_pb(event: TurnEvent) -> pb.TurnEvent:
         )
     if isinstance(event, Hint):
         return pb.TurnEvent(hint=pb.HintEvent(text=event.text))
+    if isinstance(event, Progress):
+        return pb.TurnEvent(
+            progress=pb.ProgressEvent(
+                attempt=event.attempt,
+                attempts=event.attempts,
+                elapsed_ms=int(event.elapsed_seconds * 1000),
+                note=event.note,
+            )
+        )
     if isinstance(event, Finished):
         return pb.TurnEvent(
             finish=pb.FinishEvent(

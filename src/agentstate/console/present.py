@@ -250,6 +250,15 @@ def event_view(event: Any) -> dict[str, Any]:
         }
     if kind == "hint":
         return {"type": "hint", "text": event.hint.text}
+    if kind == "progress":
+        p = event.progress
+        return {
+            "type": "progress",
+            "attempt": p.attempt,
+            "attempts": p.attempts,
+            "elapsed_ms": p.elapsed_ms,
+            "note": p.note,
+        }
     if kind == "finish":
         return {"type": "finish", "message_id": event.finish.message_id}
     if kind == "confirm":

@@ -55,7 +55,19 @@ class Usage:
     output_tokens: int
 
 
-ModelEvent = ThinkingDelta | TextDelta | ToolCall | Usage
+@dataclass(frozen=True)
+class Waiting:
+    """The model has not answered for a while: the call is still on (attempt `attempt` of
+    `attempts`, `elapsed_seconds` since it began), or it failed and is retried (`note`
+    says why). For the user's progress line; it carries no content."""
+
+    attempt: int
+    attempts: int
+    elapsed_seconds: float
+    note: str = ""
+
+
+ModelEvent = ThinkingDelta | TextDelta | ToolCall | Usage | Waiting
 
 
 class ModelError(Exception):
@@ -76,6 +88,7 @@ class ModelError(Exception):
         self.public = public or "the model could not produce a reply"
         self.cause = cause
         self.attempts = attempts
+        self.retry_after: float | None = None  # the provider's retry-after, when it sent one
 
 
 class ChatModel(abc.ABC):

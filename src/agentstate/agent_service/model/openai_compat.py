@@ -18,15 +18,25 @@ Streaming: DeepSeek-style `reasoning_content` deltas become ThinkingDelta, conte
 deltas TextDelta. Tool-call fragments are joined by their `index` and each call is
 yielded, complete and parsed, once the stream has ended; then one Usage, if the
 provider reported any. Every SDK failure is raised as ModelError.
+
+Waits have their own limits, so a hung endpoint never keeps a user minutes in silence:
+the first byte of an attempt must come within OPENAI_FIRST_BYTE_TIMEOUT_SECONDS and no
+gap between two chunks may exceed OPENAI_STALL_TIMEOUT_SECONDS. Retries are this
+module's (not the SDK's), so each is known: a failure before anything was streamed is
+retried up to OPENAI_MAX_RETRIES times, and while it waits the stream yields `Waiting`
+(every PROGRESS_EVERY_SECONDS, and before each retry) for the user's progress line.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+import time
 import uuid
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import openai
 from openai.types.chat import (
@@ -51,6 +61,7 @@ from agentstate.agent_service.model.base import (
     ToolCall,
     ToolSpec,
     Usage,
+    Waiting,
 )
 from agentstate.common.config import EnvSettings
 
@@ -58,6 +69,15 @@ DEFAULT_BASE_URL = "https://api.openai.com/v1"
 DEFAULT_MODEL = "gpt-4o-mini"
 DEFAULT_TIMEOUT_SECONDS = 60.0
 DEFAULT_MAX_RETRIES = 2
+DEFAULT_FIRST_BYTE_TIMEOUT_SECONDS = 20.0
+DEFAULT_STALL_TIMEOUT_SECONDS = 20.0
+PROGRESS_EVERY_SECONDS = 2.0
+# Backoff before retry k (1-based): 0.5 s, 1 s, 2 s..., or the provider's retry-after when
+# it is shorter than this cap.
+_BACKOFF_SECONDS, _MAX_BACKOFF_SECONDS = 0.5, 8.0
+_RETRYABLE = ("timeout", "connection", "http_408", "http_409", "http_429")
+
+_T = TypeVar("_T")
 
 SUMMARY_HEADING = "## Summary of the earlier conversation"
 
@@ -94,7 +114,22 @@ class OpenAISettings(EnvSettings):
         default=DEFAULT_MAX_RETRIES,
         validation_alias="OPENAI_MAX_RETRIES",
         ge=0,
-        description="the SDK's retries of a failed call",
+        description=(
+            "retries of a model call that failed before it streamed anything (timeouts, "
+            "connection errors, HTTP 429 and 5xx), each told to the client as progress"
+        ),
+    )
+    first_byte_timeout_seconds: float = Field(
+        default=DEFAULT_FIRST_BYTE_TIMEOUT_SECONDS,
+        validation_alias="OPENAI_FIRST_BYTE_TIMEOUT_SECONDS",
+        gt=0,
+        description="how long one attempt may wait for the endpoint's first byte",
+    )
+    stall_timeout_seconds: float = Field(
+        default=DEFAULT_STALL_TIMEOUT_SECONDS,
+        validation_alias="OPENAI_STALL_TIMEOUT_SECONDS",
+        gt=0,
+        description="the longest silence allowed between two chunks of a streaming answer",
     )
 
 
@@ -267,7 +302,7 @@ class OpenAICompatModel(ChatModel):
             api_key=settings.api_key,
             base_url=settings.base_url,
             timeout=settings.timeout_seconds,
-            max_retries=settings.max_retries,
+            max_retries=0,  # retried here, where each attempt is known and told
         )
 
     @classmethod
@@ -278,12 +313,35 @@ class OpenAICompatModel(ChatModel):
         await self._client.close()
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]:
+        attempts = self.settings.max_retries + 1
+        started = time.monotonic()
+        for attempt in range(1, attempts + 1):
+            streamed = False
+            try:
+                async for event in self._attempt(request, attempt, attempts, started):
+                    streamed = streamed or not isinstance(event, Waiting)
+                    yield event
+                return
+            except ModelError as exc:
+                exc.attempts = attempt
+                if streamed or attempt == attempts or not _retryable(exc):
+                    raise
+                yield Waiting(
+                    attempt + 1, attempts, time.monotonic() - started, f"retrying: {exc.public}"
+                )
+                await asyncio.sleep(_backoff(exc, attempt))
+
+    async def _attempt(
+        self, request: ModelRequest, attempt: int, attempts: int, started: float
+    ) -> AsyncIterator[ModelEvent]:
         calls = _ToolCallAccumulator()
         usage: Usage | None = None
         finish_reason: str | None = None
         chunks = 0
-        attempts = [1]  # the HTTP requests this call made, known once it answered
-        async for chunk in self._chunks(request, attempts):
+        async for chunk in self._chunks(request, attempt, attempts, started):
+            if isinstance(chunk, Waiting):
+                yield chunk
+                continue
             chunks += 1
             if chunk.usage is not None:
                 # Some servers repeat a running total on every chunk: keep the last.
@@ -315,30 +373,83 @@ class OpenAICompatModel(ChatModel):
                 f"{self._where()} answered HTTP 200 with no stream events",
                 public="the model endpoint sent an empty response",
                 cause="empty_response",
-                attempts=attempts[0],
+                attempts=attempt,
             )
         for call in calls.complete(finish_reason):
             yield call
         if usage is not None:
             yield usage
 
+    async def _within(
+        self,
+        awaitable: Awaitable[_T],
+        limit: float,
+        timed_out: ModelError,
+        progress: tuple[int, int, float],
+        got: list[_T],
+    ) -> AsyncIterator[Waiting]:
+        """Await `awaitable` for at most `limit` seconds, yielding Waiting every
+        PROGRESS_EVERY_SECONDS meanwhile; its result goes to `got`. Raises `timed_out`
+        when the limit passes; a cancelled caller cancels it (and its HTTP request)."""
+        task = asyncio.ensure_future(awaitable)
+        deadline = time.monotonic() + limit
+        try:
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise timed_out
+                done, _ = await asyncio.wait({task}, timeout=min(PROGRESS_EVERY_SECONDS, left))
+                if done:
+                    got.append(task.result())
+                    return
+                attempt, attempts, started = progress
+                yield Waiting(attempt, attempts, time.monotonic() - started)
+        finally:
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
+
+    def _timed_out(self, what: str, limit: float, setting: str, attempt: int) -> ModelError:
+        return ModelError(
+            f"{self._where()} {what} within {limit:g}s (raise {setting} or retry)",
+            public="the model call timed out",
+            cause="timeout",
+            attempts=attempt,
+        )
+
     async def _chunks(
-        self, request: ModelRequest, attempts: list[int]
-    ) -> AsyncIterator[ChatCompletionChunk]:
-        """The SDK's chunks, with every failure turned into a ModelError."""
+        self, request: ModelRequest, attempt: int, attempts: int, started: float
+    ) -> AsyncIterator[ChatCompletionChunk | Waiting]:
+        """The SDK's chunks, with every failure turned into a ModelError, and Waiting
+        while the endpoint is silent."""
         tools = to_chat_tools(request.tools)
+        progress = (attempt, attempts, started)
+        opened: list[Any] = []
         try:
-            stream = await self._client.chat.completions.create(
-                model=self.settings.model,
-                messages=to_chat_messages(request),
-                tools=tools if tools else openai.omit,
-                stream=True,
-                stream_options={"include_usage": True},
-            )
+            async for tick in self._within(
+                self._client.chat.completions.create(
+                    model=self.settings.model,
+                    messages=to_chat_messages(request),
+                    tools=tools if tools else openai.omit,
+                    stream=True,
+                    stream_options={"include_usage": True},
+                ),
+                self.settings.first_byte_timeout_seconds,
+                self._timed_out(
+                    "sent no first byte",
+                    self.settings.first_byte_timeout_seconds,
+                    "OPENAI_FIRST_BYTE_TIMEOUT_SECONDS",
+                    attempt,
+                ),
+                progress,
+                opened,
+            ):
+                yield tick
         except openai.OpenAIError as exc:
-            raise self._model_error(exc) from exc
+            raise self._model_error(exc, attempt) from exc
+        stream = opened[0]
         try:
-            attempts[0] = _attempts(stream.response.request)
             content_type = stream.response.headers.get("content-type", "")
             if content_type.split(";")[0].strip().lower() == "application/json":
                 # A provider that ignored stream=true: the SDK would find no events in
@@ -349,32 +460,46 @@ class OpenAICompatModel(ChatModel):
                     f"instead of server-sent events: {body!r}",
                     public="the model endpoint sent a response that is not a stream",
                     cause="bad_response",
-                    attempts=attempts[0],
+                    attempts=attempt,
                 )
+            stall = self._timed_out(
+                "went silent mid-stream (no chunk)",
+                self.settings.stall_timeout_seconds,
+                "OPENAI_STALL_TIMEOUT_SECONDS",
+                attempt,
+            )
             while True:
+                got: list[ChatCompletionChunk | None] = []
                 try:
-                    chunk = await anext(stream)
-                except StopAsyncIteration:
-                    return
+                    async for tick in self._within(
+                        _next_chunk(stream),
+                        self.settings.stall_timeout_seconds,
+                        stall,
+                        progress,
+                        got,
+                    ):
+                        yield tick
                 except openai.OpenAIError as exc:
-                    raise self._model_error(exc) from exc
+                    raise self._model_error(exc, attempt) from exc
                 except ValueError as exc:  # a data line that is not JSON
                     raise ModelError(
                         f"{self._where()} sent a malformed stream event: {exc}",
                         public="the model endpoint sent a malformed stream event",
                         cause="bad_response",
-                        attempts=attempts[0],
+                        attempts=attempt,
                     ) from exc
-                yield chunk
+                if got[0] is None:
+                    return
+                yield got[0]
         finally:
             await stream.close()
 
     def _where(self) -> str:
         return f"model endpoint {self.settings.base_url} (model {self.settings.model})"
 
-    def _model_error(self, exc: openai.OpenAIError) -> ModelError:
+    def _model_error(self, exc: openai.OpenAIError, attempt: int) -> ModelError:
         where = self._where()
-        attempts = _attempts(exc.request) if isinstance(exc, openai.APIError) else 1
+        attempts = attempt
         if isinstance(exc, openai.APIStatusError):
             status = exc.status_code
             detail = _error_detail(exc)
@@ -389,12 +514,14 @@ class OpenAICompatModel(ChatModel):
             else:
                 hint = "the provider rejected the request"
             request_id = f", request id {exc.request_id}" if exc.request_id else ""
-            return ModelError(
+            error = ModelError(
                 f"{where} returned HTTP {status}: {detail} ({hint}{request_id})",
                 public=f"the model endpoint returned HTTP {status}",
                 cause=f"http_{status}",
                 attempts=attempts,
             )
+            error.retry_after = _retry_after(exc)
+            return error
         if isinstance(exc, openai.APITimeoutError):
             return ModelError(
                 f"{where} timed out after {self.settings.timeout_seconds:g}s "
@@ -422,12 +549,39 @@ class OpenAICompatModel(ChatModel):
         return ModelError(f"{where}: {exc}", attempts=attempts)
 
 
-def _attempts(request: Any) -> int:
-    """How many HTTP requests this call made: the SDK numbers its retries in a header."""
+async def _next_chunk(stream: Any) -> ChatCompletionChunk | None:
+    """The next chunk, None at the end (StopAsyncIteration cannot cross a task)."""
     try:
-        return int(request.headers.get("x-stainless-retry-count", "0")) + 1
-    except (AttributeError, RuntimeError, ValueError):
-        return 1
+        chunk: ChatCompletionChunk = await anext(stream)
+        return chunk
+    except StopAsyncIteration:
+        return None
+
+
+def _retryable(exc: ModelError) -> bool:
+    return exc.cause in _RETRYABLE or exc.cause.startswith("http_5")
+
+
+def _backoff(exc: ModelError, attempt: int) -> float:
+    """Seconds before the next attempt: the provider's retry-after when it gave one (and
+    it is short), else an exponential step."""
+    after = exc.retry_after
+    if after is not None and 0 <= after <= _MAX_BACKOFF_SECONDS:
+        return after
+    step: float = _BACKOFF_SECONDS * 2 ** (attempt - 1)
+    return min(step, _MAX_BACKOFF_SECONDS)
+
+
+def _retry_after(exc: openai.APIStatusError) -> float | None:
+    headers = exc.response.headers
+    try:
+        if "retry-after-ms" in headers:
+            return float(headers["retry-after-ms"]) / 1000
+        if "retry-after" in headers:
+            return float(headers["retry-after"])
+    except ValueError:
+        return None
+    return None
 
 
 def _error_detail(exc: openai.APIError) -> str:

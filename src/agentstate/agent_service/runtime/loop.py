@@ -33,6 +33,7 @@ from agentstate.agent_service.events import (
     Emit,
     Finished,
     Hint,
+    Progress,
     ToolStatus,
 )
 from agentstate.agent_service.middleware import ContextMiddleware
@@ -43,6 +44,7 @@ from agentstate.agent_service.model.base import (
     ThinkingDelta,
     ToolCall,
     Usage,
+    Waiting,
 )
 from agentstate.agent_service.runtime import cards, texts
 from agentstate.agent_service.runtime.cards import Card, CardEntry, CardStatus
@@ -202,6 +204,12 @@ class ReactLoop:
                         await emit(Delta(DeltaKind.RESPONSE, event.text))
                     elif isinstance(event, ToolCall):
                         calls.append(event)
+                    elif isinstance(event, Waiting):
+                        await emit(
+                            Progress(
+                                event.attempt, event.attempts, event.elapsed_seconds, event.note
+                            )
+                        )
                     elif isinstance(event, Usage):
                         usage = {
                             "input_tokens": event.input_tokens,

@@ -326,6 +326,7 @@ class TurnEvent(_message.Message):
     CONFIRM_FIELD_NUMBER: _builtins.int
     CANCEL_FIELD_NUMBER: _builtins.int
     DONE_FIELD_NUMBER: _builtins.int
+    PROGRESS_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def meta(self) -> Global___MetaEvent:
         """First event: which conversation and task this is."""
@@ -358,6 +359,12 @@ class TurnEvent(_message.Message):
     def done(self) -> Global___DoneEvent:
         """Last event."""
 
+    @_builtins.property
+    def progress(self) -> Global___ProgressEvent:
+        """The model has been silent a while (sent every few seconds while it is,
+        and before each retry of a failed model call): for a progress line.
+        """
+
     def __init__(
         self,
         *,
@@ -369,16 +376,51 @@ class TurnEvent(_message.Message):
         confirm: Global___ConfirmEvent | None = ...,
         cancel: Global___CancelEvent | None = ...,
         done: Global___DoneEvent | None = ...,
+        progress: Global___ProgressEvent | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["block", b"block", "cancel", b"cancel", "confirm", b"confirm", "done", b"done", "event", b"event", "finish", b"finish", "hint", b"hint", "message", b"message", "meta", b"meta"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["block", b"block", "cancel", b"cancel", "confirm", b"confirm", "done", b"done", "event", b"event", "finish", b"finish", "hint", b"hint", "message", b"message", "meta", b"meta", "progress", b"progress"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["block", b"block", "cancel", b"cancel", "confirm", b"confirm", "done", b"done", "event", b"event", "finish", b"finish", "hint", b"hint", "message", b"message", "meta", b"meta"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["block", b"block", "cancel", b"cancel", "confirm", b"confirm", "done", b"done", "event", b"event", "finish", b"finish", "hint", b"hint", "message", b"message", "meta", b"meta", "progress", b"progress"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_event: _TypeAlias = _typing.Literal["meta", "message", "block", "hint", "finish", "confirm", "cancel", "done"]  # noqa: Y015
+    _WhichOneofReturnType_event: _TypeAlias = _typing.Literal["meta", "message", "block", "hint", "finish", "confirm", "cancel", "done", "progress"]  # noqa: Y015
     _WhichOneofArgType_event: _TypeAlias = _typing.Literal["event", b"event"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_event) -> _WhichOneofReturnType_event | None: ...
 
 Global___TurnEvent: _TypeAlias = TurnEvent  # noqa: Y015
+
+@_typing.final
+class ProgressEvent(_message.Message):
+    """A long model wait, as the user's progress line tells it."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ATTEMPT_FIELD_NUMBER: _builtins.int
+    ATTEMPTS_FIELD_NUMBER: _builtins.int
+    ELAPSED_MS_FIELD_NUMBER: _builtins.int
+    NOTE_FIELD_NUMBER: _builtins.int
+    attempt: _builtins.int
+    """Which attempt of the model call is running (1-based)."""
+    attempts: _builtins.int
+    """How many attempts the call may take (OPENAI_MAX_RETRIES + 1)."""
+    elapsed_ms: _builtins.int
+    """Milliseconds since the model call began (its first attempt)."""
+    note: _builtins.str
+    """Why, when there is more to say (say, the failure a retry follows)."""
+    def __init__(
+        self,
+        *,
+        attempt: _builtins.int = ...,
+        attempts: _builtins.int = ...,
+        elapsed_ms: _builtins.int = ...,
+        note: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "attempts", b"attempts", "elapsed_ms", b"elapsed_ms", "note", b"note"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ProgressEvent: _TypeAlias = ProgressEvent  # noqa: Y015
 
 @_typing.final
 class MetaEvent(_message.Message):
