@@ -730,3 +730,92 @@ def test_a_narrow_screen_shows_every_panel(
         page.screenshot("10-narrow")
     finally:
         browser.set_window_size(1400, 900)
+
+
+# ----------------------------------------------------------------- live turns, any replica
+
+STEP_SECONDS = 4.0  # the scripted model's wait before each step: room to act between two
+
+
+@pytest.fixture(scope="module")
+def two_replicas(database_url: str) -> Iterator[tuple[str, str]]:
+    """Two agent replicas, each behind its own console, on one state service: a page
+    moving from one console to the other is a reload that lands on another replica."""
+    services: list[ServiceProcess] = []
+    with StateServices() as states:
+        try:
+            state_address = states.serve(on_postgres(database_url))
+            urls = []
+            for _ in range(2):
+                agent = ServiceProcess(
+                    "agentstate.agent_service",
+                    {
+                        "AGENT_LISTEN_ADDRESS": "127.0.0.1:0",
+                        "AGENT_AUTH_MODE": "dev-header",
+                        "AGENT_STATE_ADDRESS": state_address,
+                        "AGENT_PROFILE": "order_demo",
+                        "ORDERS_DATABASE_URL": "",
+                        "AGENT_SCRIPTED_STEP_DELAY_SECONDS": str(STEP_SECONDS),
+                        "AGENT_LEASE_RENEW_SECONDS": "0.2",
+                    },
+                )
+                services.append(agent)
+                console = ServiceProcess(
+                    "agentstate.console",
+                    {
+                        "CONSOLE_LISTEN_ADDRESS": "127.0.0.1:0",
+                        "CONSOLE_AGENT_ADDRESS": agent.wait_ready(),
+                        "CONSOLE_STATE_ADDRESS": state_address,
+                        "CONSOLE_USER_HEADER": USER_HEADER,
+                        "CONSOLE_DEV_USER": "",
+                    },
+                )
+                services.append(console)
+                urls.append(console.wait_ready())
+            yield urls[0], urls[1]
+        finally:
+            codes = [s.terminate() for s in reversed(services)]
+            assert codes == [0] * len(codes), "\n".join(s.output for s in services)
+
+
+def test_stop_from_a_reloaded_page(
+    browser: WebDriver, two_replicas: tuple[str, str], screenshots: Path
+) -> None:
+    """A turn started through replica A; the page reloads onto replica B in the middle.
+    B's page shows what was streamed so far, the steps that follow as they happen, and
+    Stop, which stops the turn running on A. Deterministic: every step of the scripted
+    model waits STEP_SECONDS first, and each check waits for the state it needs (the
+    first step shown, the second step shown) before acting, well inside the next wait."""
+    first, second = two_replicas
+    user = new_user("reload")
+    page = Page(browser, first, user, screenshots)
+    page.open()
+    page.ask(QUESTION)
+    conversation_id = page.conversation_id()
+    page.wait(lambda: "load_skill" in page.text("#messages .msg.live"), timeout=STEP_SECONDS * 3)
+    # The reload lands on the other console and replica; the turn runs on in replica A.
+    other = Page(browser, second, user, screenshots)
+    other.open(conversation_id)
+    other.wait(lambda: "following it live" in other.text("#notice"), timeout=5)
+    other.wait(lambda: "load_skill" in other.text("#messages .msg.live"), timeout=5)
+    assert "我先看一下订单变更的处理规范" in other.text("#messages .msg.live")
+    other.wait(lambda: other.find("#stop").is_displayed(), timeout=5)
+    # The next step appears as it happens (within a second of the agent writing it).
+    other.wait(lambda: "query_order" in other.text("#messages .msg.live"), timeout=STEP_SECONDS * 2)
+    other.screenshot("11-attached-on-another-replica")
+    assert not other.all(".card")
+    other.find("#stop").click()
+    other.wait(lambda: "Stopped before it finished" in other.text("#messages"), timeout=10)
+    other.idle()
+    assert not other.all(".card button.approve") and not other.all("#messages .msg.live")
+    _, history = api(second, user, "GET", f"/api/conversations/{conversation_id}/messages")
+    assert not [r for r in history["records"] if r["streaming"]]
+    assert history["records"][-1]["status_words"] == "Stopped before it finished"
+    # The live stream resumes after an offset: asked after the end, it says the turn ended.
+    status, events = api(
+        second,
+        user,
+        "GET",
+        f"/api/conversations/{conversation_id}/live?after=0",
+    )
+    assert status == 200 and events == [{"type": "ended"}]

@@ -9,6 +9,7 @@ agent finishes and saves it); the page then resumes from the message records.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import html
 import json
@@ -39,7 +40,13 @@ from agentstate.client import StateError
 from agentstate.client.metadata import PROXY_SECRET_METADATA_KEY, USER_ID_METADATA_KEY
 from agentstate.client.service_config import channel_options
 from agentstate.console.config import ConsoleSettings
-from agentstate.console.present import event_view, record_view, tool_outputs, unanswered
+from agentstate.console.present import (
+    event_view,
+    live_event_view,
+    record_view,
+    tool_outputs,
+    unanswered,
+)
 from agentstate.console.state_reads import StateReader
 
 STATIC = Path(__file__).parent / "static"
@@ -80,6 +87,14 @@ _CODES = {
 }
 # The console's own refusal when no user came with the request (not the agent's).
 NOT_SIGNED_IN = "You are not signed in (no user from the authenticating proxy)."
+
+
+# How often an attached page's stream reads the running turn's record.
+LIVE_POLL_SECONDS = 0.25
+
+
+def _sse(data: dict[str, Any]) -> str:
+    return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
 
 
 class BadRequest(Exception):
@@ -338,6 +353,81 @@ def create_app(settings: ConsoleSettings, on_ready: Callable[[], None] | None = 
 
         return await handle(request, run)
 
+    async def running_record(request: Request, cid: str) -> str:
+        """The conversation's record still being written, "" when none is (the newest
+        one is last: every page is read, 200 records at a time)."""
+        token, found = "", ""
+        while True:
+            page = await console.agent.ListMessages(
+                pb.ListMessagesRequest(conversation_id=cid, page_size=200, page_token=token),
+                metadata=console.metadata(request),
+                timeout=console.timeout,
+            )
+            for record in page.records:
+                if record.status == pb.MESSAGE_STATUS_STREAMING:
+                    found = record.message_id
+            token = page.next_page_token
+            if not token:
+                return found
+
+    async def live(request: Request) -> Response:
+        """A running turn, attached to from any page (a reload, a second tab), whichever
+        agent replica runs it: the events after `after`, then each new one as the agent
+        writes it to the turn's record (read from the state service every LIVE_POLL_SECONDS),
+        each with its `offset` so a dropped stream resumes where it stopped; `ended` once
+        the turn was saved."""
+
+        async def run() -> Response:
+            cid = _id(request.path_params["cid"], "The conversation id")
+            message_id = _id(
+                request.query_params.get("message_id", ""), "The message id", empty_ok=True
+            )
+            try:
+                after = max(0, int(request.query_params.get("after", "0")))
+            except ValueError:
+                raise BadRequest("after must be a whole number.") from None
+            user = console.user_of(request)
+            assert console.state is not None
+            reader = console.state
+            found = message_id or await running_record(request, cid)
+            if found:
+                await reader.live(user, cid, found)  # not found: refused before streaming
+
+            async def events() -> AsyncIterator[str]:
+                sent, task_id = after, ""
+                if not found:  # nothing is being written (any more)
+                    yield _sse({"type": "ended"})
+                    return
+                if not message_id:
+                    yield _sse({"type": "record", "message_id": found})
+                while True:
+                    try:
+                        running, task, journal = await reader.live(user, cid, found)
+                    except StateError as exc:
+                        _, message = explain_state_error(exc)
+                        yield _sse({"type": "error", "message": message})
+                        return
+                    if task and task != task_id:
+                        task_id = task
+                        yield _sse({"type": "meta", "conversation_id": cid, "task_id": task})
+                    for offset, data in enumerate(journal[sent:], start=sent + 1):
+                        view = live_event_view(data)
+                        if view is not None:
+                            yield _sse({**view, "offset": offset})
+                    sent = max(sent, len(journal))
+                    if not running:
+                        yield _sse({"type": "ended"})
+                        return
+                    await asyncio.sleep(LIVE_POLL_SECONDS)
+
+            return StreamingResponse(
+                events(),
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+            )
+
+        return await handle(request, run)
+
     async def stop(request: Request) -> Response:
         async def run() -> Response:
             task_id = _id((await _body(request)).get("task_id"), "The task id")
@@ -430,6 +520,7 @@ def create_app(settings: ConsoleSettings, on_ready: Callable[[], None] | None = 
             Route("/api/conversations/batch-delete", batch_delete, methods=["POST"]),
             Route("/api/conversations/{cid}/messages", messages),
             Route("/api/conversations/{cid}/inspector", inspector),
+            Route("/api/conversations/{cid}/live", live),
             Route("/api/conversations/{cid}/rename", rename, methods=["POST"]),
             Route("/api/conversations/{cid}", delete, methods=["DELETE"]),
             Route("/api/chat", chat, methods=["POST"]),

@@ -221,6 +221,46 @@ def _tool_words(
     return "Done"
 
 
+_LIVE_CALL_WORDS = {
+    "running": "Running…",
+    "succeeded": "Done",
+    "failed": "Failed",
+    "asking": "Waiting for your confirmation",
+    "denied": "Declined by you: not run",
+    "interrupted": "Not run",
+}
+
+
+def live_event_view(data: Any) -> dict[str, Any] | None:
+    """One event of a running turn's journal (the agent's `live` record metadata) as the
+    page's stream event; None for one it does not know."""
+    if not isinstance(data, dict):
+        return None
+    kind = data.get("type")
+    if kind == "message":
+        return {"type": "message", "kind": str(data.get("kind")), "delta": str(data.get("delta"))}
+    if kind == "block":
+        return {
+            "type": "block",
+            "call_id": str(data.get("call_id", "")),
+            "tool_name": str(data.get("tool_name", "")),
+            "words": _LIVE_CALL_WORDS.get(str(data.get("status")), ""),
+            "arguments": data.get("arguments") or {},
+            "summary": _first_line(str(data.get("summary") or "")),
+        }
+    if kind == "hint":
+        return {"type": "hint", "text": str(data.get("text", ""))}
+    if kind == "progress":
+        return {
+            "type": "progress",
+            "attempt": int(data.get("attempt") or 1),
+            "attempts": int(data.get("attempts") or 1),
+            "elapsed_ms": int(data.get("elapsed_ms") or 0),
+            "note": str(data.get("note") or ""),
+        }
+    return None
+
+
 def event_view(event: Any) -> dict[str, Any]:
     """One TurnEvent as a JSON object for the page's stream."""
     kind = event.WhichOneof("event")

@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from agentstate.client import AsyncStateClient
+from agentstate.client.types import MessageStatus
 
 
 @dataclass(frozen=True)
@@ -106,6 +107,26 @@ class StateReader:
 
     async def close(self) -> None:
         await self._client.close()
+
+    async def live(
+        self, user_id: str, conversation_id: str, message_id: str
+    ) -> tuple[bool, str, list[Any]]:
+        """A turn's reply record as it is being written: whether it still is, the task id
+        (for Stop; "" until the agent has written it) and the events so far (the agent's
+        journal, agent_service/runtime/live.py)."""
+        record = await self._client.get_message(user_id, conversation_id, message_id)
+        try:
+            metadata = json.loads(record.metadata_json or b"{}")
+        except ValueError:
+            metadata = {}
+        live = metadata.get("live") if isinstance(metadata, dict) else None
+        live = live if isinstance(live, dict) else {}
+        events = live.get("events")
+        return (
+            record.status == MessageStatus.STREAMING,
+            str(live.get("task_id") or ""),
+            events if isinstance(events, list) else [],
+        )
 
     async def inspect(self, user_id: str, conversation_id: str) -> Inspection:
         """agentstate.client.NotFound when the conversation is not the user's."""

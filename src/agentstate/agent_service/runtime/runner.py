@@ -46,6 +46,7 @@ from agentstate.agent_service.runtime import cards, texts
 from agentstate.agent_service.runtime.cards import CardStatus
 from agentstate.agent_service.runtime.deltas import Baseline, CachedState, baseline_of
 from agentstate.agent_service.runtime.lease import LeaseSettings, TurnLeases
+from agentstate.agent_service.runtime.live import LiveJournal
 from agentstate.agent_service.runtime.loop import ReactLoop
 from agentstate.agent_service.runtime.persistence import (
     ERROR_METADATA_KEY,
@@ -425,10 +426,19 @@ class TurnRunner:
         status = MessageStatus.NORMAL
         metadata: dict[str, Any] = {}
         failure: errors.AgentError | None = None
+        # The events so far, on the reply record, for a page that attaches mid-turn.
+        journal = LiveJournal(
+            self.state, control.user_id, control.conversation_id, record.record_id, control.task_id
+        )
+        journal.start()
         try:
-            if decision is not None:
-                await self.loop.answer_card(control, state, decision, record, emit)
-            outcome = await self.loop.run(control, state, record, emit)
+            try:
+                live = journal.wrap(emit)
+                if decision is not None:
+                    await self.loop.answer_card(control, state, decision, record, live)
+                outcome = await self.loop.run(control, state, record, live)
+            finally:
+                await journal.close()  # before any record write of this turn's end
             if isinstance(outcome, CardShown):
                 status = MessageStatus.AWAITING_CONFIRM
                 metadata = {"card": outcome.card}

@@ -81,6 +81,8 @@ function when(iso) {
 const ui = {
   cid: "",            // current conversation ("" = a new one)
   streaming: false,
+  watching: false,    // following a turn another page (or replica) runs
+  watchAbort: null,
   taskId: "",
   abort: null,        // the running stream's AbortController
   nextConversations: "",
@@ -304,25 +306,77 @@ async function loadHistory(more) {
   return data;
 }
 
-// A turn still writing its records (a reload, a closed stream): show it from the records.
+// A turn still being written (a reload, a second tab, a closed stream): attach to it.
 function resumeFromRecords() {
   clearTimeout(ui.pollTimer);
   const cid = ui.cid;
   const tick = async () => {
-    if (cid !== ui.cid || ui.streaming) return;
+    if (cid !== ui.cid || ui.streaming || ui.watching) return;
     try {
       let data = await loadHistory(false);
       while (data.next_page_token && cid === ui.cid) data = await loadHistory(true);
       await loadInspector();
-      if (data.records.some((r) => r.streaming)) {
-        notice("A reply is still being written; it shows here when it is saved.", "info");
-        ui.pollTimer = setTimeout(tick, 700);
-      } else {
-        notice("");
-      }
+      const running = data.records.find((r) => r.streaming);
+      if (running) watchTurn(cid, running.message_id);
+      else notice("");
     } catch (e) { notice(e.message); }
   };
   tick();
+}
+
+const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+
+// Follow a running turn from its record (whichever replica runs it): its streamed text,
+// tool calls and progress as they happen, with Stop. A dropped stream resumes after the
+// last event seen (`after`); the turn's end redraws the conversation from the records.
+async function watchTurn(cid, messageId) {
+  if (ui.watching || ui.streaming) return;
+  ui.watching = true;
+  const controller = new AbortController();
+  ui.watchAbort = controller;
+  const old = document.querySelector(`#messages .msg[data-message-id="${messageId}"]`);
+  const turn = liveTurn();
+  turn.div.dataset.messageId = messageId;
+  if (old) old.replaceWith(turn.div);
+  $("#send").disabled = true;
+  notice("This reply is still being written; following it live.", "info");
+  let after = 0, ended = false, id = messageId;
+  const ticker = setInterval(() => { if (turn.progress) showWait(turn); }, 500);
+  try {
+    while (!ended && cid === ui.cid && !controller.signal.aborted) {
+      try {
+        const res = await fetch(`/api/conversations/${cid}/live?message_id=${id}&after=${after}`, { signal: controller.signal });
+        if (!res.ok) {
+          let data = {};
+          try { data = await res.json(); } catch (e) { data = {}; }
+          notice(data.error || `The console answered ${res.status}.`);
+          break;
+        }
+        await readEvents(res, (ev) => {
+          if (ev.offset) after = ev.offset;
+          if (ev.type === "ended") { ended = true; return; }
+          if (ev.type === "meta") { ui.taskId = ev.task_id; $("#stop").hidden = false; }
+          if (ev.type === "record") { id = turn.div.dataset.messageId = ev.message_id; return; }
+          onEvent(turn, ev);
+        });
+      } catch (e) {
+        if (e.name === "AbortError") break;
+        await sleep(500);  // a dropped stream: again, after the last event seen
+      }
+    }
+  } finally {
+    clearInterval(ticker);
+    ui.watching = false;
+    ui.watchAbort = null;
+    ui.taskId = "";
+    $("#stop").hidden = true;
+    $("#send").disabled = false;
+  }
+  if (cid !== ui.cid) return;
+  notice("");
+  try { let d = await loadHistory(false); while (d.next_page_token && cid === ui.cid) d = await loadHistory(true); } catch (e) { notice(e.message); }
+  loadInspector();
+  loadConversations(false).catch(() => {});
 }
 
 // ---------------------------------------------------------------- inspector
@@ -346,7 +400,7 @@ async function loadInspector() {
   let data;
   try { data = await api("GET", `/api/conversations/${cid}/inspector`); }
   catch (e) { body.replaceChildren(el("p", "muted", e.message)); return; }
-  if (cid !== ui.cid) return;
+  if (cid !== ui.cid) return data;
   const parts = [el("h3", "", "AgentState")];
   const s = data.state;
   if (!s) parts.push(el("p", "muted", "No state saved yet."));
@@ -415,6 +469,7 @@ async function loadInspector() {
     : kv([["state", "free: no turn is running", "lease"]]);
   parts.push(lease);
   body.replaceChildren(...parts);
+  return data;
 }
 
 // ---------------------------------------------------------------- turns
@@ -640,6 +695,7 @@ async function route() {
   const cid = match ? decodeURIComponent(match[1]) : "";
   if (cid === ui.cid && $("#messages").childElementCount) return;
   if (ui.streaming) return;
+  if (ui.watchAbort) ui.watchAbort.abort();  // another conversation: stop following this one
   ui.cid = cid;
   ui.nextMessages = "";
   for (const li of document.querySelectorAll("#conversations li")) li.classList.toggle("current", li.dataset.conversationId === cid);
@@ -650,8 +706,11 @@ async function route() {
   if (!cid) { loadInspector(); return; }
   try {
     const data = await loadHistory(false);
-    loadInspector();
-    if (data.records.some((r) => r.streaming)) resumeFromRecords();
+    const seen = await loadInspector();
+    // A turn still running (its record on this page, or the lease held): attach to it.
+    const running = data.records.find((r) => r.streaming);
+    if (running) watchTurn(cid, running.message_id);
+    else if (seen && seen.lease && !seen.lease.lapsed) watchTurn(cid, "");
   } catch (e) {
     notice(e.message);
     $("#inspector-body").replaceChildren(el("p", "muted", "Nothing to inspect."));
