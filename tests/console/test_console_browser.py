@@ -96,6 +96,7 @@ def console_url(database_url: str) -> Iterator[str]:
                     "CONSOLE_USER_HEADER": USER_HEADER,
                     "CONSOLE_DEV_USER": "",
                     "CONSOLE_HISTORY_PAGE_SIZE": "2",
+                    "CONSOLE_TRACE_URL_TEMPLATE": "http://traces.example/trace/{trace_id}",
                 },
             )
             services.append(console)
@@ -819,3 +820,40 @@ def test_stop_from_a_reloaded_page(
         f"/api/conversations/{conversation_id}/live?after=0",
     )
     assert status == 200 and events == [{"type": "ended"}]
+
+
+def test_the_timeline_of_a_turn_comes_from_its_stored_record(
+    browser: WebDriver, console_url: str, screenshots: Path
+) -> None:
+    """Model calls with tokens, tool calls with inputs and outputs, durations, the turn's
+    start (lease, state load), the save and the trace link: read from the records (a
+    fresh page load, nothing kept in the browser)."""
+    user = new_user("timeline")
+    conversation_id = chat(console_url, user, STATUS_QUESTION)[0]["conversation_id"]
+    _, history = api(console_url, user, "GET", f"/api/conversations/{conversation_id}/messages")
+    saved = history["records"][-1]["timeline"]
+    kinds = [e["kind"] for e in saved["events"]]
+    assert kinds[0] == "begin" and kinds[-1] == "save" and "model" in kinds and "tool" in kinds
+    (tool,) = [e for e in saved["events"] if e["kind"] == "tool"]
+    assert (tool["name"], tool["input"], tool["outcome"]) == (
+        "query_order",
+        {"limit": 5},
+        "succeeded",
+    )
+    assert "88240" in tool["output"] and tool["ms"] >= 0
+    models = [e for e in saved["events"] if e["kind"] == "model"]
+    assert all(m["ms"] >= 400 and m["tokens"]["output_tokens"] > 0 for m in models)  # 0.4 s steps
+    assert len(saved["trace_id"]) == 32 or saved["trace_id"] == ""
+    page = Page(browser, console_url, user, screenshots)
+    page.open(conversation_id)
+    page.wait(lambda: "tool query_order" in page.text("#timeline-body"))
+    shown = page.text("#timeline-body")
+    assert "BeginTurn" in shown and "EndTurn" in shown and "tokens in" in shown
+    assert '{"limit":5}' in shown.replace(" ", "")
+    trace = page.find("[data-field=trace]")
+    if saved["trace_id"]:
+        link = trace.find_element(By.CSS_SELECTOR, "a").get_attribute("href")
+        assert link == f"http://traces.example/trace/{saved['trace_id']}"
+    else:
+        assert "tracing off" in trace.text
+    page.screenshot("12-timeline")

@@ -236,7 +236,12 @@ def create_app(settings: ConsoleSettings, on_ready: Callable[[], None] | None = 
 
     async def me(request: Request) -> Response:
         async def run() -> Response:
-            return JSONResponse({"user": console.user_of(request)})
+            return JSONResponse(
+                {
+                    "user": console.user_of(request),
+                    "trace_url_template": settings.trace_url_template,
+                }
+            )
 
         return await handle(request, run)
 

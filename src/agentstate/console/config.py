@@ -55,6 +55,15 @@ class ConsoleSettings(EnvSettings):
         ge=0.1,
         description="deadline of each unary gRPC call (streams have none)",
     )
+    trace_url_template: str = Field(
+        default="",
+        validation_alias="CONSOLE_TRACE_URL_TEMPLATE",
+        description=(
+            "a link to a turn's trace in your tracing UI, {trace_id} replaced by the turn's "
+            "trace id (e.g. http://jaeger:16686/trace/{trace_id}); empty shows the id only"
+        ),
+        json_schema_extra={"shown_default": "empty"},
+    )
     history_page_size: int = Field(
         default=20,
         validation_alias="CONSOLE_HISTORY_PAGE_SIZE",

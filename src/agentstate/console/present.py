@@ -195,6 +195,10 @@ def record_view(
         "card": card_view(card, now, inputs) if isinstance(card, dict) else None,
         "create_time": _iso(record.create_time),
         "update_time": _iso(record.update_time),
+        # The turn's timeline the agent saved on its reply record (runtime/timeline.py).
+        "timeline": metadata.get("timeline")
+        if isinstance(metadata, dict) and isinstance(metadata.get("timeline"), dict)
+        else None,
     }
 
 

@@ -7,6 +7,7 @@ never reaches the state service (the runner saves what it did).
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from collections.abc import Sequence
 from datetime import timedelta
@@ -163,6 +164,14 @@ class ReactLoop:
         )
         if report.compactions:
             record.compactions += report.compactions
+            for done in report.compactions:
+                record.timeline.add(
+                    "compaction",
+                    "context compacted",
+                    messages=f"{done.messages_before} -> {done.messages_after}",
+                    tokens=f"{done.tokens_before} -> {done.tokens_after}",
+                    reason=done.reason,
+                )
             tools = self.tools.specs(active_skills(state.context))  # a handbook may be gone
             await emit(Hint(texts.HINT_COMPACTED))
         # Middlewares get a copy of the list and replace what they change: what they
@@ -218,10 +227,19 @@ class ReactLoop:
                         span.set_attribute("gen_ai.usage.input_tokens", event.input_tokens)
                         span.set_attribute("gen_ai.usage.output_tokens", event.output_tokens)
 
+            began = time.monotonic()
             try:
                 # A Stop cancels the call in flight (and its HTTP request) at once.
                 await control.interruptible(receive())
-            except BaseException:
+            except BaseException as exc:
+                record.timeline.add(
+                    "model",
+                    self.model.name,
+                    began,
+                    step=state.cur_iter,
+                    failed=type(exc).__name__,
+                    tokens=usage,
+                )
                 # Stopped, failed or cancelled mid-answer: the record keeps what the
                 # user already saw of it; the state does not (it is not an answer).
                 if thinking:
@@ -230,6 +248,16 @@ class ReactLoop:
                     record.add(TextBlock("".join(text)))
                 raise
             span.set_attribute("agentstate.model.tool_calls", len(calls))
+            record.timeline.add(
+                "model",
+                self.model.name,
+                began,
+                step=state.cur_iter,
+                tokens=usage,
+                context_messages=len(context),
+                text_chars=sum(map(len, text)),
+                tool_calls=[c.name for c in calls],
+            )
         content: list[Block] = []
         if thinking:
             content.append(ThinkingBlock("".join(thinking)))

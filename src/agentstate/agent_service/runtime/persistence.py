@@ -29,6 +29,7 @@ from agentstate.agent_service.runtime.deltas import (
     encode_parts,
 )
 from agentstate.agent_service.runtime.port import StatePort
+from agentstate.agent_service.runtime.timeline import TIMELINE_METADATA_KEY, Timeline
 from agentstate.agent_service.turns import TurnControl
 from agentstate.client.types import CompactionNote, MessageStatus, MessageUpdate, MessageWrite
 
@@ -49,6 +50,7 @@ class TurnRecord:
     record_id: str
     blocks: list[Block] = field(default_factory=list)
     compactions: list[CompactionDone] = field(default_factory=list)
+    timeline: Timeline = field(default_factory=Timeline)
 
     def add(self, block: Block) -> None:
         self.blocks.append(block)
@@ -86,15 +88,6 @@ class TurnSaver:
         or the whole state when there is none. On failure the record is marked ERROR,
         the client is told (`emit`) and the error raised; the stored state is the one
         before the turn."""
-        writes = [
-            *writes,
-            MessageUpdate(
-                message_id=record.record_id,
-                status=status,
-                blocks=record.to_json(state),
-                metadata=metadata or {},
-            ),
-        ]
         encoded = encode_parts(state)  # each message once: the delta and the size
         if encoded.size > self._context.settings.max_state_bytes:
             try:
@@ -113,6 +106,24 @@ class TurnSaver:
             change = change_since(baseline, state, encoded)
         else:
             payload = state.encode()  # a first save, or nothing to compare with
+        # The save is the timeline's last entry (its own duration is known only after it).
+        record.timeline.add(
+            "save",
+            "EndTurn: state saved, records written, lease released",
+            expected_version=version,
+            mode="delta" if change is not None else "whole",
+            state_bytes=encoded.size,
+            messages=len(state.context),
+        )
+        writes = [
+            *writes,
+            MessageUpdate(
+                message_id=record.record_id,
+                status=status,
+                blocks=record.to_json(state),
+                metadata={**(metadata or {}), TIMELINE_METADATA_KEY: record.timeline.to_json()},
+            ),
+        ]
         save = asyncio.ensure_future(
             self._state.end_turn(
                 control.user_id,

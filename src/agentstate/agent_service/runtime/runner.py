@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
@@ -38,6 +39,7 @@ from agentstate.agent_service.events import (
     Finished,
     Hint,
     Meta,
+    TurnEvent,
 )
 from agentstate.agent_service.middleware import DEFAULT_MIDDLEWARES, ContextMiddleware
 from agentstate.agent_service.model.base import ChatModel, ModelError
@@ -97,6 +99,22 @@ def _check_id(value: str, what: str) -> None:
     here keeps the state service's own field names out of the caller's message."""
     if not value.isdecimal() or not value.isascii() or not 0 < int(value) < 2**63:
         raise errors.InvalidInput(texts.BAD_ID.format(what=what, value=value[:40]))
+
+
+def _begun_on_timeline(
+    record: TurnRecord, began: float, control: TurnControl, version: int
+) -> None:
+    """The turn's timeline starts when BeginTurn was sent (lease, records, state load)."""
+    timeline = record.timeline
+    timeline.started_at -= timedelta(seconds=timeline.started - began)
+    timeline.started = began
+    timeline.add(
+        "begin",
+        "BeginTurn: run lease taken, records appended, state loaded",
+        began,
+        task_id=control.task_id,
+        version=version,
+    )
 
 
 def _model_failure_text(exc: ModelError) -> str:
@@ -222,6 +240,7 @@ class TurnRunner:
             ),
             guard=NoOpenCard(),
         )
+        began = time.monotonic()
         async with contextlib.AsyncExitStack() as stack:
             try:
                 control, begun = await stack.enter_async_context(self.leases.turn(request))
@@ -247,6 +266,7 @@ class TurnRunner:
                 writes += cards.settle_expired(state, waiting)
                 hints.append(texts.HINT_EXPIRED_CARD_SETTLED)
             record = TurnRecord(begun.record_ids[1])
+            _begun_on_timeline(record, began, control, begun.version)
             await emit(Meta(conversation_id, control.task_id, begun.conversation_created))
             for hint in hints:
                 await emit(Hint(hint))
@@ -314,6 +334,7 @@ class TurnRunner:
             new_records=(NewMessage(MessageRole.ASSISTANT, status=MessageStatus.STREAMING),),
             guard=OpenCard(message_id),
         )
+        began = time.monotonic()
         async with contextlib.AsyncExitStack() as stack:
             try:
                 control, begun = await stack.enter_async_context(self.leases.turn(request))
@@ -328,6 +349,7 @@ class TurnRunner:
                     ) from None
                 raise
             record = TurnRecord(begun.record_ids[0])
+            _begun_on_timeline(record, began, control, begun.version)
             state, baseline = self._loaded(begun, held)
             waiting = cards.waiting_calls(state) if state else None
             if state is None or waiting is None or not waiting.is_card(message_id):
@@ -433,7 +455,12 @@ class TurnRunner:
         journal.start()
         try:
             try:
-                live = journal.wrap(emit)
+                journaled = journal.wrap(emit)
+
+                async def live(event: TurnEvent) -> None:
+                    record.timeline.observe(event)
+                    await journaled(event)
+
                 if decision is not None:
                     await self.loop.answer_card(control, state, decision, record, live)
                 outcome = await self.loop.run(control, state, record, live)

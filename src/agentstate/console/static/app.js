@@ -92,6 +92,9 @@ const ui = {
   question: "",       // what the running turn was asked (kept in the box until it starts)
   retry: "",          // a question to ask again once the running turn has stopped
   loaded: false,      // the first load of the conversation list worked
+  traceUrl: "",       // CONSOLE_TRACE_URL_TEMPLATE
+  timelines: {},      // message id -> the timeline saved on that reply record
+  shownTimeline: "",  // the message id whose timeline the panel shows ("" = the newest)
 };
 
 async function api(method, path, body) {
@@ -262,6 +265,65 @@ function toolRow(name, args, words, detail, output) {
   return row;
 }
 
+// The timeline of one turn, from its stored reply record: model calls, tool calls with
+// their inputs and outputs, durations, tokens, the turn's start (lease, state load), the
+// save, and the trace id (a link when CONSOLE_TRACE_URL_TEMPLATE is set).
+function renderTimeline() {
+  const box = $("#timeline-body");
+  if (!box) return;
+  const ids = Object.keys(ui.timelines).filter((id) => document.querySelector(`#messages .msg[data-message-id="${id}"]`));
+  const id = ids.includes(ui.shownTimeline) ? ui.shownTimeline : ids.sort((a, b) => (BigInt(a) < BigInt(b) ? -1 : 1)).pop();
+  if (!id) { box.replaceChildren(el("p", "muted", "No saved turn on this page yet.")); return; }
+  const t = ui.timelines[id];
+  const parts = [];
+  const head = el("div", "timeline-head");
+  head.append(el("span", "", `Turn of ${new Date(t.started_at).toLocaleString()} · ${t.total_ms} ms`));
+  parts.push(head);
+  const trace = el("div", "trace");
+  trace.dataset.field = "trace";
+  if (t.trace_id && ui.traceUrl) {
+    const a = el("a", "", `trace ${t.trace_id}`);
+    a.href = ui.traceUrl.replace("{trace_id}", encodeURIComponent(t.trace_id));
+    a.target = "_blank"; a.rel = "noopener noreferrer";
+    trace.append(a);
+  } else trace.textContent = t.trace_id ? `trace ${t.trace_id}` : "no trace id (tracing off)";
+  parts.push(trace);
+  const table = el("table", "timeline");
+  const header = el("tr");
+  header.append(el("th", "", "at"), el("th", "", "what"), el("th", "", "took"), el("th", "", "details"));
+  table.append(header);
+  for (const e of t.events) {
+    const tr = el("tr", `tl-${e.kind}`);
+    tr.dataset.kind = e.kind;
+    const details = el("td");
+    const facts = [];
+    if (e.kind === "model") {
+      if (e.tokens) facts.push(`tokens in ${e.tokens.input_tokens}, out ${e.tokens.output_tokens}`);
+      if (e.tool_calls && e.tool_calls.length) facts.push(`asked for ${e.tool_calls.join(", ")}`);
+      if (e.failed) facts.push(`ended: ${e.failed}`);
+    } else if (e.kind === "tool") {
+      facts.push(`${e.outcome}`, `input ${JSON.stringify(e.input)}`);
+    } else if (e.kind === "begin") {
+      facts.push(`task ${e.task_id}`, `state version ${e.version}`);
+    } else if (e.kind === "save") {
+      facts.push(`from version ${e.expected_version}`, `${e.mode}`, `${e.state_bytes} bytes`, `${e.messages} messages`);
+    } else if (e.kind === "compaction") {
+      facts.push(`messages ${e.messages}`, `tokens ${e.tokens}`, e.reason);
+    }
+    details.append(el("div", "", facts.join(" · ")));
+    if (e.kind === "tool" && e.output) {
+      const more = el("details");
+      more.append(el("summary", "", "output"), el("pre", "", e.output));
+      details.append(more);
+    }
+    const name = e.kind === "model" ? `model ${e.name}` : e.kind === "tool" ? `tool ${e.name}` : e.name;
+    tr.append(el("td", "", `+${e.at_ms} ms`), el("td", "", name), el("td", "", e.ms === undefined ? "" : `${e.ms} ms`), details);
+    table.append(tr);
+  }
+  parts.push(table);
+  box.replaceChildren(...parts);
+}
+
 function renderRecord(view, cid) {
   const div = el("div", `msg ${view.role}` + (view.error ? " error" : ""));
   div.dataset.messageId = view.message_id;
@@ -281,6 +343,13 @@ function renderRecord(view, cid) {
   if (view.error_text) div.append(el("div", "error-text", view.error_text));
   if (view.status_words) div.append(el("div", "status", view.status_words));
   if (view.role === "user" && !view.items.length && !view.card) return null;  // a card's answer
+  if (view.timeline) {
+    ui.timelines[view.message_id] = view.timeline;
+    const button = el("button", "show-timeline", "⏱ Timeline");
+    button.title = "Show this turn's timeline in the inspector";
+    button.addEventListener("click", () => { ui.shownTimeline = view.message_id; renderTimeline(); });
+    div.append(button);
+  }
   if (view.create_time) {
     const t = el("div", "stamp", when(view.create_time));
     t.title = new Date(view.create_time).toLocaleString();
@@ -303,6 +372,7 @@ async function loadHistory(more) {
   ui.nextMessages = data.next_page_token;
   $("#more-messages").hidden = !data.next_page_token;
   if (!more) scrollDown();
+  renderTimeline();
   return data;
 }
 
@@ -700,6 +770,9 @@ async function route() {
   ui.nextMessages = "";
   for (const li of document.querySelectorAll("#conversations li")) li.classList.toggle("current", li.dataset.conversationId === cid);
   $("#messages").replaceChildren();
+  ui.timelines = {};
+  ui.shownTimeline = "";
+  renderTimeline();
   $("#more-messages").hidden = true;
   $("#chat-title").textContent = cid ? (ui.titles[cid] || `Conversation ${cid}`) : "New conversation";
   notice("");
@@ -720,7 +793,9 @@ async function route() {
 async function firstLoad() {
   let user = "";
   try {
-    user = (await api("GET", "/api/me")).user;
+    const me = await api("GET", "/api/me");
+    user = me.user;
+    ui.traceUrl = me.trace_url_template || "";
     $("#user").textContent = "signed in as " + user;
     await loadConversations(false);
     $("#user").classList.remove("offline");
