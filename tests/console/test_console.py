@@ -205,7 +205,7 @@ def test_demo_web_starts_all_three_and_prints_the_url() -> None:
                 url = line.split()[2]
         assert url.startswith("http://127.0.0.1:"), "".join(lines)
         with urllib.request.urlopen(url + "/api/me", timeout=10) as response:
-            assert json.load(response) == {"user": "admin"}
+            assert json.load(response) == {"user": "admin", "trace_url_template": ""}
         with urllib.request.urlopen(url + "/healthz", timeout=10) as response:
             assert json.load(response) == {"ok": True}  # the Kubernetes probes' path
         with urllib.request.urlopen(url, timeout=10) as response:

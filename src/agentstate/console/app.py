@@ -89,6 +89,9 @@ _CODES = {
 NOT_SIGNED_IN = "You are not signed in (no user from the authenticating proxy)."
 
 
+# The page opens a conversation at its newest records; the agent lists oldest first, so
+# the console reads up to this many to find them (older ones then page oldest first).
+NEWEST_FIRST_MAX_RECORDS = 5000
 # How often an attached page's stream reads the running turn's record.
 LIVE_POLL_SECONDS = 0.25
 
@@ -271,9 +274,45 @@ def create_app(settings: ConsoleSettings, on_ready: Callable[[], None] | None = 
 
         return await handle(request, run)
 
+    async def all_records(request: Request, cid: str) -> list[Any]:
+        """Every record of a conversation, oldest first (pages of 200, at most
+        NEWEST_FIRST_MAX_RECORDS: the agent lists oldest first only)."""
+        token, records = "", []
+        while True:
+            page = await console.agent.ListMessages(
+                pb.ListMessagesRequest(conversation_id=cid, page_size=200, page_token=token),
+                metadata=console.metadata(request),
+                timeout=console.timeout,
+            )
+            records += list(page.records)
+            token = page.next_page_token
+            if not token or len(records) >= NEWEST_FIRST_MAX_RECORDS:
+                return records
+
+    async def newest_first(request: Request, cid: str) -> Response:
+        """The newest page of a conversation (`order=newest`), or the page before the
+        record `before`: a long conversation opens where it ends. `earlier` names the
+        oldest record shown, "" when there is nothing before it."""
+        before = _id(request.query_params.get("before", ""), "before", empty_ok=True)
+        records = await all_records(request, cid)
+        end = len(records)
+        if before:
+            end = next((i for i, r in enumerate(records) if r.message_id == before), 0)
+        start = max(0, end - settings.history_page_size)
+        outputs = tool_outputs(records)  # a card's call is answered in a later record
+        return JSONResponse(
+            {
+                "records": [record_view(r, others=outputs) for r in records[start:end]],
+                "next_page_token": "",
+                "earlier": records[start].message_id if start > 0 else "",
+            }
+        )
+
     async def messages(request: Request) -> Response:
         async def run() -> Response:
             cid = _id(request.path_params["cid"], "The conversation id")
+            if request.query_params.get("order") == "newest":
+                return await newest_first(request, cid)
             page = await console.agent.ListMessages(
                 pb.ListMessagesRequest(
                     conversation_id=cid,

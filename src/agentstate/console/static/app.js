@@ -358,19 +358,18 @@ function renderRecord(view, cid) {
   return div;
 }
 
+// History opens at the newest page; "Show earlier messages" adds the page before it.
 async function loadHistory(more) {
   const cid = ui.cid;
-  const token = more ? ui.nextMessages : "";
-  const data = await api("GET", `/api/conversations/${cid}/messages` + (token ? `?page_token=${encodeURIComponent(token)}` : ""));
+  const before = more ? ui.nextMessages : "";
+  const data = await api("GET", `/api/conversations/${cid}/messages?order=newest` + (before ? `&before=${encodeURIComponent(before)}` : ""));
   if (cid !== ui.cid) return data;
   const box = $("#messages");
   if (!more) box.replaceChildren();
-  for (const view of data.records) {
-    const node = renderRecord(view, cid);
-    if (node) box.append(node);
-  }
-  ui.nextMessages = data.next_page_token;
-  $("#more-messages").hidden = !data.next_page_token;
+  const nodes = data.records.map((view) => renderRecord(view, cid)).filter(Boolean);
+  if (more) box.prepend(...nodes); else box.append(...nodes);
+  ui.nextMessages = data.earlier;
+  $("#more-messages").hidden = !data.earlier;
   if (!more) scrollDown();
   renderTimeline();
   return data;
@@ -383,8 +382,7 @@ function resumeFromRecords() {
   const tick = async () => {
     if (cid !== ui.cid || ui.streaming || ui.watching) return;
     try {
-      let data = await loadHistory(false);
-      while (data.next_page_token && cid === ui.cid) data = await loadHistory(true);
+      const data = await loadHistory(false);
       await loadInspector();
       const running = data.records.find((r) => r.streaming);
       if (running) watchTurn(cid, running.message_id);
@@ -409,7 +407,10 @@ async function watchTurn(cid, messageId) {
   turn.div.dataset.messageId = messageId;
   if (old) old.replaceWith(turn.div);
   $("#send").disabled = true;
-  notice("This reply is still being written; following it live.", "info");
+  // After a dropped stream the page already says so; it goes on saying why it follows.
+  if ($("#notice").textContent.startsWith("The connection to the reply closed")) {
+    notice("The connection to the reply closed before it ended. The turn goes on in the service; this reply is still being written, following it live.", "info");
+  } else notice("This reply is still being written; following it live.", "info");
   let after = 0, ended = false, id = messageId;
   const ticker = setInterval(() => { if (turn.progress) showWait(turn); }, 500);
   try {
@@ -444,7 +445,7 @@ async function watchTurn(cid, messageId) {
   }
   if (cid !== ui.cid) return;
   notice("");
-  try { let d = await loadHistory(false); while (d.next_page_token && cid === ui.cid) d = await loadHistory(true); } catch (e) { notice(e.message); }
+  try { await loadHistory(false); } catch (e) { notice(e.message); }
   loadInspector();
   loadConversations(false).catch(() => {});
 }
@@ -721,7 +722,7 @@ async function runStream(path, body) {
   if (ui.cid) {
     if (!done && !failed) resumeFromRecords();
     else {
-      try { let d = await loadHistory(false); while (d.next_page_token && ui.cid) d = await loadHistory(true); } catch (e) { notice(e.message); }
+      try { await loadHistory(false); } catch (e) { notice(e.message); }
       loadInspector();
     }
     loadConversations(false).catch(() => {});
