@@ -43,6 +43,7 @@ CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 QUESTION = "我买的那块Apple Watch还没发货的话，帮我取消吧，不想要了。"
 STATUS_QUESTION = "我的订单88235现在什么状态？"
 USER_HEADER = "X-Forwarded-User"
+STATE_ADDRESS = [""]  # the module's state service, once console_url has started it
 # Words the page must never show: internal status names of records, blocks and cards.
 INTERNAL_NAMES = [
     "AWAITING_CONFIRM",
@@ -72,6 +73,7 @@ def console_url(database_url: str) -> Iterator[str]:
     with StateServices() as states:
         try:
             state_address = states.serve(on_postgres(database_url))
+            STATE_ADDRESS[0] = state_address  # the framework sessions' test writes there
             agent = ServiceProcess(
                 "agentstate.agent_service",
                 {
@@ -865,3 +867,117 @@ def test_the_timeline_of_a_turn_comes_from_its_stored_record(
     else:
         assert "tracing off" in trace.text
     page.screenshot("12-timeline")
+
+
+# ----------------------------------------------------------------- every framework's sessions
+
+
+def _framework_sessions(address: str, user: str) -> dict[str, str]:
+    """A LangGraph thread stopped at its approval interrupt, an OpenAI Agents session and
+    an ADK session, each written by its adapter; their conversation ids by kind."""
+    import asyncio
+
+    pytest.importorskip("langgraph")
+    pytest.importorskip("agents")
+    pytest.importorskip("google.adk")
+    from google.adk.events.event import Event
+    from google.adk.events.event_actions import EventActions
+    from google.genai import types
+    from langchain_core.messages import HumanMessage
+
+    from agentstate.client import AsyncStateClient, StateClient
+    from agentstate.examples.langgraph_approval.graph import QUESTION as GRAPH_QUESTION
+    from agentstate.examples.langgraph_approval.graph import build
+    from agentstate.integrations.adk import AgentStateSessionService
+    from agentstate.integrations.langgraph import AgentStateSaver
+    from agentstate.integrations.openai_agents import AgentStateSession
+
+    thread, session_id = f"thread-{uuid.uuid4().hex[:6]}", f"s-{uuid.uuid4().hex[:6]}"
+    saver = AgentStateSaver(address, user_id=user)
+    try:
+        config: Any = {"configurable": {"thread_id": thread}}
+        result = build(saver).invoke(
+            {"messages": [HumanMessage(GRAPH_QUESTION)], "executed": []}, config
+        )
+        assert result["__interrupt__"]
+    finally:
+        saver.close()
+
+    async def sessions() -> None:
+        async with AsyncStateClient.connect(address) as state:
+            openai_session = AgentStateSession(session_id, client=state, user_id=user)
+            await openai_session.add_items(
+                [
+                    {"role": "user", "content": "Where is order 88235?"},
+                    {"role": "assistant", "content": "Order 88235 is paid, awaiting shipment."},
+                ]
+            )
+            service = AgentStateSessionService(state)
+            adk = await service.create_session(
+                app_name="console-app",
+                user_id=user,
+                session_id=session_id,
+                state={"topic": "orders", "user:language": "zh", "app:region": "cn"},
+            )
+            await service.append_event(
+                adk,
+                Event(
+                    author="user",
+                    content=types.Content(role="user", parts=[types.Part(text="取消88235")]),
+                    actions=EventActions(state_delta={"asked": 1}),
+                ),
+            )
+
+    asyncio.run(sessions())
+    with StateClient.connect(address) as state:
+        return {
+            kind: state.resolve_conversation(user, key, create=False).conversation.conversation_id
+            for kind, key in (
+                ("langgraph", thread),
+                ("openai-agents", f"openai:{session_id}"),
+                ("adk", f"adk:console-app:{session_id}"),
+            )
+        }
+
+
+def test_every_frameworks_sessions_are_shown_read_only(
+    browser: WebDriver, console_url: str, screenshots: Path
+) -> None:
+    user = new_user("frameworks")
+    ids = _framework_sessions(STATE_ADDRESS[0], user)
+    page = Page(browser, console_url, user, screenshots)
+    # LangGraph: the checkpoint history, channel values, pending writes, and the
+    # interrupt as a waiting card.
+    page.open(ids["langgraph"])
+    page.wait(lambda: page.all(".framework[data-kind=langgraph]"))
+    shown = page.text(".framework")
+    assert "LangGraph thread" in shown and "checkpoints" in shown
+    assert "waiting for a human" in page.text("[data-field=interrupt]")
+    assert "cancel_order" in page.text("[data-field=interrupt]")
+    assert len(page.all(".framework .checkpoint")) >= 2
+    newest = page.all(".framework .checkpoint")[0].text
+    assert "channel values" in newest and "pending writes" in newest
+    assert "88235" in newest  # the messages channel, decoded
+    assert page.find("#send").get_attribute("disabled") and "read-only" in page.text(
+        "#composer-note"
+    )
+    page.screenshot("13-langgraph-thread")
+    # OpenAI Agents: the session's items.
+    page.open(ids["openai-agents"])
+    page.wait(lambda: page.all(".framework[data-kind=openai-agents]"))
+    assert len(page.all(".framework .item")) == 2
+    assert "Order 88235 is paid" in page.text(".framework")
+    # ADK: the events, and the state by scope.
+    page.open(ids["adk"])
+    page.wait(lambda: page.all(".framework[data-kind=adk]"))
+    assert "取消88235" in page.text(".framework .item")
+    assert '"topic": "orders"' in page.text(".scope[data-scope=session]")
+    assert '"asked": 1' in page.text(".scope[data-scope=session]")
+    assert "zh" in page.text(".scope[data-scope=user]")
+    assert "cn" in page.text(".scope[data-scope=app]")
+    page.screenshot("14-adk-session")
+    # The agent's own conversations are untouched by this: still the usual view.
+    own = chat(console_url, user, STATUS_QUESTION)[0]["conversation_id"]
+    page.open(own)
+    page.wait(lambda: "88235" in page.text("#messages .msg.assistant"))
+    assert not page.all(".framework")

@@ -472,6 +472,17 @@ def create_app(settings: ConsoleSettings, on_ready: Callable[[], None] | None = 
 
         return await handle(request, run)
 
+    async def framework(request: Request) -> Response:
+        """A LangGraph thread, OpenAI Agents session or ADK session kept in this
+        conversation, read-only ({"kind": "agentstate"} for the agent's own)."""
+
+        async def run() -> Response:
+            cid = _id(request.path_params["cid"], "The conversation id")
+            assert console.state is not None
+            return JSONResponse(await console.state.framework(console.user_of(request), cid))
+
+        return await handle(request, run)
+
     async def stop(request: Request) -> Response:
         async def run() -> Response:
             task_id = _id((await _body(request)).get("task_id"), "The task id")
@@ -565,6 +576,7 @@ def create_app(settings: ConsoleSettings, on_ready: Callable[[], None] | None = 
             Route("/api/conversations/{cid}/messages", messages),
             Route("/api/conversations/{cid}/inspector", inspector),
             Route("/api/conversations/{cid}/live", live),
+            Route("/api/conversations/{cid}/framework", framework),
             Route("/api/conversations/{cid}/rename", rename, methods=["POST"]),
             Route("/api/conversations/{cid}", delete, methods=["DELETE"]),
             Route("/api/chat", chat, methods=["POST"]),

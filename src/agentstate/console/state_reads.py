@@ -14,6 +14,7 @@ from typing import Any
 
 from agentstate.client import AsyncStateClient
 from agentstate.client.types import MessageStatus
+from agentstate.console.frameworks import framework_session
 
 
 @dataclass(frozen=True)
@@ -107,6 +108,10 @@ class StateReader:
 
     async def close(self) -> None:
         await self._client.close()
+
+    async def framework(self, user_id: str, conversation_id: str) -> dict[str, Any]:
+        """The framework session this conversation holds (console/frameworks.py)."""
+        return await framework_session(self._client, user_id, conversation_id)
 
     async def live(
         self, user_id: str, conversation_id: str, message_id: str

@@ -324,6 +324,82 @@ function renderTimeline() {
   box.replaceChildren(...parts);
 }
 
+// ---------------------------------------------------------------- framework sessions
+
+const FRAMEWORKS = { langgraph: "LangGraph thread", "openai-agents": "OpenAI Agents session", adk: "ADK session" };
+
+function jsonBlock(value) {
+  return el("pre", "json", typeof value === "string" ? value : JSON.stringify(value, null, 2));
+}
+
+function folded(summary, value, open) {
+  const d = el("details");
+  if (open) d.open = true;
+  d.append(el("summary", "", summary), jsonBlock(value));
+  return d;
+}
+
+// A conversation another framework keeps here: shown read-only, in its own terms.
+async function showFramework(cid) {
+  let data;
+  try { data = await api("GET", `/api/conversations/${cid}/framework`); } catch (e) { return false; }
+  if (cid !== ui.cid || data.kind === "agentstate") return false;
+  const box = $("#messages");
+  const view = el("div", `framework ${data.kind}`);
+  view.dataset.kind = data.kind;
+  view.append(el("div", "framework-head", `${FRAMEWORKS[data.kind]} · read-only here (its framework writes it)`));
+  if (data.kind === "langgraph") {
+    view.append(el("div", "muted", `thread ${data.thread_id} · ${plural(data.checkpoints.length, "checkpoint", "checkpoints")}${data.more_checkpoints ? " (newest shown)" : ""}`));
+    for (const value of data.waiting) {
+      const card = el("div", "card waiting");
+      card.dataset.field = "interrupt";
+      card.append(el("h4", "", "The graph is waiting for a human"), jsonBlock(value.value !== undefined ? value.value : value));
+      card.append(el("div", "muted", "Answer it from the graph's own client (Command(resume=…)); the console only reads."));
+      view.append(card);
+    }
+    for (const [i, c] of data.checkpoints.entries()) {
+      const item = el("div", "checkpoint");
+      item.dataset.checkpointId = c.checkpoint_id;
+      const step = c.metadata && c.metadata.step !== undefined ? `step ${c.metadata.step}` : "";
+      item.append(el("div", "checkpoint-head", `${i === 0 ? "newest · " : ""}${step} ${c.metadata && c.metadata.source ? c.metadata.source : ""} · ${new Date(c.create_time).toLocaleString()} · ${c.checkpoint_id}`));
+      item.append(folded("channel values", c.channel_values, i === 0));
+      if (c.pending_writes.length) item.append(folded(`pending writes (${c.pending_writes.length})`, c.pending_writes, i === 0));
+      item.append(folded("metadata", c.metadata, false));
+      view.append(item);
+    }
+  } else if (data.kind === "openai-agents") {
+    view.append(el("div", "muted", `session ${data.session_id} · ${plural(data.items.length, "item", "items")}`));
+    for (const it of data.items) {
+      const role = it.item && (it.item.role || it.item.type) ? (it.item.role || it.item.type) : "item";
+      const row = el("div", `item ${role}`);
+      row.append(el("div", "item-head", `#${it.seq} ${role} · ${new Date(it.time).toLocaleString()}`), jsonBlock(it.item));
+      view.append(row);
+    }
+  } else if (data.kind === "adk") {
+    view.append(el("div", "muted", `app ${data.app_name} · session ${data.session_id} · ${plural(data.events.length, "event", "events")}`));
+    const scopes = el("div", "scopes");
+    for (const scope of ["session", "user", "app"]) {
+      const s = el("div", "scope");
+      s.dataset.scope = scope;
+      s.append(el("div", "scope-head", `${scope} state`), jsonBlock(data.state[scope]));
+      scopes.append(s);
+    }
+    view.append(scopes);
+    for (const ev of data.events) {
+      const author = ev.item && ev.item.author ? ev.item.author : "event";
+      const row = el("div", "item event");
+      row.append(el("div", "item-head", `#${ev.seq} ${author} · ${new Date(ev.time).toLocaleString()}`), jsonBlock(ev.item));
+      view.append(row);
+    }
+  }
+  box.replaceChildren(view);
+  $("#chat-title").textContent = `${FRAMEWORKS[data.kind]} ${data.thread_id || data.session_id || cid}`;
+  $("#send").disabled = true;
+  note(`This ${FRAMEWORKS[data.kind]} is read-only here: its framework writes it.`);
+  $("#inspector-body").replaceChildren(el("p", "muted", "The AgentState inspector is for the agent service's own conversations; this one's data is shown beside."));
+  return true;
+}
+
 function renderRecord(view, cid) {
   const div = el("div", `msg ${view.role}` + (view.error ? " error" : ""));
   div.dataset.messageId = view.message_id;
@@ -777,9 +853,12 @@ async function route() {
   $("#more-messages").hidden = true;
   $("#chat-title").textContent = cid ? (ui.titles[cid] || `Conversation ${cid}`) : "New conversation";
   notice("");
+  note("");
+  $("#send").disabled = false;
   if (!cid) { loadInspector(); return; }
   try {
     const data = await loadHistory(false);
+    if (!data.records.length && await showFramework(cid)) return;
     const seen = await loadInspector();
     // A turn still running (its record on this page, or the lease held): attach to it.
     const running = data.records.find((r) => r.streaming);
