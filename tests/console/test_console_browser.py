@@ -695,14 +695,22 @@ def test_the_list_has_timestamps_and_search_and_plurals_are_right(
     # Identical titles stay apart: each row says when and which.
     stamps = [e.text for e in page.all("#conversations li [data-field=updated]")]
     assert len(set(stamps)) == 3 and all(":" in s for s in stamps), stamps
+    # Search runs in the console over every conversation (not only the loaded page).
     page.find("#search").send_keys(ids[1])
-    page.wait(lambda: len([li for li in page.all("#conversations li") if li.is_displayed()]) == 1)
+    page.wait(
+        lambda: (
+            [li.get_attribute("data-conversation-id") for li in page.all("#conversations li")]
+            == [ids[1]]
+        )
+    )
+    status, found = api(console_url, user, "GET", "/api/conversations?q=" + ids[2])
+    assert status == 200 and [c["conversation_id"] for c in found["conversations"]] == [ids[2]]
     page.find("#search").clear()
     page.find("#search").send_keys("没有这个标题")
     page.wait(lambda: page.find("#no-match").is_displayed())
     page.find("#search").clear()
     page.find("#search").send_keys(" ")  # an input event; every row back
-    page.wait(lambda: all(li.is_displayed() for li in page.all("#conversations li")))
+    page.wait(lambda: len(page.all("#conversations li")) == 3)
     # One, then two: the count in words.
     page.find(f"#conversations li[data-conversation-id='{ids[0]}'] input").click()
     page.find("#delete-selected").click()
@@ -981,3 +989,31 @@ def test_every_frameworks_sessions_are_shown_read_only(
     page.open(own)
     page.wait(lambda: "88235" in page.text("#messages .msg.assistant"))
     assert not page.all(".framework")
+
+
+def test_a_long_model_wait_shows_progress_with_retry(
+    browser: WebDriver, two_replicas: tuple[str, str], screenshots: Path
+) -> None:
+    """The model is silent (each scripted step waits STEP_SECONDS): the page shows the
+    time elapsed with Retry; Retry stops the turn and asks the same question again.
+    (The agent's own progress events, attempt k of n, are tested in
+    tests/agent_service/test_model_failures.py.)"""
+    first, _ = two_replicas
+    page = Page(browser, first, new_user("wait"), screenshots)
+    page.open()
+    page.ask(STATUS_QUESTION)
+    page.wait(lambda: "Waiting for the model" in page.text("[data-field=wait]"), timeout=10)
+    page.wait(
+        lambda: " 3 s" in page.text("[data-field=wait]") or " 4 s" in page.text("[data-field=wait]")
+    )
+    page.screenshot("15-model-wait")
+    conversation_id = page.conversation_id()
+    page.find("[data-field=wait] button.retry").click()
+    page.wait(lambda: "实付3378.00" in page.text("#messages"), timeout=STEP_SECONDS * 5)
+    page.idle()
+    _, history = api(first, page.user, "GET", f"/api/conversations/{conversation_id}/messages")
+    words = [r["status_words"] for r in history["records"] if r["role"] == "assistant"]
+    assert words[0] == "Stopped before it finished" and words[-1] == ""
+    assert [r for r in history["records"] if r["role"] == "user"][-1]["items"][0]["text"] == (
+        STATUS_QUESTION
+    )

@@ -96,6 +96,19 @@ NEWEST_FIRST_MAX_RECORDS = 5000
 LIVE_POLL_SECONDS = 0.25
 
 
+# Search reads at most this many conversations (the newest).
+SEARCH_MAX_CONVERSATIONS = 5000
+
+
+def _conversation_json(c: Any) -> dict[str, Any]:
+    return {
+        "conversation_id": c.conversation_id,
+        "title": c.title,
+        "create_time": c.create_time.ToDatetime().isoformat() + "Z",
+        "update_time": c.update_time.ToDatetime().isoformat() + "Z",
+    }
+
+
 def _sse(data: dict[str, Any]) -> str:
     return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
 
@@ -248,8 +261,32 @@ def create_app(settings: ConsoleSettings, on_ready: Callable[[], None] | None = 
 
         return await handle(request, run)
 
+    async def search(request: Request, words: list[str]) -> Response:
+        """Conversations whose title (or id) holds every word, newest first: read here,
+        page by page (the agent's listing has no filter), up to SEARCH_MAX_CONVERSATIONS."""
+        token, found, seen = "", [], 0
+        while True:
+            page = await console.agent.ListConversations(
+                pb.ListConversationsRequest(page_size=500, page_token=token),
+                metadata=console.metadata(request),
+                timeout=console.timeout,
+            )
+            for c in page.conversations:
+                hay = f"{c.title} #{c.conversation_id}".casefold()
+                if all(w in hay for w in words):
+                    found.append(_conversation_json(c))
+            seen += len(page.conversations)
+            token = page.next_page_token
+            if not token or seen >= SEARCH_MAX_CONVERSATIONS:
+                return JSONResponse(
+                    {"conversations": found, "next_page_token": "", "searched": seen}
+                )
+
     async def conversations(request: Request) -> Response:
         async def run() -> Response:
+            words = request.query_params.get("q", "").casefold().split()
+            if words:
+                return await search(request, words)
             page = await console.agent.ListConversations(
                 pb.ListConversationsRequest(
                     page_size=20, page_token=request.query_params.get("page_token", "")
@@ -259,15 +296,7 @@ def create_app(settings: ConsoleSettings, on_ready: Callable[[], None] | None = 
             )
             return JSONResponse(
                 {
-                    "conversations": [
-                        {
-                            "conversation_id": c.conversation_id,
-                            "title": c.title,
-                            "create_time": c.create_time.ToDatetime().isoformat() + "Z",
-                            "update_time": c.update_time.ToDatetime().isoformat() + "Z",
-                        }
-                        for c in page.conversations
-                    ],
+                    "conversations": [_conversation_json(c) for c in page.conversations],
                     "next_page_token": page.next_page_token,
                 }
             )

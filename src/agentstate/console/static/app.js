@@ -124,7 +124,10 @@ function notice(text, kind) {
 
 async function loadConversations(more) {
   const token = more ? ui.nextConversations : "";
-  const data = await api("GET", "/api/conversations" + (token ? `?page_token=${encodeURIComponent(token)}` : ""));
+  const q = $("#search").value.trim();
+  // A search is the console's, over every conversation (not only the pages loaded).
+  const query = q ? `?q=${encodeURIComponent(q)}` : (token ? `?page_token=${encodeURIComponent(token)}` : "");
+  const data = await api("GET", "/api/conversations" + query);
   const list = $("#conversations");
   if (!more) list.replaceChildren();
   for (const c of data.conversations) {
@@ -160,17 +163,16 @@ async function loadConversations(more) {
   updateBatchButton();
 }
 
-// Search narrows the list to the titles (and ids) holding every word typed.
+// The list shows what the search found; "none" says so.
 function filterConversations() {
-  const words = $("#search").value.toLowerCase().split(/\s+/).filter(Boolean);
-  let shown = 0;
-  for (const li of document.querySelectorAll("#conversations li")) {
-    const hay = `${ui.titles[li.dataset.conversationId] || ""} #${li.dataset.conversationId}`.toLowerCase();
-    li.hidden = !words.every((w) => hay.includes(w));
-    if (!li.hidden) shown++;
-  }
   const none = $("#no-match");
-  if (none) none.hidden = !(words.length && !shown);
+  if (none) none.hidden = !($("#search").value.trim() && !document.querySelector("#conversations li"));
+}
+
+let searchTimer = null;
+function searchChanged() {
+  clearTimeout(searchTimer);
+  searchTimer = setTimeout(() => loadConversations(false).catch((e) => notice(e.message)), 250);
 }
 
 function selectedIds() {
@@ -899,7 +901,7 @@ async function start() {
     if (await firstLoad()) { $("#load-error").hidden = true; await route(); }
   });
   $("#new-chat").addEventListener("click", () => go(""));
-  $("#search").addEventListener("input", filterConversations);
+  $("#search").addEventListener("input", searchChanged);
   $("#more-conversations").addEventListener("click", () => loadConversations(true).catch((e) => notice(e.message)));
   $("#more-messages").addEventListener("click", () => loadHistory(true).catch((e) => notice(e.message)));
   $("#delete-selected").addEventListener("click", () => deleteConversations(selectedIds()));
