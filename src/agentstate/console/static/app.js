@@ -423,7 +423,7 @@ function renderRecord(view, cid) {
   if (view.role === "user" && !view.items.length && !view.card) return null;  // a card's answer
   if (view.timeline) {
     ui.timelines[view.message_id] = view.timeline;
-    const button = el("button", "show-timeline", "⏱ Timeline");
+    const button = el("button", "show-timeline", "Timeline of this turn");
     button.title = "Show this turn's timeline in the inspector";
     button.addEventListener("click", () => { ui.shownTimeline = view.message_id; renderTimeline(); });
     div.append(button);
