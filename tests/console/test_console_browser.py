@@ -1017,3 +1017,60 @@ def test_a_long_model_wait_shows_progress_with_retry(
     assert [r for r in history["records"] if r["role"] == "user"][-1]["items"][0]["text"] == (
         STATUS_QUESTION
     )
+
+
+def test_a_model_failure_and_a_missing_user_each_have_their_own_words(
+    browser: WebDriver, database_url: str, screenshots: Path
+) -> None:
+    """The model endpoint refuses connections: the page says the model failed, not that
+    the service is unreachable. A request without a user: 'not signed in'."""
+    services: list[ServiceProcess] = []
+    with StateServices() as states:
+        try:
+            state_address = states.serve(on_postgres(database_url))
+            agent = ServiceProcess(
+                "agentstate.agent_service",
+                {
+                    "AGENT_LISTEN_ADDRESS": "127.0.0.1:0",
+                    "AGENT_AUTH_MODE": "dev-header",
+                    "AGENT_STATE_ADDRESS": state_address,
+                    "AGENT_PROFILE": "order_demo",
+                    "ORDERS_DATABASE_URL": "",
+                    "AGENT_MODEL": "openai",
+                    "OPENAI_API_KEY": "placeholder",
+                    "OPENAI_BASE_URL": "http://127.0.0.1:1/v1",  # nothing listens there
+                    "OPENAI_MAX_RETRIES": "0",
+                },
+            )
+            services.append(agent)
+            console = ServiceProcess(
+                "agentstate.console",
+                {
+                    "CONSOLE_LISTEN_ADDRESS": "127.0.0.1:0",
+                    "CONSOLE_AGENT_ADDRESS": agent.wait_ready(),
+                    "CONSOLE_STATE_ADDRESS": state_address,
+                    "CONSOLE_USER_HEADER": USER_HEADER,
+                    "CONSOLE_DEV_USER": "",
+                },
+            )
+            services.append(console)
+            base = console.wait_ready()
+            page = Page(browser, base, new_user("modelfail"), screenshots)
+            page.open()
+            page.ask(STATUS_QUESTION)
+            page.wait(lambda: "The model did not answer" in page.text("#notice"), timeout=20)
+            assert "unreachable" not in page.text("#notice")
+            page.idle()
+            assert "暂时连不上模型服务" in page.text("#messages")  # the agent's own sentence
+            page.screenshot("16-model-failed")
+            # No user from the proxy: the page says so, in its own words.
+            browser.execute_cdp_cmd("Network.setExtraHTTPHeaders", {"headers": {}})
+            browser.get("about:blank")
+            browser.get(base)
+            page.wait(lambda: page.find("#load-error").is_displayed(), timeout=10)
+            assert "not signed in" in page.text("#load-error")
+            assert page.text("#user") == "not signed in"
+        finally:
+            browser.get("about:blank")
+            codes = [s.terminate() for s in reversed(services)]
+            assert codes == [0] * len(codes), "\n".join(s.output for s in services)
