@@ -555,16 +555,20 @@ def test_a_question_sent_before_the_scripts_load_is_kept_and_then_sent(
     """A slow link: the page's script has not run when the user presses Send. The plain
     form posts to the console, which gives the page back with the question still in the
     box; once the script runs it sends it."""
-    page = Page(browser, console_url, new_user("slow"), screenshots)
+    user = new_user("slow")
+    page = Page(browser, console_url, user, screenshots)
+    conversation_id = chat(console_url, user, STATUS_QUESTION)[0]["conversation_id"]
+    later = "那88240呢？"
     browser.execute_cdp_cmd("Network.setBlockedURLs", {"urls": ["*/static/app.js"]})
     try:
         browser.get("about:blank")
-        browser.get(console_url)
+        browser.get(f"{console_url}/#/c/{conversation_id}")
         page.wait(lambda: page.all("#question"))
-        page.find("#question").send_keys(STATUS_QUESTION)
+        page.find("#question").send_keys(later)
         page.find("#send").click()  # no script: a plain form post
         page.wait(lambda: page.find("#composer").get_attribute("data-pending") == "1")
-        assert page.find("#question").get_attribute("value") == STATUS_QUESTION
+        assert page.find("#question").get_attribute("value") == later
+        assert browser.current_url.endswith(f"#/c/{conversation_id}")  # still this one
         assert page.text("#user") == ""  # the script has still not run
     finally:
         browser.execute_cdp_cmd("Network.setBlockedURLs", {"urls": []})
@@ -574,11 +578,17 @@ def test_a_question_sent_before_the_scripts_load_is_kept_and_then_sent(
         " document.body.append(s);"
     )
     page.wait(lambda: page.user in page.text("#user"))
-    page.wait(lambda: "88235" in page.text("#messages .msg.assistant"), timeout=20)
+    page.wait(lambda: "88240" in page.text("#messages"), timeout=20)
     page.idle()
-    assert STATUS_QUESTION in page.text("#messages .msg.user")
     assert page.find("#question").get_attribute("value") == ""
-    page.conversation_id()
+    assert page.conversation_id() == conversation_id
+    _, newest = api(
+        console_url, user, "GET", f"/api/conversations/{conversation_id}/messages?order=newest"
+    )
+    asked = [r["items"][0]["text"] for r in newest["records"] if r["role"] == "user"]
+    assert asked == [later]  # sent once, into the open conversation
+    _, listed = api(console_url, user, "GET", "/api/conversations")
+    assert [c["conversation_id"] for c in listed["conversations"]] == [conversation_id]
 
 
 def test_a_refused_question_stays_in_the_box_with_the_reason(

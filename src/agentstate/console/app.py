@@ -241,8 +241,8 @@ def create_app(settings: ConsoleSettings, on_ready: Callable[[], None] | None = 
         question = (form.get("question") or [""])[0][:MAX_QUESTION_CHARS]
         page = (STATIC / "index.html").read_text(encoding="utf-8")
         page = page.replace(
-            '<form id="composer" method="post" action="/">',
-            '<form id="composer" method="post" action="/" data-pending="1">',
+            '<form id="composer" method="post" action="/"',
+            '<form id="composer" method="post" action="/" data-pending="1"',
         ).replace(
             '<textarea id="question" name="question" rows="2"',
             '<textarea id="question" name="question" rows="2" data-escaped="1"',
