@@ -195,11 +195,12 @@ def frame(before: list[tuple[str, str]], after: list[tuple[str, str]]) -> tuple[
     return head, tail
 
 
-def state_form(payload: bytes, what: str = "payload") -> StateForm:
-    """A whole state's stored form (InvalidArgument unless it is a JSON object)."""
+def state_form(payload: bytes, what: str = "payload", *, split: bool = True) -> StateForm:
+    """A whole state's stored form (InvalidArgument unless it is a JSON object); with
+    split=False always its members (a merged state's form)."""
     found = _unique_members(payload, what)
     for index, (key, value, parsed) in enumerate(found):
-        if key == CONTEXT_KEY and isinstance(parsed, list):
+        if split and key == CONTEXT_KEY and isinstance(parsed, list):
             head, tail = frame(
                 [(k, v) for k, v, _ in found[:index]], [(k, v) for k, v, _ in found[index + 1 :]]
             )
@@ -226,11 +227,14 @@ def check_delta_parts(delta: StateDelta) -> tuple[tuple[str, ...], tuple[str, st
     return tuple(messages), fields
 
 
-def apply_delta(stored: bytes, delta: StateDelta, max_state_bytes: int | None) -> bytes:
+def apply_delta(
+    stored: bytes, delta: StateDelta, max_state_bytes: int | None, *, split: bool
+) -> bytes:
     """The stored state's text after `delta` (the in-memory store; PostgreSQL's
-    agentstate_save_state does the same on the stored form)."""
+    agentstate_save_state does the same on the stored form). `split`: the state is
+    stored split (else it is its members, and a "context" member is not an array to it)."""
     messages, fields = check_delta_parts(delta)  # checked before the version, too
-    form = state_form(stored, "the stored state")
+    form = state_form(stored, "the stored state", split=split)
     if form.head is None:
         if CONTEXT_KEY in form.keys:
             raise context_not_array()

@@ -127,14 +127,9 @@ class MemoryItems(MemoryTables, ItemStore):
             revision = self._lock_items(user_id, conversation_id, event.expected_revision) + 1
             key = (conversation_id, event.state_key)
             current = self._states.get(key)
-            if event.state_delta is not None and current is not None:
-                # As PostgreSQL's store: a split agent state (its "context" an array) is
-                # not merged into.
-                context = [
-                    m for m in jsontext.members(current.payload, "state") if m.key == "context"
-                ]
-                if context and isinstance(context[-1].parsed, list):
-                    raise d.state_not_mergeable(event.state_key)
+            if event.state_delta is not None and current is not None and current.split:
+                # As PostgreSQL's store: a split agent state is not merged into.
+                raise d.state_not_mergeable(event.state_key)
             now = utc_now()
             self._item_revisions[conversation_id] = revision
             item = None

@@ -66,7 +66,8 @@ class MemoryStates(MemoryTables, AgentStateStore):
                 if payload is None:
                     raise d.InvalidArgument("a save needs a payload or a delta")
                 d.check_json_depth(payload, "payload")
-                stored = d.state_form(payload).text()
+                form = d.state_form(payload)
+                stored, split = form.text(), form.split
                 if expected_version is not None and expected_version != current_version:
                     raise VersionConflict(expected_version, current_version)
             else:
@@ -74,11 +75,12 @@ class MemoryStates(MemoryTables, AgentStateStore):
                 d.check_delta_parts(delta)
                 if delta.base_version != current_version or current is None:
                     raise VersionConflict(delta.base_version, current_version)
-                stored = d.apply_delta(current.payload, delta, max_state_bytes)
+                stored = d.apply_delta(current.payload, delta, max_state_bytes, split=current.split)
+                split = True
             staged = self._stage_messages(user_id, conversation_id, message_writes)
             # Everything is valid: apply.
             now = utc_now()
-            row = StateRow(stored, current_version + 1, now)
+            row = StateRow(stored, current_version + 1, now, split)
             self._states[(conversation_id, state_key)] = row
             records = self._messages.setdefault(conversation_id, {})
             for record in staged:
