@@ -276,3 +276,19 @@ async def test_rows_stored_before_migration_12_read_and_merge(
     assert popped.item.item_json == b'{"id":2}'
     popped = await state_stub.PopItem(pb.PopItemRequest(user_id=user_id, conversation_id=cid))
     assert popped.item.item_json == b'{"id": 1}'
+
+
+async def test_a_filter_naming_what_jsonb_cannot_hold_is_refused(
+    state_stub: Stub, user_id: str
+) -> None:
+    cid = await new_conversation(state_stub, user_id)
+    for bad in (b'{"note": "\\u0000"}', b'{"w": NaN}'):
+        await expect_rpc_error(
+            state_stub.ListCheckpoints(
+                pb.ListCheckpointsRequest(
+                    user_id=user_id, conversation_id=cid, metadata_filter_json=bad
+                )
+            ),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "metadata_filter_json",
+        )
