@@ -14,7 +14,11 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from agents import SQLiteSession
+from agents import Agent, Runner, SQLiteSession, function_tool, set_tracing_disabled
+from agents.items import ModelResponse
+from agents.models.interface import Model
+from agents.run import RunConfig
+from agents.usage import Usage
 from google.adk.events.event import Event
 from google.adk.events.event_actions import EventActions
 from google.adk.sessions import InMemorySessionService
@@ -22,11 +26,18 @@ from google.adk.sessions.base_session_service import BaseSessionService
 from google.genai import types
 from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.checkpoint.memory import InMemorySaver
+from openai.types.responses import (
+    ResponseFunctionToolCall,
+    ResponseOutputMessage,
+    ResponseOutputText,
+)
 
 from agentstate.client.aio import AsyncStateClient
 from agentstate.integrations.adk import AgentStateSessionService
 from agentstate.integrations.langgraph import AgentStateSaver
 from agentstate.integrations.openai_agents import AgentStateSession
+
+set_tracing_disabled(True)  # no exporter, no network
 
 
 def hard_values() -> dict[str, Any]:
@@ -150,3 +161,55 @@ async def test_langgraph_metadata_and_values_as_in_memory_saver(
         )
     await ours.aclose()
     assert seen[0] == seen[1]
+
+
+class _CallThenAnswer(Model):
+    """Calls the tool `leak` once, then answers with the tool's output (NULs included)."""
+
+    async def get_response(
+        self, system_instructions: Any, input: Any, *args: Any, **kwargs: Any
+    ) -> ModelResponse:
+        items: list[Any] = [] if isinstance(input, str) else list(input)
+        outputs = [
+            i for i in items if isinstance(i, dict) and i.get("type") == "function_call_output"
+        ]
+        if not outputs or items[-1].get("type") != "function_call_output":
+            call = ResponseFunctionToolCall(
+                type="function_call", call_id=f"call-{len(items)}", name="leak", arguments="{}",
+                id=f"fc-{len(items)}", status="completed",
+            )  # fmt: skip
+            return ModelResponse(output=[call], usage=Usage(), response_id=None)
+        message = ResponseOutputMessage(
+            id=f"msg-{len(items)}", type="message", role="assistant", status="completed",
+            content=[ResponseOutputText(
+                type="output_text", text=str(outputs[-1]["output"]), annotations=[])],
+        )  # fmt: skip
+        return ModelResponse(output=[message], usage=Usage(), response_id=None)
+
+    def stream_response(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError
+
+
+async def test_openai_runner_with_a_nul_tool_output(client: AsyncStateClient, user_id: str) -> None:
+    """The issue's report: a tool output with one NUL made Runner.run raise and the session
+    kept only the user's message. Now the turn completes and the session holds what
+    SQLiteSession holds."""
+
+    @function_tool
+    def leak() -> str:
+        """Returns text with NUL characters."""
+        return "stock\x00 restored \x00 😀"
+
+    agent = Agent(name="a", instructions="x", model=_CallThenAnswer(), tools=[leak])
+    ours: Any = AgentStateSession(f"runner-{uuid.uuid4()}", client=client, user_id=user_id)
+    theirs = SQLiteSession("runner")
+    results = []
+    for session in (ours, theirs):
+        for question in ("run it", "again"):
+            result = await Runner.run(
+                agent, question, session=session, run_config=RunConfig(tracing_disabled=True)
+            )
+            results.append(result.final_output)
+    assert results[0] == "stock\x00 restored \x00 😀" and results[:2] == results[2:]
+    assert text(await ours.get_items()) == text(await theirs.get_items())
+    theirs.close()
