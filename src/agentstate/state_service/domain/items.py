@@ -126,8 +126,11 @@ class Delta:
 def _delta(delta: bytes, max_bytes: int, what: str, *, drop_temp: bool) -> Delta | None:
     if not delta:
         return None
-    check_item_json(delta, max_bytes, what)
-    kept: dict[str, tuple[str, str]] = {}
+    if len(delta) > max_bytes:
+        raise PayloadTooLarge(f"{what} is {len(delta)} bytes, over the limit of {max_bytes} bytes")
+    check_json_bytes(delta, what)
+    check_json_depth(delta, what)
+    kept: dict[str, tuple[str, str]] = {}  # members() checks the JSON and that it is an object
     for member in jsontext.members(delta, what):
         if drop_temp and member.key.startswith(TEMP_KEY_PREFIX):
             continue
