@@ -3,10 +3,11 @@
 Each RPC is ONE statement, so ONE round trip: connections are in autocommit
 and every write that needs several steps is a PL/pgSQL function (defined in
 migrations.py) whose one statement is its own transaction. Parameters are
-named (%(name)s). JSON travels as text: the payload as a jsonb parameter,
-message blocks and metadata as text parsed inside the functions (so a bad one
-is reported by its index); Python never decodes a payload on this path.
-Rows are read by column name.
+named (%(name)s). JSON travels as text. Caller payloads (states, items, deltas,
+checkpoint metadata) arrive checked and cut into their stored form by the service
+(domain/jsontext.py) and are stored as that text, never as jsonb (migration 12);
+message blocks and metadata are text parsed as jsonb inside the functions (so a
+bad one is reported by its index). Rows are read by column name.
 """
 
 from typing import Final
@@ -68,7 +69,8 @@ RETURNING {_CONVERSATION_COLUMNS}
 
 # No row: no such conversation. A row with a NULL version: no state yet. The
 # payload is text (read as raw bytes): a split state is assembled from its rows
-# (migration 10), byte for byte what jsonb prints for the same state stored whole.
+# (migration 10), byte for byte what the same state stored whole returns; a whole
+# one is its members joined (migration 12), or jsonb's print for a row before it.
 SELECT_STATE: Final = """
 SELECT CASE
            WHEN s.member_keys IS NOT NULL
