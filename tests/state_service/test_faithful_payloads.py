@@ -9,6 +9,7 @@ as jsonb before migration 12 read back as they did and are rewritten on their ne
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import TypeAlias
 
@@ -292,3 +293,34 @@ async def test_a_filter_naming_what_jsonb_cannot_hold_is_refused(
             grpc.StatusCode.INVALID_ARGUMENT,
             "metadata_filter_json",
         )
+
+
+async def test_concurrent_merges_into_one_scoped_state_lose_nothing(
+    state_stub: Stub, user_id: str
+) -> None:
+    """Twenty sessions merge into one app state at once: every key lands, in one of
+    the serial orders, and the version counts every merge (the row is locked, and the
+    first two writers race to create it)."""
+    app = f"race-{user_id}"
+    cids = [await new_conversation(state_stub, user_id) for _ in range(20)]
+    await asyncio.gather(
+        *(
+            state_stub.AppendEvent(
+                pb.AppendEventRequest(
+                    user_id=user_id, conversation_id=cid, item=pb.NewItem(item_json=b"{}"),
+                    app_name=app, app_state_delta_json=b'{"k%d": %d.0}' % (n, n),
+                    user_state_delta_json=b'{"shared": %d}' % n,
+                )
+            )
+            for n, cid in enumerate(cids)
+        )
+    )  # fmt: skip
+    scoped = await state_stub.GetScopedState(
+        pb.GetScopedStateRequest(user_id=user_id, app_name=app)
+    )
+    app_state = json.loads(scoped.app_state.payload)
+    assert sorted(app_state) == sorted(f"k{n}" for n in range(20))
+    assert all(app_state[f"k{n}"] == float(n) for n in range(20))
+    assert b'"k3": 3.0' in scoped.app_state.payload  # the spelling sent
+    assert scoped.app_state.version == 20 and scoped.user_state.version == 20
+    assert list(json.loads(scoped.user_state.payload)) == ["shared"]
