@@ -236,6 +236,15 @@ class Page:
         self.driver.save_screenshot(str(path))
         return path
 
+    def listed(self) -> list[str]:
+        """The conversation ids the list shows, read in one go (it may be redrawn)."""
+        return list(
+            self.driver.execute_script(
+                "return [...document.querySelectorAll('#conversations li')]"
+                ".map((li) => li.dataset.conversationId)"
+            )
+        )
+
     def no_internal_names(self) -> None:
         shown = self.text("#chat")
         assert not [n for n in INTERNAL_NAMES if n in shown], shown
@@ -688,16 +697,14 @@ def test_the_list_has_timestamps_and_search_and_plurals_are_right(
     page.open()
     page.wait(lambda: len(page.all("#conversations li")) == 3)
     # Identical titles stay apart: each row says when and which.
-    stamps = [e.text for e in page.all("#conversations li [data-field=updated]")]
+    stamps = browser.execute_script(
+        "return [...document.querySelectorAll('#conversations li [data-field=updated]')]"
+        ".map((e) => e.textContent)"
+    )
     assert len(set(stamps)) == 3 and all(":" in s for s in stamps), stamps
     # Search runs in the console over every conversation (not only the loaded page).
     page.find("#search").send_keys(ids[1])
-    page.wait(
-        lambda: (
-            [li.get_attribute("data-conversation-id") for li in page.all("#conversations li")]
-            == [ids[1]]
-        )
-    )
+    page.wait(lambda: page.listed() == [ids[1]])
     status, found = api(console_url, user, "GET", "/api/conversations?q=" + ids[2])
     assert status == 200 and [c["conversation_id"] for c in found["conversations"]] == [ids[2]]
     page.find("#search").clear()
