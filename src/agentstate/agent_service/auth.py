@@ -50,6 +50,13 @@ NO_CREDENTIALS = "UNAUTHENTICATED"  # the reason a missing identity always had
 TOKEN_EXPIRED = "TOKEN_EXPIRED"
 TOKEN_INVALID = "TOKEN_INVALID"
 PROXY_UNTRUSTED = "PROXY_UNTRUSTED"
+TOKEN_TOO_LARGE = "TOKEN_TOO_LARGE"
+
+# The largest access token accepted. The server takes metadata up to MAX_METADATA_BYTES,
+# so a larger token reaches this check and gets its ErrorInfo (gRPC's default limit would
+# refuse it first with a bare RESOURCE_EXHAUSTED).
+MAX_TOKEN_BYTES = 16 * 1024
+MAX_METADATA_BYTES = 64 * 1024
 
 # An unknown `kid` refetches the JWKS (the issuer rotated its keys), at most this often:
 # tokens with made-up kids must not turn the service into a load generator on the issuer.
@@ -62,8 +69,9 @@ Metadata = Sequence[tuple[str, str | bytes]]
 class Authenticator(Protocol):
     mode: str
 
-    async def user_id(self, metadata: Metadata) -> str:
-        """The calling end user; raises errors.Unauthenticated (or Unavailable)."""
+    async def user_id(self, metadata: Metadata, peer: str = "") -> str:
+        """The calling end user; raises errors.Unauthenticated (or Unavailable). `peer` is
+        the caller's address (gRPC's context.peer()), for the log."""
         ...
 
 
@@ -101,7 +109,7 @@ class DevHeaderAuth:
 
     mode = "dev-header"
 
-    async def user_id(self, metadata: Metadata) -> str:
+    async def user_id(self, metadata: Metadata, peer: str = "") -> str:
         header = _one(
             metadata,
             USER_ID_METADATA_KEY,
@@ -118,11 +126,16 @@ class ProxyAuth:
     def __init__(self, secret: str) -> None:
         self._secret = secret.encode()
 
-    async def user_id(self, metadata: Metadata) -> str:
+    async def user_id(self, metadata: Metadata, peer: str = "") -> str:
         sent = _values(metadata, PROXY_SECRET_METADATA_KEY)
         # Constant-time comparison: the secret must not leak through timing.
         if len(sent) != 1 or not hmac.compare_digest(sent[0].encode(), self._secret):
-            log.warning("refused a call that did not come through the authenticating proxy")
+            # The address says which pod got past the NetworkPolicy (never the secret sent).
+            log.warning(
+                "refused a call from %s that did not come through the authenticating proxy (%s)",
+                peer or "an unknown address",
+                "no agentstate-proxy-secret" if not sent else "a wrong agentstate-proxy-secret",
+            )
             raise errors.Unauthenticated(
                 "this service accepts calls only through its authenticating proxy; "
                 "send the request to the proxy's address",
@@ -159,10 +172,16 @@ class _FileKeys:
         self._jwks: jwt.PyJWKSet | None = None
         try:
             if text.lstrip().startswith("{"):
-                self._jwks = jwt.PyJWKSet.from_dict(json.loads(text))
+                document = json.loads(text)
+                self._jwks = jwt.PyJWKSet.from_dict(document)
             else:
                 self._pem = serialization.load_pem_public_key(text.encode())
-        except (ValueError, jwt.PyJWKSetError, jwt.InvalidKeyError) as exc:
+        except jwt.PyJWKSetError:
+            raise ConfigError(
+                f"AGENT_JWT_KEY_FILE={path!r} is a JWKS without a usable key: "
+                f"{unusable_keys(document)}"
+            ) from None
+        except (ValueError, jwt.InvalidKeyError) as exc:
             raise ConfigError(
                 f"AGENT_JWT_KEY_FILE={path!r} is neither a JWKS nor a PEM public key: {exc}"
             ) from None
@@ -182,9 +201,10 @@ class _RemoteKeys:
     not in it refetches (key rotation), rate-limited."""
 
     def __init__(self, url: str, cache_seconds: float) -> None:
-        self._client = jwt.PyJWKClient(
+        self._client = _JwksClient(
             url, cache_jwk_set=True, lifespan=cache_seconds, timeout=_JWKS_TIMEOUT_SECONDS
         )
+        self._url = url
         self._last_refetch = -_MIN_REFETCH_SECONDS
         self._lock = asyncio.Lock()
 
@@ -197,8 +217,16 @@ class _RemoteKeys:
             raise errors.Unavailable(
                 "the identity provider's signing keys cannot be fetched right now; retry later"
             ) from None
-        except jwt.PyJWKClientError as exc:
-            log.warning("the JWKS at AGENT_JWT_JWKS_URL is unusable: %s", exc)
+        except (jwt.PyJWKClientError, jwt.PyJWKSetError, json.JSONDecodeError) as exc:
+            # 200 with something that is not a JWKS (an HTML login page, invalid JSON, {},
+            # no keys): the issuer is misconfigured, which is not the caller's fault.
+            if isinstance(exc, json.JSONDecodeError):
+                problem = f"it is not JSON ({exc})"
+            elif isinstance(exc, jwt.PyJWKSetError):
+                problem = "no usable key: " + unusable_keys(self._client.last_document)
+            else:
+                problem = str(exc)
+            log.warning("the JWKS at AGENT_JWT_JWKS_URL (%s) is unusable: %s", self._url, problem)
             raise errors.Unavailable(
                 "the identity provider's signing keys cannot be used right now; retry later"
             ) from None
@@ -213,6 +241,42 @@ class _RemoteKeys:
         if found is None:
             raise _Refused("no key of the JWKS has the token's kid")
         return found.key
+
+
+def unusable_keys(document: object) -> str:
+    """Why a JWKS document has no usable key, key by key. PyJWT only says "did not contain
+    any usable keys. Perhaps 'cryptography' is not installed?", which is rarely true: here
+    it is installed (auth.py imports it), so the cause is the keys themselves."""
+    keys = document.get("keys") if isinstance(document, dict) else None
+    if not isinstance(keys, list):
+        return 'it has no "keys" list'
+    if not keys:
+        return 'its "keys" list is empty'
+    problems = []
+    for index, entry in enumerate(keys):
+        name = entry.get("kid") if isinstance(entry, dict) else None
+        label = f"key {name!r}" if isinstance(name, str) else f"key #{index + 1}"
+        try:
+            jwt.PyJWK(entry)
+        except (jwt.PyJWTError, ValueError, TypeError, KeyError, AttributeError) as exc:
+            problems.append(f"{label} is broken ({exc or type(exc).__name__})")
+        else:  # pragma: no cover - a usable key makes the set usable
+            problems.append(f"{label} is usable")
+    return "; ".join(problems)
+
+
+class _JwksClient(jwt.PyJWKClient):
+    """PyJWKClient that keeps the last document it fetched, so that a JWKS without a
+    usable key can be explained key by key (PyJWT's own message blames a missing
+    `cryptography`). `_as_jwk_set_payload` is the hook PyJWT passes every fetched
+    document through; without it (another PyJWT) the explanation is only shorter."""
+
+    last_document: object = None
+
+    def _as_jwk_set_payload(self, data: Any) -> dict[str, Any]:  # type: ignore[override]
+        self.last_document = data
+        checked: dict[str, Any] = jwt.PyJWKClient._as_jwk_set_payload(data)
+        return checked
 
 
 class _Refused(Exception):
@@ -230,7 +294,7 @@ class JwtAuth:
         self._claim = settings.jwt_user_claim
         self._keys = keys
 
-    async def user_id(self, metadata: Metadata) -> str:
+    async def user_id(self, metadata: Metadata, peer: str = "") -> str:
         header = _one(
             metadata,
             AUTHORIZATION_METADATA_KEY,
@@ -241,6 +305,15 @@ class JwtAuth:
         if scheme.lower() != "bearer" or not token.strip():
             raise errors.Unauthenticated(
                 "the authorization metadata must be `Bearer <token>`", reason=NO_CREDENTIALS
+            )
+        if len(token.strip()) > MAX_TOKEN_BYTES:
+            # Refused here with a reason, before gRPC's own limit would refuse the whole
+            # metadata without one (the server accepts up to MAX_METADATA_BYTES).
+            raise errors.Unauthenticated(
+                f"the access token is {len(token.strip())} bytes, more than the "
+                f"{MAX_TOKEN_BYTES} this service accepts: ask the identity provider for a "
+                "smaller token (fewer claims or groups in it)",
+                reason=TOKEN_TOO_LARGE,
             )
         try:
             claims = await self._verify(token.strip())
@@ -311,7 +384,12 @@ def build_authenticator(settings: AgentServiceSettings) -> Authenticator:
         )
         if not value
     ]
-    if missing or bool(settings.jwt_jwks_url) == bool(settings.jwt_key_file):
+    if settings.jwt_jwks_url and settings.jwt_key_file:
+        raise ConfigError(
+            "AGENT_JWT_JWKS_URL and AGENT_JWT_KEY_FILE are both set; set only one of them "
+            "(the issuer's JWKS URL, or a file with its keys)"
+        )
+    if missing or not (settings.jwt_jwks_url or settings.jwt_key_file):
         raise ConfigError(
             "AGENT_AUTH_MODE=jwt (the default) needs AGENT_JWT_ISSUER, AGENT_JWT_AUDIENCE "
             "and one of AGENT_JWT_JWKS_URL or AGENT_JWT_KEY_FILE"

@@ -14,7 +14,7 @@ from grpc_health.v1 import health_pb2
 
 from agentstate.agent.v1 import agent_service_pb2 as pb
 from agentstate.agent.v1 import agent_service_pb2_grpc as pb_grpc
-from agentstate.agent_service.auth import build_authenticator
+from agentstate.agent_service.auth import MAX_METADATA_BYTES, build_authenticator
 from agentstate.agent_service.client_state_port import ClientStatePort
 from agentstate.agent_service.config import AgentServiceSettings
 from agentstate.agent_service.context.manager import ContextManager, ContextSettings
@@ -163,7 +163,9 @@ class AgentServiceApp:
             system_prompt=profile.system_prompt,
         )
         server = create_server(
-            max_message_bytes=limit, interceptors=telemetry.grpc_server_interceptors()
+            max_message_bytes=limit,
+            interceptors=telemetry.grpc_server_interceptors(),
+            max_metadata_bytes=MAX_METADATA_BYTES,
         )
         pb_grpc.add_AgentServiceServicer_to_server(AgentServicer(runner, state, auth), server)
         self._health = add_health_and_reflection(server, [SERVICE_NAME])

@@ -241,7 +241,9 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
 
     async def _user(self, context: Context) -> str:
         """The calling end user: the first thing every RPC does (agent_service/auth.py)."""
-        return await self._auth.user_id(tuple(context.invocation_metadata() or ()))
+        return await self._auth.user_id(
+            tuple(context.invocation_metadata() or ()), peer=context.peer()
+        )
 
     async def _stream_turn(
         self, context: Context, run: Callable[[str, Emit], Awaitable[None]]
