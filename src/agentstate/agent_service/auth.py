@@ -22,17 +22,12 @@ to the caller.
 
 from __future__ import annotations
 
-import asyncio
 import hmac
-import json
 import logging
-import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any, Protocol
 
 import jwt
-from cryptography.hazmat.primitives import serialization
 
 from agentstate.agent_service import errors
 from agentstate.agent_service.config import MIN_PROXY_SECRET_CHARS, AgentServiceSettings
@@ -41,6 +36,7 @@ from agentstate.client.metadata import (
     PROXY_SECRET_METADATA_KEY,
     USER_ID_METADATA_KEY,
 )
+from agentstate.common import jwt_keys
 from agentstate.common.config import ConfigError
 
 log = logging.getLogger(__name__)
@@ -58,10 +54,6 @@ TOKEN_TOO_LARGE = "TOKEN_TOO_LARGE"
 MAX_TOKEN_BYTES = 16 * 1024
 MAX_METADATA_BYTES = 64 * 1024
 
-# An unknown `kid` refetches the JWKS (the issuer rotated its keys), at most this often:
-# tokens with made-up kids must not turn the service into a load generator on the issuer.
-_MIN_REFETCH_SECONDS = 10.0
-_JWKS_TIMEOUT_SECONDS = 5.0
 
 Metadata = Sequence[tuple[str, str | bytes]]
 
@@ -149,144 +141,10 @@ class ProxyAuth:
         return valid_user_id(header, USER_ID_METADATA_KEY)
 
 
-class _KeySource(Protocol):
-    async def key_for(self, kid: str | None) -> Any: ...
-
-
-def _match(keys: jwt.PyJWKSet, kid: str | None) -> jwt.PyJWK | None:
-    if kid is None:
-        # A token without `kid` is only unambiguous against a set of one key.
-        return keys.keys[0] if len(keys.keys) == 1 else None
-    return next((key for key in keys.keys if key.key_id == kid), None)
-
-
-class _FileKeys:
-    """A JWKS JSON file or a PEM public key, read once at start-up."""
-
-    def __init__(self, path: str) -> None:
-        try:
-            text = Path(path).read_text()
-        except OSError as exc:
-            raise ConfigError(f"AGENT_JWT_KEY_FILE={path!r} cannot be read: {exc}") from None
-        self._pem: Any = None
-        self._jwks: jwt.PyJWKSet | None = None
-        try:
-            if text.lstrip().startswith("{"):
-                document = json.loads(text)
-                self._jwks = jwt.PyJWKSet.from_dict(document)
-            else:
-                self._pem = serialization.load_pem_public_key(text.encode())
-        except jwt.PyJWKSetError:
-            raise ConfigError(
-                f"AGENT_JWT_KEY_FILE={path!r} is a JWKS without a usable key: "
-                f"{unusable_keys(document)}"
-            ) from None
-        except (ValueError, jwt.InvalidKeyError) as exc:
-            raise ConfigError(
-                f"AGENT_JWT_KEY_FILE={path!r} is neither a JWKS nor a PEM public key: {exc}"
-            ) from None
-
-    async def key_for(self, kid: str | None) -> Any:
-        if self._pem is not None:
-            return self._pem
-        assert self._jwks is not None
-        found = _match(self._jwks, kid)
-        if found is None:
-            raise _Refused("no key of AGENT_JWT_KEY_FILE has the token's kid")
-        return found.key
-
-
-class _RemoteKeys:
-    """The issuer's JWKS over HTTP(S): PyJWKClient keeps it for the cache lifetime; a kid
-    not in it refetches (key rotation), rate-limited."""
-
-    def __init__(self, url: str, cache_seconds: float) -> None:
-        self._client = _JwksClient(
-            url, cache_jwk_set=True, lifespan=cache_seconds, timeout=_JWKS_TIMEOUT_SECONDS
-        )
-        self._url = url
-        self._last_refetch = -_MIN_REFETCH_SECONDS
-        self._lock = asyncio.Lock()
-
-    async def _jwk_set(self, refresh: bool) -> jwt.PyJWKSet:
-        try:
-            # urllib under the hood: off the event loop.
-            return await asyncio.to_thread(self._client.get_jwk_set, refresh)
-        except jwt.PyJWKClientConnectionError as exc:
-            log.warning("the JWKS at AGENT_JWT_JWKS_URL could not be fetched: %s", exc)
-            raise errors.Unavailable(
-                "the identity provider's signing keys cannot be fetched right now; retry later"
-            ) from None
-        except (jwt.PyJWKClientError, jwt.PyJWKSetError, json.JSONDecodeError) as exc:
-            # 200 with something that is not a JWKS (an HTML login page, invalid JSON, {},
-            # no keys): the issuer is misconfigured, which is not the caller's fault.
-            if isinstance(exc, json.JSONDecodeError):
-                problem = f"it is not JSON ({exc})"
-            elif isinstance(exc, jwt.PyJWKSetError):
-                problem = "no usable key: " + unusable_keys(self._client.last_document)
-            else:
-                problem = str(exc)
-            log.warning("the JWKS at AGENT_JWT_JWKS_URL (%s) is unusable: %s", self._url, problem)
-            raise errors.Unavailable(
-                "the identity provider's signing keys cannot be used right now; retry later"
-            ) from None
-
-    async def key_for(self, kid: str | None) -> Any:
-        async with self._lock:  # one fetch at a time; the others use its result
-            found = _match(await self._jwk_set(refresh=False), kid)
-            now = time.monotonic()
-            if found is None and now - self._last_refetch >= _MIN_REFETCH_SECONDS:
-                self._last_refetch = now
-                found = _match(await self._jwk_set(refresh=True), kid)
-        if found is None:
-            raise _Refused("no key of the JWKS has the token's kid")
-        return found.key
-
-
-def unusable_keys(document: object) -> str:
-    """Why a JWKS document has no usable key, key by key. PyJWT only says "did not contain
-    any usable keys. Perhaps 'cryptography' is not installed?", which is rarely true: here
-    it is installed (auth.py imports it), so the cause is the keys themselves."""
-    keys = document.get("keys") if isinstance(document, dict) else None
-    if not isinstance(keys, list):
-        return 'it has no "keys" list'
-    if not keys:
-        return 'its "keys" list is empty'
-    problems = []
-    for index, entry in enumerate(keys):
-        name = entry.get("kid") if isinstance(entry, dict) else None
-        label = f"key {name!r}" if isinstance(name, str) else f"key #{index + 1}"
-        try:
-            jwt.PyJWK(entry)
-        except (jwt.PyJWTError, ValueError, TypeError, KeyError, AttributeError) as exc:
-            problems.append(f"{label} is broken ({exc or type(exc).__name__})")
-        else:  # pragma: no cover - a usable key makes the set usable
-            problems.append(f"{label} is usable")
-    return "; ".join(problems)
-
-
-class _JwksClient(jwt.PyJWKClient):
-    """PyJWKClient that keeps the last document it fetched, so that a JWKS without a
-    usable key can be explained key by key (PyJWT's own message blames a missing
-    `cryptography`). `_as_jwk_set_payload` is the hook PyJWT passes every fetched
-    document through; without it (another PyJWT) the explanation is only shorter."""
-
-    last_document: object = None
-
-    def _as_jwk_set_payload(self, data: Any) -> dict[str, Any]:  # type: ignore[override]
-        self.last_document = data
-        checked: dict[str, Any] = jwt.PyJWKClient._as_jwk_set_payload(data)
-        return checked
-
-
-class _Refused(Exception):
-    """Why a token was refused: logged, never sent."""
-
-
 class JwtAuth:
     mode = "jwt"
 
-    def __init__(self, settings: AgentServiceSettings, keys: _KeySource) -> None:
+    def __init__(self, settings: AgentServiceSettings, keys: jwt_keys.KeySource) -> None:
         self._issuer = settings.jwt_issuer
         self._audience = settings.jwt_audience
         self._algorithms = list(settings.jwt_algorithms)
@@ -321,7 +179,7 @@ class JwtAuth:
             raise errors.Unauthenticated(
                 "the access token has expired: get a new one and retry", reason=TOKEN_EXPIRED
             ) from None
-        except (jwt.InvalidTokenError, _Refused) as exc:
+        except (jwt.InvalidTokenError, jwt_keys.Refused) as exc:
             log.info("refused an access token: %s", exc)
             raise errors.Unauthenticated(
                 "the access token was refused: it is not a valid token for this service; "
@@ -338,23 +196,18 @@ class JwtAuth:
         return user
 
     async def _verify(self, token: str) -> dict[str, Any]:
-        header = jwt.get_unverified_header(token)
-        algorithm = header.get("alg")
-        # Before any key lookup: `none`, HS* and anything not configured never get that far.
-        if algorithm not in self._algorithms:
-            raise _Refused(f"algorithm {algorithm!r} is not in AGENT_JWT_ALGORITHMS")
-        kid = header.get("kid")
-        key = await self._keys.key_for(kid if isinstance(kid, str) else None)
-        claims: dict[str, Any] = jwt.decode(
-            token,
-            key=key,
-            algorithms=[algorithm],
-            audience=self._audience,
-            issuer=self._issuer,
-            leeway=self._leeway,
-            options={"require": ["exp", "iss", "aud", self._claim]},
-        )
-        return claims
+        try:
+            return await jwt_keys.verify(
+                token,
+                self._keys,
+                issuer=self._issuer,
+                audience=self._audience,
+                algorithms=self._algorithms,
+                leeway=self._leeway,
+                required_claim=self._claim,
+            )
+        except jwt_keys.KeysUnavailable as exc:
+            raise errors.Unavailable(str(exc)) from None
 
 
 def build_authenticator(settings: AgentServiceSettings) -> Authenticator:
@@ -396,9 +249,7 @@ def build_authenticator(settings: AgentServiceSettings) -> Authenticator:
             + (f"; missing: {', '.join(missing)}" if missing else "")
             + "; for local development only, AGENT_AUTH_MODE=dev-header"
         )
-    keys: _KeySource
-    if settings.jwt_key_file:
-        keys = _FileKeys(settings.jwt_key_file)
-    else:
-        keys = _RemoteKeys(settings.jwt_jwks_url, settings.jwt_jwks_cache_seconds)
+    keys = jwt_keys.key_source(
+        settings.jwt_jwks_url, settings.jwt_key_file, settings.jwt_jwks_cache_seconds, "AGENT_JWT"
+    )
     return JwtAuth(settings, keys)

@@ -15,6 +15,7 @@ from agentstate.common.admission import Admission, AdmissionInterceptor
 from agentstate.common.listen import cannot_listen
 from agentstate.common.reflection import enable_documented_reflection
 from agentstate.common.request_decoding import DecodeErrorsAsInvalidArgument
+from agentstate.common.tls import ServerTls, server_credentials
 
 # The asyncio health servicer; grpcio-health-checking ships no type hints for it.
 AsyncHealthServicer: Any = health.aio.HealthServicer  # type: ignore[attr-defined]
@@ -69,11 +70,18 @@ def create_server(
     )
 
 
-def bind(server: grpc.aio.Server, address: str, setting: str = "") -> str:
+def bind(
+    server: grpc.aio.Server, address: str, setting: str = "", tls: ServerTls | None = None
+) -> str:
     """Listen on host:port (port 0 picks a free one) or unix:///path; return the real address.
-    ConfigError naming `setting` (the variable that holds the address) when it cannot."""
+    ConfigError naming `setting` (the variable that holds the address) when it cannot.
+    `tls`: serve TLS (mTLS with a client CA), the files reloaded when they change."""
+    credentials = server_credentials(tls) if tls is not None else None
     try:
-        port = server.add_insecure_port(address)
+        if credentials is not None:
+            port = server.add_secure_port(address, credentials)
+        else:
+            port = server.add_insecure_port(address)
     except RuntimeError:  # "Failed to bind": gRPC does not say why (its log line does)
         raise cannot_listen(address, setting, "gRPC could not bind it") from None
     if address.startswith("unix:"):

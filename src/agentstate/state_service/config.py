@@ -177,6 +177,58 @@ class StateServiceSettings(EnvSettings):
         description="how often the retention sweep runs",
     )
 
+    # ---- transport security and callers (docs/security.md)
+    tls_cert_file: str = Field(
+        default="",
+        validation_alias="STATE_TLS_CERT_FILE",
+        description="PEM certificate chain to serve TLS (1.2+) with, reloaded when the file "
+        "changes; empty: plaintext (a sidecar on loopback or a unix socket)",
+    )
+    tls_key_file: str = Field(
+        default="",
+        validation_alias="STATE_TLS_KEY_FILE",
+        description="PEM private key of STATE_TLS_CERT_FILE",
+    )
+    tls_client_ca_file: str = Field(
+        default="",
+        validation_alias="STATE_TLS_CLIENT_CA_FILE",
+        description="PEM CA bundle: every client must present a certificate it signed "
+        "(mTLS; the certificate is the caller's identity); empty: no client certificates",
+    )
+    policy_file: str = Field(
+        default="",
+        validation_alias="STATE_POLICY_FILE",
+        description="JSON policy saying which caller may call which RPCs for which users "
+        "(docs/security.md); everything else is PERMISSION_DENIED; empty: every caller may "
+        "do everything (the sidecar)",
+    )
+    token_issuer: str = Field(
+        default="",
+        validation_alias="STATE_TOKEN_ISSUER",
+        description="service tokens: the required `iss` of the bearer JWTs callers may send "
+        "instead of a client certificate; empty: no tokens accepted",
+    )
+    token_audience: str = Field(
+        default="",
+        validation_alias="STATE_TOKEN_AUDIENCE",
+        description="service tokens: the `aud` they must carry",
+    )
+    token_jwks_url: str = Field(
+        default="",
+        validation_alias="STATE_TOKEN_JWKS_URL",
+        description="service tokens: the issuer's JWKS URL; or STATE_TOKEN_KEY_FILE",
+    )
+    token_key_file: str = Field(
+        default="",
+        validation_alias="STATE_TOKEN_KEY_FILE",
+        description="service tokens: a JWKS JSON file or PEM public key; or STATE_TOKEN_JWKS_URL",
+    )
+    token_caller_claim: str = Field(
+        default="sub",
+        validation_alias="STATE_TOKEN_CALLER_CLAIM",
+        description="service tokens: the claim naming the caller (what the policy matches)",
+    )
+
     @model_validator(mode="after")
     def _database_matches_store(self) -> Self:
         # The store is chosen explicitly: a pod whose DATABASE_URL secret is missing must
