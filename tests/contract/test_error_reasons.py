@@ -32,6 +32,8 @@ Stub: TypeAlias = "pb_grpc.StateServiceAsyncStub"
 # Sent before a handler runs (the shared request decoding, admission control), not by a
 # domain error.
 INTERCEPTOR_REASONS = {"MALFORMED_REQUEST", "OVERLOADED"}
+# PERMISSION_DENIED and CALLER_UNAUTHENTICATED are domain errors the caller interceptor
+# sends (state_service/callers.py); tests/state_service/test_transport_security.py reads them.
 
 
 def _documented() -> dict[str, str]:

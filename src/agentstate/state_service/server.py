@@ -10,7 +10,7 @@ from typing import Any
 
 import grpc
 
-from agentstate.common import telemetry, workers
+from agentstate.common import jwt_keys, telemetry, workers
 from agentstate.common.admission import Admission, AdmissionLimits
 from agentstate.common.config import ConfigError
 from agentstate.common.embedded_postgres import EmbeddedPostgres
@@ -24,10 +24,13 @@ from agentstate.common.grpc_server import (
 from agentstate.common.listen import check_listen_address
 from agentstate.common.pg_pool import WatchSettings
 from agentstate.common.state_metrics import PURGED
+from agentstate.common.tls import server_tls
 from agentstate.state.v1 import state_service_pb2 as pb
 from agentstate.state.v1 import state_service_pb2_grpc as pb_grpc
+from agentstate.state_service.callers import CallerInterceptor, TokenVerifier
 from agentstate.state_service.config import StateServiceSettings
 from agentstate.state_service.domain import DeleteCounts, StateServiceError
+from agentstate.state_service.policy import load_policy
 from agentstate.state_service.servicer import StateServicer
 from agentstate.state_service.storage.base import StateStore
 from agentstate.state_service.storage.memory import MemoryStore
@@ -51,6 +54,11 @@ class StateServiceApp:
         self._health: Any = None
         self._sweeper: asyncio.Task[None] | None = None
         self.admission = admission_of(settings)
+        # Checked before a database is started: a bad policy or TLS setting exits at once.
+        self.tls = server_tls(
+            "STATE", settings.tls_cert_file, settings.tls_key_file, settings.tls_client_ca_file
+        )
+        self.callers = caller_interceptor(settings)
         # A supervised worker shares its port with the others (agentstate.common.workers).
         self.worker = workers.worker_index()
 
@@ -63,7 +71,9 @@ class StateServiceApp:
         server = create_server(
             max_message_bytes=self.settings.grpc_max_message_bytes,
             max_connection_age_seconds=self.settings.grpc_max_connection_age_seconds,
-            interceptors=telemetry.grpc_server_interceptors(),
+            # Callers are identified, checked and audited inside the tracing (the audit
+            # event lands on the call's span) and before admission (a refusal takes no slot).
+            interceptors=[*telemetry.grpc_server_interceptors(), self.callers],
             admission=self.admission,
             reuse_port=self.worker is not None,
         )
@@ -71,7 +81,7 @@ class StateServiceApp:
             StateServicer(self.store, max_payload_bytes=self.settings.max_payload_bytes), server
         )
         self._health = add_health_and_reflection(server, [SERVICE_NAME])
-        address = bind(server, self.settings.listen_address, LISTEN_SETTING)
+        address = bind(server, self.settings.listen_address, LISTEN_SETTING, self.tls)
         await server.start()
         self._server = server
         await set_serving(self._health, [SERVICE_NAME])
@@ -148,6 +158,37 @@ class StateServiceApp:
                 await asyncio.to_thread(self._embedded.stop)
             raise
         return store
+
+
+def caller_interceptor(settings: StateServiceSettings) -> CallerInterceptor:
+    """Identity, policy and audit as the settings ask (docs/security.md); ConfigError
+    for a policy that cannot be read or that no caller could satisfy."""
+    policy = None
+    if settings.policy_file:
+        rpcs = [m.name for m in pb.DESCRIPTOR.services_by_name["StateService"].methods]
+        policy = load_policy(settings.policy_file, rpcs)
+        if not (settings.tls_client_ca_file or settings.token_issuer):
+            raise ConfigError(
+                "STATE_POLICY_FILE is set but callers have no way to identify themselves: "
+                "set STATE_TLS_CLIENT_CA_FILE (client certificates) or STATE_TOKEN_ISSUER "
+                "(service tokens), or both"
+            )
+    tokens = None
+    if settings.token_issuer:
+        if not settings.token_audience or bool(settings.token_jwks_url) == bool(
+            settings.token_key_file
+        ):
+            raise ConfigError(
+                "STATE_TOKEN_ISSUER needs STATE_TOKEN_AUDIENCE and exactly one of "
+                "STATE_TOKEN_JWKS_URL or STATE_TOKEN_KEY_FILE"
+            )
+        keys = jwt_keys.key_source(
+            settings.token_jwks_url, settings.token_key_file, 300.0, "STATE_TOKEN"
+        )
+        tokens = TokenVerifier(
+            keys, settings.token_issuer, settings.token_audience, settings.token_caller_claim
+        )
+    return CallerInterceptor(policy, tokens)
 
 
 def admission_of(settings: StateServiceSettings) -> Admission | None:

@@ -39,12 +39,15 @@ _EXPORTS: dict[str, str] = {
     "NotSupported": "agentstate.client.errors",
     "NotFound": "agentstate.client.errors",
     "PayloadTooLarge": "agentstate.client.errors",
+    "PermissionDenied": "agentstate.client.errors",
+    "Unauthenticated": "agentstate.client.errors",
     "ResourceExhausted": "agentstate.client.errors",
     "StateError": "agentstate.client.errors",
     "TargetHasCheckpoints": "agentstate.client.errors",
     "Unavailable": "agentstate.client.errors",
     "VersionConflict": "agentstate.client.errors",
     "ClientSettings": "agentstate.client.settings",
+    "ChannelSecurity": "agentstate.client.tls",
     "StateClient": "agentstate.client.sync",
     "AcquiredLease": "agentstate.client.types",
     "AppendedEvent": "agentstate.client.types",
@@ -136,6 +139,9 @@ if TYPE_CHECKING:
         PayloadTooLarge as PayloadTooLarge,
     )
     from agentstate.client.errors import (
+        PermissionDenied as PermissionDenied,
+    )
+    from agentstate.client.errors import (
         ResourceExhausted as ResourceExhausted,
     )
     from agentstate.client.errors import (
@@ -143,6 +149,9 @@ if TYPE_CHECKING:
     )
     from agentstate.client.errors import (
         TargetHasCheckpoints as TargetHasCheckpoints,
+    )
+    from agentstate.client.errors import (
+        Unauthenticated as Unauthenticated,
     )
     from agentstate.client.errors import (
         Unavailable as Unavailable,
@@ -155,6 +164,9 @@ if TYPE_CHECKING:
     )
     from agentstate.client.sync import (
         StateClient as StateClient,
+    )
+    from agentstate.client.tls import (
+        ChannelSecurity as ChannelSecurity,
     )
     from agentstate.client.types import (
         AcquiredLease as AcquiredLease,

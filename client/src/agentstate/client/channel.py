@@ -11,6 +11,8 @@ import grpc
 from agentstate.client import service_config
 
 if TYPE_CHECKING:
+    from agentstate.client.tls import ChannelSecurity
+
     # What connect(interceptors=) takes: grpc.aio's interceptors, or grpc's four client
     # kinds (the stubs' union grpc.Interceptor).
     AsyncInterceptor: TypeAlias = grpc.aio.ClientInterceptor
@@ -32,17 +34,33 @@ def channel_options(max_message_bytes: int) -> list[tuple[str, str | int]]:
 
 
 def open_async_channel(
-    address: str, max_message_bytes: int, interceptors: Sequence[AsyncInterceptor] | None
+    address: str,
+    max_message_bytes: int,
+    interceptors: Sequence[AsyncInterceptor] | None,
+    security: ChannelSecurity | None = None,
 ) -> grpc.aio.Channel:
-    return grpc.aio.insecure_channel(
-        address, options=channel_options(max_message_bytes), interceptors=interceptors
-    )
+    """Plaintext unless `security` asks for TLS (agentstate.client.tls)."""
+    credentials = security.credentials() if security is not None else None
+    options = [*channel_options(max_message_bytes), *(security.options() if security else [])]
+    if credentials is not None:
+        return grpc.aio.secure_channel(
+            address, credentials, options=options, interceptors=interceptors
+        )
+    return grpc.aio.insecure_channel(address, options=options, interceptors=interceptors)
 
 
 def open_channel(
-    address: str, max_message_bytes: int, interceptors: Sequence[Interceptor] | None
+    address: str,
+    max_message_bytes: int,
+    interceptors: Sequence[Interceptor] | None,
+    security: ChannelSecurity | None = None,
 ) -> grpc.Channel:
-    channel = grpc.insecure_channel(address, options=channel_options(max_message_bytes))
+    credentials = security.credentials() if security is not None else None
+    options = [*channel_options(max_message_bytes), *(security.options() if security else [])]
+    if credentials is not None:
+        channel = grpc.secure_channel(address, credentials, options=options)
+    else:
+        channel = grpc.insecure_channel(address, options=options)
     return grpc.intercept_channel(channel, *interceptors) if interceptors else channel
 
 

@@ -153,6 +153,16 @@ class DeadlineExceeded(StateError):
     """DEADLINE_EXCEEDED: no answer within the call's deadline (it may still have applied)."""
 
 
+class PermissionDenied(StateError):
+    """PERMISSION_DENIED: the state service's policy does not let this caller make this
+    call (docs/security.md); nothing was changed."""
+
+
+class Unauthenticated(StateError):
+    """UNAUTHENTICATED: the state service needs the caller to identify itself (a client
+    certificate or a service token), or refused the token sent."""
+
+
 class InternalError(StateError):
     """INTERNAL, UNKNOWN and any other status: nothing the caller can fix."""
 
@@ -177,6 +187,8 @@ _BY_REASON: dict[str, type[StateError]] = {
     "LIMIT_REACHED": LimitReached,
     "STORE_UNAVAILABLE": Unavailable,
     "STORE_ERROR": InternalError,
+    "PERMISSION_DENIED": PermissionDenied,
+    "CALLER_UNAUTHENTICATED": Unauthenticated,
 }
 _BY_CODE: dict[grpc.StatusCode, type[StateError]] = {
     grpc.StatusCode.INVALID_ARGUMENT: InvalidArgument,
@@ -188,6 +200,8 @@ _BY_CODE: dict[grpc.StatusCode, type[StateError]] = {
     grpc.StatusCode.UNAVAILABLE: Unavailable,
     grpc.StatusCode.DEADLINE_EXCEEDED: DeadlineExceeded,
     grpc.StatusCode.UNIMPLEMENTED: NotSupported,
+    grpc.StatusCode.PERMISSION_DENIED: PermissionDenied,
+    grpc.StatusCode.UNAUTHENTICATED: Unauthenticated,
 }
 
 

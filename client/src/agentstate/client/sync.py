@@ -61,6 +61,7 @@ from agentstate.state.v1 import state_service_pb2_grpc as pb_grpc
 
 if TYPE_CHECKING:
     from agentstate.client.channel import Interceptor
+    from agentstate.client.tls import ChannelSecurity
 
 R = TypeVar("R")
 
@@ -89,10 +90,12 @@ class StateClient:
         timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
         max_message_bytes: int = ClientSettings().max_message_bytes,
         interceptors: Sequence[Interceptor] | None = None,
+        security: ChannelSecurity | None = None,
     ) -> Self:
         """A client on a new channel to `address` ("host:port" or "unix:///path.sock"),
-        through `interceptors` when given."""
-        channel = open_channel(address, max_message_bytes, interceptors)
+        through `interceptors` when given; TLS, a client certificate and a service token
+        as `security` says (agentstate.client.tls; default plaintext)."""
+        channel = open_channel(address, max_message_bytes, interceptors, security)
         return cls(channel, timeout_seconds=timeout_seconds, owns_channel=True)
 
     @classmethod
@@ -103,6 +106,7 @@ class StateClient:
             settings.state_address,
             timeout_seconds=settings.state_timeout_seconds,
             max_message_bytes=settings.max_message_bytes,
+            security=settings.security(),
         )
 
     @property

@@ -37,6 +37,7 @@ from agentstate.state_service.domain.conversations import (
 )
 from agentstate.state_service.domain.errors import (
     AlreadyExists,
+    CallerUnauthenticated,
     CardAlreadyHandled,
     CardPending,
     CheckpointConflict,
@@ -49,6 +50,7 @@ from agentstate.state_service.domain.errors import (
     NotFound,
     NotSupported,
     PayloadTooLarge,
+    PermissionDenied,
     ResourceExhausted,
     RevisionConflict,
     StateServiceError,
@@ -179,6 +181,7 @@ __all__ = [
     "AppendedEvent",
     "AppendedItems",
     "BegunTurn",
+    "CallerUnauthenticated",
     "CardAlreadyHandled",
     "CardGuard",
     "CardPending",
@@ -211,6 +214,7 @@ __all__ = [
     "NotSupported",
     "Page",
     "PayloadTooLarge",
+    "PermissionDenied",
     "PoppedItem",
     "PruneStrategy",
     "RequireAwaiting",

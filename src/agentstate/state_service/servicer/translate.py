@@ -44,6 +44,8 @@ STATUS_CODES: dict[type, grpc.StatusCode] = {
     d.FailedPrecondition: grpc.StatusCode.FAILED_PRECONDITION,
     d.AlreadyExists: grpc.StatusCode.ALREADY_EXISTS,
     d.StoreUnavailable: grpc.StatusCode.UNAVAILABLE,
+    d.PermissionDenied: grpc.StatusCode.PERMISSION_DENIED,
+    d.CallerUnauthenticated: grpc.StatusCode.UNAUTHENTICATED,
     d.NotSupported: grpc.StatusCode.UNIMPLEMENTED,
     d.StoreError: grpc.StatusCode.INTERNAL,
 }
