@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import ssl
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -143,3 +144,56 @@ def server_credentials(tls: ServerTls) -> grpc.ServerCredentials:
     return grpc.dynamic_ssl_server_credentials(
         files.initial, fetch, require_client_authentication=tls.mutual
     )
+
+
+class _HttpsFiles:
+    """The console's TLS: an ssl.SSLContext whose handshake callback (called for every
+    ClientHello, with or without SNI) swaps in a context built from the files whenever
+    they changed since the last one was built."""
+
+    def __init__(self, tls: ServerTls) -> None:
+        self.tls = tls
+        self._lock = threading.Lock()
+        self._paths = [path for _, path in tls.files()]
+        self._loaded = _signature(self._paths)
+        self.current = self._context()
+        self.base = self._context()
+        self.base.sni_callback = self._pick
+
+    def _context(self) -> ssl.SSLContext:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        context.load_cert_chain(self.tls.cert_file, self.tls.key_file)
+        if self.tls.mutual:
+            context.load_verify_locations(self.tls.client_ca_file)
+            context.verify_mode = ssl.CERT_REQUIRED
+        return context
+
+    def _pick(self, sock: ssl.SSLObject, name: str | None, _: ssl.SSLContext) -> None:
+        with self._lock:
+            try:
+                now = _signature(self._paths)
+                if now != self._loaded:
+                    self.current = self._context()
+                    self._loaded = now
+                    log.info("TLS certificate reloaded from %s", self.tls.cert_file)
+            except (OSError, ssl.SSLError, ValueError) as exc:
+                log.warning(
+                    "TLS files changed but cannot be loaded (%s); serving the previous "
+                    "certificate until they can",
+                    exc,
+                )
+            sock.context = self.current
+
+
+def https_context(tls: ServerTls) -> ssl.SSLContext:
+    """An HTTPS server context (TLS 1.2+, mTLS with a client CA) that serves the files'
+    current pair to each new connection; ConfigError naming the variables at start-up."""
+    for name, path in tls.files():
+        if not os.path.isfile(path):
+            raise ConfigError(f"{name}={path!r} cannot be read: no such file")
+    try:
+        return _HttpsFiles(tls).base
+    except (OSError, ssl.SSLError, ValueError) as exc:
+        names = " and ".join(name for name, _ in tls.files())
+        raise ConfigError(f"{names}: cannot be used for TLS: {exc}") from None

@@ -30,6 +30,7 @@ from agentstate.agent.v1 import agent_service_pb2_grpc as pb_grpc
 from agentstate.client import StateError
 from agentstate.client.metadata import PROXY_SECRET_METADATA_KEY, USER_ID_METADATA_KEY
 from agentstate.client.service_config import channel_options
+from agentstate.client.tls import ChannelSecurity
 from agentstate.console.config import ConsoleSettings
 from agentstate.console.present import event_view, record_view
 from agentstate.console.state_reads import StateReader
@@ -114,12 +115,28 @@ class Console:
         self.agent: Any = None
         self.state: StateReader | None = None
 
-    async def open(self) -> None:
-        self._channel = grpc.aio.insecure_channel(
-            self.settings.agent_address, options=channel_options()
+    def security(self) -> ChannelSecurity:
+        """TLS to both services as CONSOLE_GRPC_TLS_* say (plaintext when none is set)."""
+        s = self.settings
+        return ChannelSecurity(
+            ca_file=s.grpc_tls_ca_file, cert_file=s.grpc_tls_cert_file, key_file=s.grpc_tls_key_file
         )
+
+    async def open(self) -> None:
+        security = self.security()
+        credentials = security.credentials()
+        if credentials is not None:
+            self._channel = grpc.aio.secure_channel(
+                self.settings.agent_address, credentials, options=channel_options()
+            )
+        else:
+            self._channel = grpc.aio.insecure_channel(
+                self.settings.agent_address, options=channel_options()
+            )
         self.agent = pb_grpc.AgentServiceStub(self._channel)
-        self.state = StateReader(self.settings.state_address, self.settings.rpc_timeout_seconds)
+        self.state = StateReader(
+            self.settings.state_address, self.settings.rpc_timeout_seconds, security
+        )
 
     async def close(self) -> None:
         if self._channel is not None:

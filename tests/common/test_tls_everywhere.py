@@ -1,0 +1,181 @@
+"""Every hop over TLS, as real processes configured by their environment variables: the
+state service (mTLS and a policy), the agent service (TLS, and mTLS to the state service
+with its SPIFFE certificate), the CLI (TLS to the agent), the web console (HTTPS, and
+mTLS to both services). Then the refusals: a caller without a certificate, and one whose
+certificate the policy gives no rule for the call."""
+
+from __future__ import annotations
+
+import json
+import os
+import ssl
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from agentstate.dev.processes import ServiceProcess
+from agentstate.state.v1 import state_service_pb2 as pb
+from agentstate.state.v1 import state_service_pb2_grpc as pb_grpc
+from tests.support.certs import CertificateAuthority
+
+AGENT_ID = "spiffe://cluster.local/ns/agentstate/sa/agentstate-agent"
+CONSOLE_ID = "spiffe://cluster.local/ns/agentstate/sa/agentstate-console"
+
+
+class Services:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.ca = CertificateAuthority(root / "ca")
+        self.state_cert = self.ca.issue("state", "state", server=True)
+        self.agent_server = self.ca.issue("agent-server", "agent", server=True)
+        self.console_server = self.ca.issue("console-server", "console", server=True)
+        self.agent_client = self.ca.issue("agent-client", "agentstate-agent", spiffe=AGENT_ID)
+        self.console_client = self.ca.issue("console-client", "console", spiffe=CONSOLE_ID)
+        self.reporting = self.ca.issue("reporting", "reporting")
+        policy = {
+            "rules": [
+                {"caller": AGENT_ID, "rpcs": ["read", "write"]},
+                {"caller": CONSOLE_ID, "rpcs": ["read"]},
+                {"caller": "reporting", "rpcs": ["ListConversations"]},
+            ]
+        }
+        self.policy = root / "policy.json"
+        self.policy.write_text(json.dumps(policy))
+        self.processes: list[ServiceProcess] = []
+
+    def start(self, module: str, env: dict[str, str]) -> str:
+        process = ServiceProcess(module, env)
+        self.processes.append(process)
+        return process.wait_ready()
+
+    def stop(self) -> list[int]:
+        return [p.terminate() for p in reversed(self.processes)]
+
+
+@pytest.fixture
+def services(tmp_path: Path) -> Iterator[Services]:
+    running = Services(tmp_path)
+    try:
+        yield running
+    finally:
+        codes = running.stop()
+        assert codes == [0] * len(codes), "\n".join(p.output for p in running.processes)
+
+
+def _https_get(url: str, ca: Path, headers: dict[str, str]) -> tuple[int, Any]:
+    context = ssl.create_default_context(cafile=str(ca))
+    request = urllib.request.Request(url, headers=headers)
+    with urllib.request.urlopen(request, context=context, timeout=30) as answer:
+        return answer.status, json.loads(answer.read())
+
+
+def test_every_hop_over_tls(services: Services) -> None:
+    s = services
+    state = s.start(
+        "agentstate.state_service",
+        {
+            "STATE_LISTEN_ADDRESS": "127.0.0.1:0",
+            "STATE_STORE": "memory",
+            "STATE_TLS_CERT_FILE": str(s.state_cert.cert),
+            "STATE_TLS_KEY_FILE": str(s.state_cert.key),
+            "STATE_TLS_CLIENT_CA_FILE": str(s.ca.file),
+            "STATE_POLICY_FILE": str(s.policy),
+        },
+    )
+    agent = s.start(
+        "agentstate.agent_service",
+        {
+            "AGENT_LISTEN_ADDRESS": "127.0.0.1:0",
+            "AGENT_STATE_ADDRESS": state,
+            "AGENT_AUTH_MODE": "dev-header",
+            "AGENT_PROFILE": "",
+            "AGENT_TLS_CERT_FILE": str(s.agent_server.cert),
+            "AGENT_TLS_KEY_FILE": str(s.agent_server.key),
+            "AGENT_STATE_TLS_CA_FILE": str(s.ca.file),
+            "AGENT_STATE_TLS_CERT_FILE": str(s.agent_client.cert),
+            "AGENT_STATE_TLS_KEY_FILE": str(s.agent_client.key),
+        },
+    )
+    # The CLI, over TLS to the agent, which calls the state service over mTLS.
+    cli_env = {
+        **os.environ,
+        "AGENTSTATE_ADDRESS": agent,
+        "AGENTSTATE_USER": "erin",
+        "AGENTSTATE_TLS_CA_FILE": str(s.ca.file),
+    }
+    chat = subprocess.run(
+        [sys.executable, "-m", "agentstate.agent_service.cli", "chat", "hello"],
+        env=cli_env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert chat.returncode == 0, chat.stdout + chat.stderr
+    listed = subprocess.run(
+        [sys.executable, "-m", "agentstate.agent_service.cli", "conversations"],
+        env=cli_env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert listed.returncode == 0, listed.stdout + listed.stderr
+    # A CLI that does not trust the agent's CA gets nowhere.
+    plain = subprocess.run(
+        [sys.executable, "-m", "agentstate.agent_service.cli", "conversations"],
+        env={**cli_env, "AGENTSTATE_TLS_CA_FILE": ""},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert plain.returncode != 0
+    # The console: HTTPS for the browser, mTLS to both services.
+    console = s.start(
+        "agentstate.console",
+        {
+            "CONSOLE_LISTEN_ADDRESS": "127.0.0.1:0",
+            "CONSOLE_AGENT_ADDRESS": agent,
+            "CONSOLE_STATE_ADDRESS": state,
+            "CONSOLE_DEV_USER": "erin",
+            "CONSOLE_TLS_CERT_FILE": str(s.console_server.cert),
+            "CONSOLE_TLS_KEY_FILE": str(s.console_server.key),
+            "CONSOLE_GRPC_TLS_CA_FILE": str(s.ca.file),
+            "CONSOLE_GRPC_TLS_CERT_FILE": str(s.console_client.cert),
+            "CONSOLE_GRPC_TLS_KEY_FILE": str(s.console_client.key),
+        },
+    )
+    assert console.startswith("https://")
+    status, body = _https_get(console + "/api/conversations", s.ca.file, {})
+    assert status == 200 and len(body["conversations"]) == 1, body
+    cid = body["conversations"][0]["conversation_id"]
+    status, inspected = _https_get(f"{console}/api/conversations/{cid}/inspector", s.ca.file, {})
+    assert status == 200 and inspected["state"] is not None, inspected
+
+    # The state service itself: a caller without a certificate cannot even connect; the
+    # reporting service may list but not read a state, PERMISSION_DENIED with ErrorInfo.
+    ca = s.ca.file.read_bytes()
+    bare = grpc.ssl_channel_credentials(root_certificates=ca)
+    with grpc.secure_channel(state, bare) as channel:
+        with pytest.raises(grpc.RpcError) as refused:
+            pb_grpc.StateServiceStub(channel).ListConversations(
+                pb.ListConversationsRequest(user_id="erin"), timeout=5
+            )
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+    reporting = grpc.ssl_channel_credentials(
+        root_certificates=ca,
+        private_key=s.reporting.key.read_bytes(),
+        certificate_chain=s.reporting.cert.read_bytes(),
+    )
+    with grpc.secure_channel(state, reporting) as channel:
+        stub = pb_grpc.StateServiceStub(channel)
+        got = stub.ListConversations(pb.ListConversationsRequest(user_id="erin"), timeout=5)
+        assert [c.conversation_id for c in got.conversations] == [cid]
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.GetState(pb.GetStateRequest(user_id="erin", conversation_id=cid), timeout=5)
+        assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert "reporting (mtls) may not call GetState" in (refused.value.details() or "")
