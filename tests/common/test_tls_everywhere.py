@@ -179,3 +179,46 @@ def test_every_hop_over_tls(services: Services) -> None:
             stub.GetState(pb.GetStateRequest(user_id="erin", conversation_id=cid), timeout=5)
         assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
         assert "reporting (mtls) may not call GetState" in (refused.value.details() or "")
+
+
+def test_a_node_caller_over_mtls_is_held_to_its_rule(services: Services) -> None:
+    """grpc-js with the CA and a client certificate: the reporting rule lets it list the
+    user's conversations and refuses it the state, PERMISSION_DENIED with ErrorInfo."""
+    from tests.contract.test_cross_language import run_node
+
+    s = services
+    state = s.start(
+        "agentstate.state_service",
+        {
+            "STATE_LISTEN_ADDRESS": "127.0.0.1:0",
+            "STATE_STORE": "memory",
+            "STATE_TLS_CERT_FILE": str(s.state_cert.cert),
+            "STATE_TLS_KEY_FILE": str(s.state_cert.key),
+            "STATE_TLS_CLIENT_CA_FILE": str(s.ca.file),
+            "STATE_POLICY_FILE": str(s.policy),
+        },
+    )
+    agent_credentials = grpc.ssl_channel_credentials(
+        root_certificates=s.ca.file.read_bytes(),
+        private_key=s.agent_client.key.read_bytes(),
+        certificate_chain=s.agent_client.cert.read_bytes(),
+    )
+    with grpc.secure_channel(state, agent_credentials) as channel:
+        made = pb_grpc.StateServiceStub(channel).CreateConversation(
+            pb.CreateConversationRequest(user_id="frank", title="t"), timeout=5
+        )
+    cid = made.conversation.conversation_id
+    seen = run_node(
+        "tls_client.mjs",
+        state,
+        str(s.ca.file),
+        str(s.reporting.cert),
+        str(s.reporting.key),
+        "frank",
+        cid,
+    )
+    assert seen["listed"] == [cid]
+    assert seen["get_state"]["code"] == "PERMISSION_DENIED"
+    reason = seen["get_state"]["reason"]
+    assert reason == "PERMISSION_DENIED"
+    assert "reporting (mtls) may not call GetState" in seen["get_state"]["details"]
