@@ -222,3 +222,38 @@ def test_a_node_caller_over_mtls_is_held_to_its_rule(services: Services) -> None
     reason = seen["get_state"]["reason"]
     assert reason == "PERMISSION_DENIED"
     assert "reporting (mtls) may not call GetState" in seen["get_state"]["details"]
+
+
+def test_the_health_command_probes_a_tls_port(services: Services) -> None:
+    """Kubernetes' gRPC probe speaks plaintext only: `agentstate-state health` is the exec
+    probe of a TLS state service (k8s/overlays/central-tls), presenting the service's own
+    certificate where mTLS is required."""
+    s = services
+    both = s.ca.issue("state-both", "state", server=True, client=True)
+    env = {
+        "STATE_LISTEN_ADDRESS": "127.0.0.1:0",
+        "STATE_STORE": "memory",
+        "STATE_TLS_CERT_FILE": str(both.cert),
+        "STATE_TLS_KEY_FILE": str(both.key),
+        "STATE_TLS_CLIENT_CA_FILE": str(s.ca.file),
+        "STATE_POLICY_FILE": str(s.policy),
+    }
+    address = s.start("agentstate.state_service", env)
+
+    def probe(ca: Path, name: str = "localhost") -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-m", "agentstate.state_service", "health"]
+        return subprocess.run(
+            [*command, "--ca-file", str(ca), "--server-name", name],
+            env={**os.environ, **env, "STATE_LISTEN_ADDRESS": address},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    ok = probe(s.ca.file)
+    assert (ok.returncode, ok.stdout.strip()) == (0, "SERVING"), ok.stdout + ok.stderr
+    other = CertificateAuthority(s.root / "other", "other CA")
+    refused = probe(other.file)
+    assert refused.returncode == 1 and "UNAVAILABLE" in refused.stdout, refused.stdout
+    wrong_name = probe(s.ca.file, "elsewhere.example")
+    assert wrong_name.returncode == 1

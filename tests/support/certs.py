@@ -60,6 +60,7 @@ class CertificateAuthority:
         cn: str,
         *,
         server: bool = False,
+        client: bool = False,
         spiffe: str = "",
         into: Path | None = None,
     ) -> Pair:
@@ -86,7 +87,11 @@ class CertificateAuthority:
             .not_valid_after(now + dt.timedelta(days=1))
             .add_extension(
                 x509.ExtendedKeyUsage(
-                    [ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH]
+                    [ExtendedKeyUsageOID.SERVER_AUTH]
+                    if server and not client
+                    else [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
+                    if server
+                    else [ExtendedKeyUsageOID.CLIENT_AUTH]
                 ),
                 critical=False,
             )

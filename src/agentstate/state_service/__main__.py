@@ -5,6 +5,8 @@
     agentstate-state purge --older-than-days N   # one retention sweep, then exit
     agentstate-state split-states [--batch-size N]   # move states stored whole into rows
                                                      # (migration 11), online, in batches
+    agentstate-state health [--ca-file F] [--server-name N]   # exit 0 when it serves
+                                                     # (an exec probe for a TLS port)
 
 Settings come from environment variables: see state_service/config.py and
 docs/reference/settings.md.
@@ -74,7 +76,11 @@ def main(argv: list[str] | None = None) -> int:
         "command",
         nargs="?",
         default="serve",
-        choices=["serve", "migrate", "purge", "split-states"],
+        choices=["serve", "migrate", "purge", "split-states", "health"],
+    )
+    parser.add_argument("--ca-file", default="", help="health: the CA of a TLS service")
+    parser.add_argument(
+        "--server-name", default="", help="health: the name in the service's certificate"
     )
     parser.add_argument(
         "--older-than-days",
@@ -90,6 +96,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "purge" and (args.older_than_days is None or args.older_than_days <= 0):
         parser.error("purge needs --older-than-days with a positive number")
+    if args.command == "health":
+        return _health(args.ca_file, args.server_name)
     try:
         # An admin command's output is its answer: its diagnostics only when asked for.
         admin = args.command != "serve"
@@ -137,6 +145,19 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         telemetry.shutdown()
     return 0
+
+
+def _health(ca_file: str, server_name: str) -> int:
+    """No logging or telemetry set-up: a probe runs every few seconds."""
+    from agentstate.state_service.health_probe import check
+
+    try:
+        serving, seen = check(StateServiceSettings.from_env(), ca_file, server_name)
+    except ConfigError as exc:
+        print(f"agentstate-state: {exc}", file=sys.stderr)
+        return 2
+    print(seen)
+    return 0 if serving else 1
 
 
 if __name__ == "__main__":
