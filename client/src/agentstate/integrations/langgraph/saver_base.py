@@ -25,6 +25,7 @@ from langgraph.checkpoint.serde.base import SerializerProtocol
 from agentstate import client as state
 from agentstate.client import (
     AsyncStateClient,
+    ChannelSecurity,
     ChannelValue,
     CheckpointWrite,
     NewCheckpoint,
@@ -105,11 +106,15 @@ class SaverBase(BaseCheckpointSaver[str]):
         client: AsyncStateClient | None = None,
         sync_client: StateClient | None = None,
         serde: SerializerProtocol | None = None,
+        security: ChannelSecurity | None = None,
     ) -> None:
+        """`security`: TLS, a client certificate and a service token for the connections
+        this saver opens to `address` (agentstate.client.tls; default plaintext)."""
         super().__init__(serde=serde)
         if address is None and client is None and sync_client is None:
             raise ValueError("give the state service's address or a client")
         self._address = address
+        self._security = security
         self._aclient = client
         self._sclient = sync_client
         self._opened: list[AsyncStateClient | StateClient] = []
@@ -127,7 +132,7 @@ class SaverBase(BaseCheckpointSaver[str]):
         if self._aclient is None:
             if self._address is None:
                 raise ValueError("this saver was given a sync client only: use the sync methods")
-            self._aclient = AsyncStateClient.connect(self._address)
+            self._aclient = AsyncStateClient.connect(self._address, security=self._security)
             self._opened.append(self._aclient)
         return self._aclient
 
@@ -136,7 +141,7 @@ class SaverBase(BaseCheckpointSaver[str]):
         if self._sclient is None:
             if self._address is None:
                 raise ValueError("this saver was given an async client only: use the a* methods")
-            self._sclient = StateClient.connect(self._address)
+            self._sclient = StateClient.connect(self._address, security=self._security)
             self._opened.append(self._sclient)
         return self._sclient
 
