@@ -482,6 +482,10 @@ async def test_every_mutating_call_is_audited_without_user_content(
             )
         )
         await agent.GetState(pb.GetStateRequest(user_id="dave", conversation_id=cid))  # a read
+        stale = pb.UpsertStateRequest(
+            user_id="dave", conversation_id=cid, payload=payload, expected_version=0
+        )
+        assert (await _try(agent, "UpsertState", stale))[0] == grpc.StatusCode.ABORTED
         await _try(
             reporting,
             "BatchDeleteConversations",
@@ -495,6 +499,7 @@ async def test_every_mutating_call_is_audited_without_user_content(
     assert seen == [
         (AGENT_ID, "ResolveConversation", "ok"),
         (AGENT_ID, "UpsertState", "ok"),
+        (AGENT_ID, "UpsertState", "failed: ABORTED"),
         ("reporting", "BatchDeleteConversations", "refused: PERMISSION_DENIED"),
         ("operator", "BatchDeleteConversations", "ok"),
     ]

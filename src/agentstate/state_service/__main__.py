@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 import sys
 from collections.abc import Awaitable, Callable
@@ -102,6 +103,8 @@ def main(argv: list[str] | None = None) -> int:
         # An admin command's output is its answer: its diagnostics only when asked for.
         admin = args.command != "serve"
         telemetry.configure_logging("agentstate-state", quiet=admin)
+        # The audit trail is kept even by a quiet admin command (its purge, say).
+        logging.getLogger("agentstate.audit").setLevel(logging.INFO)
         settings = StateServiceSettings.from_env()
         telemetry.configure_from_env("agentstate-state")
         if args.command == "migrate":
@@ -121,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
             before = datetime.now(UTC) - timedelta(days=args.older_than_days)
 
             async def purged(store: PostgresStore) -> None:
-                counts = await purge(store, before)
+                counts = await purge(store, before, by="agentstate-state purge")
                 print(
                     f"deleted {counts.conversations} conversations untouched since "
                     f"{before.isoformat()} ({counts.messages} messages, {counts.states} states)"

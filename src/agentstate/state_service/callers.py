@@ -198,6 +198,29 @@ def audit(
         span.add_event("agentstate.audit", {k: v for k, v in fields.items() if v != []})
 
 
+def audit_operation(by: str, operation: str, counts: dict[str, int], **ids: str) -> None:
+    """The audit line and span event of an administrative operation that is not an RPC
+    (the retention sweep, `agentstate-state purge`): who (`by`), what, and the counts."""
+    fields: dict[str, Any] = {
+        "audit.caller": by,
+        "audit.via": "local",
+        "audit.rpc": operation,
+        "audit.group": "admin",
+        "audit.outcome": "ok",
+        **{f"audit.{k}": v for k, v in ids.items()},
+        **{f"audit.{k}": v for k, v in counts.items()},
+    }
+    audit_log.info(
+        "audit: %s %s outcome=ok",
+        by,
+        operation,
+        extra={k.replace(".", "_"): v for k, v in fields.items()},
+    )
+    span = trace.get_current_span()
+    if span.is_recording():
+        span.add_event("agentstate.audit", fields)
+
+
 UnaryBehaviour = Callable[[Any, grpc.aio.ServicerContext[Any, Any]], Awaitable[Any]]
 
 

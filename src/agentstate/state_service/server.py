@@ -27,7 +27,7 @@ from agentstate.common.state_metrics import PURGED
 from agentstate.common.tls import server_tls
 from agentstate.state.v1 import state_service_pb2 as pb
 from agentstate.state.v1 import state_service_pb2_grpc as pb_grpc
-from agentstate.state_service.callers import CallerInterceptor, TokenVerifier
+from agentstate.state_service.callers import CallerInterceptor, TokenVerifier, audit_operation
 from agentstate.state_service.config import StateServiceSettings
 from agentstate.state_service.domain import DeleteCounts, StateServiceError
 from agentstate.state_service.policy import load_policy
@@ -253,9 +253,20 @@ async def serve(settings: StateServiceSettings) -> None:
     await app.stop()
 
 
-async def purge(store: StateStore, before: datetime) -> DeleteCounts:
-    """Run one retention sweep and account for it."""
+async def purge(store: StateStore, before: datetime, by: str = "retention sweep") -> DeleteCounts:
+    """Run one retention sweep and account for it (metrics, and the audit trail: `by` is
+    who ran it)."""
     counts = await store.purge_inactive(before=before)
+    audit_operation(
+        by,
+        "PurgeInactive",
+        {
+            "conversations_deleted": counts.conversations,
+            "messages_deleted": counts.messages,
+            "states_deleted": counts.states,
+        },
+        before=before.isoformat(),
+    )
     for kind, value in (
         ("conversations", counts.conversations),
         ("messages", counts.messages),
