@@ -509,3 +509,16 @@ async def test_every_mutating_call_is_audited_without_user_content(
     assert last.audit_conversations_deleted == 1  # type: ignore[attr-defined]
     assert last.audit_via == "mtls" and "127.0.0.1" in last.audit_peer  # type: ignore[attr-defined]
     assert secret_text not in caplog.text
+
+
+async def test_without_tokens_or_a_policy_an_authorization_header_means_nothing(
+    pki: Pki, tls_service: str
+) -> None:
+    """The sidecar's behaviour is unchanged: it neither checks nor refuses a header it was
+    never configured to read."""
+    channel, stub = secure_stub(tls_service, pki.security())
+    async with channel:
+        request = pb.GetConversationRequest(user_id="u", conversation_id="424242")
+        with pytest.raises(grpc.aio.AioRpcError) as missing:
+            await stub.GetConversation(request, metadata=(("authorization", "Bearer x.y.z"),))
+        assert missing.value.code() == grpc.StatusCode.NOT_FOUND

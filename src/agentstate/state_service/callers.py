@@ -7,7 +7,8 @@
    STATE_TOKEN_CALLER_CLAIM; else a client certificate (mTLS) by its SPIFFE ID (a
    `spiffe://` URI SAN) or, without one, its subject's common name; else the caller is
    anonymous. A token that is presented must be valid (UNAUTHENTICATED otherwise, even
-   without a policy): a caller never silently becomes anonymous.
+   without a policy): a caller never silently becomes anonymous. Only a state service
+   with neither tokens nor a policy (the sidecar) ignores an `authorization` header.
 2. Authorisation: with a policy (policy.py), an anonymous caller is UNAUTHENTICATED
    (CALLER_UNAUTHENTICATED) and a call no rule allows is PERMISSION_DENIED, both before
    the handler runs, so a refusal changes nothing.
@@ -124,15 +125,20 @@ def certificate_identity(context: grpc.aio.ServicerContext[Any, Any]) -> str:
 
 
 async def identify(
-    context: grpc.aio.ServicerContext[Any, Any], tokens: TokenVerifier | None
+    context: grpc.aio.ServicerContext[Any, Any],
+    tokens: TokenVerifier | None,
+    strict: bool = True,
 ) -> Caller:
-    """The caller of this call; CallerUnauthenticated for a token that is not valid."""
+    """The caller of this call; CallerUnauthenticated for a token that is not valid (or,
+    when `strict`, for any token where none are accepted)."""
     peer = context.peer() or ""
     bearer = [
         (v if isinstance(v, str) else v.decode(errors="replace"))
         for k, v in (context.invocation_metadata() or ())
         if k == "authorization"
     ]
+    if bearer and tokens is None and not strict:
+        bearer = []  # no tokens configured and no policy: the header means nothing here
     if bearer:
         if tokens is None:
             raise CallerUnauthenticated(
@@ -241,7 +247,7 @@ class CallerInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
         async def guarded(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
             caller = ANONYMOUS
             try:
-                caller = await identify(context, self.tokens)
+                caller = await identify(context, self.tokens, strict=self.policy is not None)
                 if self.policy is not None:
                     if not caller.identified:
                         raise CallerUnauthenticated(
