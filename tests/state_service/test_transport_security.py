@@ -522,3 +522,24 @@ async def test_without_tokens_or_a_policy_an_authorization_header_means_nothing(
         with pytest.raises(grpc.aio.AioRpcError) as missing:
             await stub.GetConversation(request, metadata=(("authorization", "Bearer x.y.z"),))
         assert missing.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_authorize_checks_the_current_caller_against_the_current_policy(tmp_path: Path) -> None:
+    """What a cross-user servicer calls for each user it touches (policy.authorize)."""
+    from agentstate.state_service import policy as p
+    from agentstate.state_service.domain import PermissionDenied
+
+    path = tmp_path / "policy.json"
+    path.write_text(json.dumps(POLICY))
+    loaded = p.load_policy(str(path), READ_RPCS | WRITE_RPCS)
+    p.authorize("EraseUser", None)  # no policy in force: nothing to check
+    policy_token = p.set_current_policy(loaded)
+    caller_token = p.set_current_caller(p.Caller("reporting", "mtls"))
+    try:
+        p.authorize("GetState", "anyone")
+        with pytest.raises(PermissionDenied, match="reporting \\(mtls\\) may not call EraseUser"):
+            p.authorize("EraseUser", None)
+    finally:
+        p.reset_current_caller(caller_token)
+        p.reset_current_policy(policy_token)
+    assert p.current_caller() == p.ANONYMOUS

@@ -44,7 +44,9 @@ from agentstate.state_service.policy import (
     Policy,
     group_of,
     reset_current_caller,
+    reset_current_policy,
     set_current_caller,
+    set_current_policy,
 )
 from agentstate.state_service.servicer.translate import status_code
 
@@ -157,8 +159,10 @@ async def identify(
     return Caller("", "none", peer)
 
 
-def _user_of(request: Any) -> str:
-    return str(getattr(request, "user_id", "") or "")
+def _user_of(request: Any) -> str | None:
+    """The request's user; None for a request across users (no or an empty user_id)."""
+    user = getattr(request, "user_id", "")
+    return str(user) if user else None
 
 
 def _conversations_of(request: Any) -> list[str]:
@@ -186,7 +190,7 @@ def audit(
         "audit.peer": caller.peer,
         "audit.rpc": rpc,
         "audit.group": group_of(rpc),
-        "audit.user_id": _user_of(request),
+        "audit.user_id": _user_of(request) or "",
         "audit.conversation_ids": _conversations_of(request),
         "audit.outcome": outcome,
         **{f"audit.{k}": v for k, v in counts.items()},
@@ -263,6 +267,7 @@ class CallerInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
                     context, status_code(exc), str(exc), state_error_detail(exc)
                 )
             token = set_current_caller(caller)
+            policy_token = set_current_policy(self.policy)
             try:
                 response = await behaviour(request, context)
             except BaseException:
@@ -271,6 +276,7 @@ class CallerInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
                     audit(caller, rpc, request, f"failed: {getattr(code, 'name', code)}")
                 raise
             finally:
+                reset_current_policy(policy_token)
                 reset_current_caller(token)
             if audited:
                 audit(caller, rpc, request, "ok", response)

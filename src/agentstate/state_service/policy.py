@@ -20,8 +20,13 @@ matches its caller, its RPC and its user, and denied otherwise (PERMISSION_DENIE
 - `users`: the user ids the rule covers: "*" (the default), an exact id, or a prefix
   ending in "*" (`"tenant-a:*"`). A cross-user call (user None) needs a rule with "*".
 
-Without a policy every call is allowed (the sidecar: one caller, on loopback). A servicer
-that acts across users calls `check(current_caller(), rpc, None)` itself.
+Without a policy every call is allowed (the sidecar: one caller, on loopback).
+
+The caller interceptor (callers.py) checks every RPC before its handler runs, with the
+request's `user_id` (empty or absent: a call across users, which needs a rule for "*").
+A servicer that acts on users other than its request's `user_id` (a cross-user listing
+that returns several users' data, say) calls `authorize(rpc, user_id)` for each, which
+checks the current call's caller against the current policy.
 """
 
 from __future__ import annotations
@@ -121,6 +126,25 @@ def set_current_caller(caller: Caller) -> contextvars.Token[Caller]:
 
 def reset_current_caller(token: contextvars.Token[Caller]) -> None:
     _current.reset(token)
+
+
+_policy: contextvars.ContextVar[Policy | None] = contextvars.ContextVar("policy", default=None)
+
+
+def set_current_policy(policy: Policy | None) -> contextvars.Token[Policy | None]:
+    return _policy.set(policy)
+
+
+def reset_current_policy(token: contextvars.Token[Policy | None]) -> None:
+    _policy.reset(token)
+
+
+def authorize(rpc: str, user_id: str | None) -> None:
+    """PermissionDenied unless the current call's caller may call `rpc` for `user_id`
+    (None: across users) under the current policy; without a policy, nothing to check."""
+    policy = _policy.get()
+    if policy is not None:
+        policy.check(current_caller(), rpc, user_id)
 
 
 @dataclass(frozen=True)
