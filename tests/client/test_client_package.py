@@ -38,6 +38,13 @@ def test_importing_the_types_loads_no_grpc_and_no_stub() -> None:
     loaded = modules_loaded_by("import agentstate.client\nfrom agentstate.client import types")
     assert "agentstate.client.types" in loaded
     assert [m for m in loaded if m.startswith(GRPC_OR_STUBS)] == []
+    # Nor do the settings, TLS ones included (grpc's types only under TYPE_CHECKING).
+    loaded = modules_loaded_by(
+        "from agentstate.client.settings import ClientSettings\n"
+        "ClientSettings.from_env({'AGENTSTATE_STATE_TLS_CA_FILE': '/ca.pem'})"
+    )
+    assert "agentstate.client.settings" in loaded
+    assert [m for m in loaded if m.startswith(GRPC_OR_STUBS)] == []
     # The check can fail: a client loads grpc and the stubs.
     loaded = modules_loaded_by("from agentstate.client import StateClient")
     assert {"grpc", "agentstate.state.v1.state_service_pb2_grpc"} <= set(loaded)
