@@ -235,7 +235,11 @@ UnaryBehaviour = Callable[[Any, grpc.aio.ServicerContext[Any, Any]], Awaitable[A
 
 
 class CallerInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
-    """Identity, policy and audit around every state RPC (see the module's doc)."""
+    """Identity, policy and audit around every state RPC (see the module's doc).
+
+    Like AdmissionInterceptor it builds the guarded handler once per method: everything
+    per call happens inside the handler, and the interceptors inside this one (admission,
+    request decoding) decide by method alone."""
 
     def __init__(
         self, policy: Policy | None, tokens: TokenVerifier | None, audit_calls: bool = True
