@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import ssl
 import subprocess
 import sys
@@ -257,3 +258,123 @@ def test_the_health_command_probes_a_tls_port(services: Services) -> None:
     assert refused.returncode == 1 and "UNAVAILABLE" in refused.stdout, refused.stdout
     wrong_name = probe(s.ca.file, "elsewhere.example")
     assert wrong_name.returncode == 1
+
+
+def _served_issuer(url: str) -> str:
+    from cryptography import x509
+
+    host, port = url.removeprefix("https://").rsplit(":", 1)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    with (
+        socket.create_connection((host, int(port)), timeout=5) as raw,
+        context.wrap_socket(raw) as tls,
+    ):
+        der = tls.getpeercert(binary_form=True)
+    assert der is not None
+    return x509.load_der_x509_certificate(der).issuer.rfc4514_string()
+
+
+def test_service_tokens_agent_mtls_and_a_renewed_console_certificate(services: Services) -> None:
+    """The agent identifies to the state service with a service token (no client
+    certificate), its own port requires client certificates (the CLI presents one), and
+    the console serves a renewed certificate to new connections without a restart."""
+    import time
+
+    import jwt
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    s = services
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    public = s.root / "token-key.pem"
+    public.write_bytes(
+        key.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+    )
+    issuer, audience = "https://tokens.example.test", "agentstate-state"
+    token_file = s.root / "agent.token"
+    claims = {"iss": issuer, "aud": audience, "sub": AGENT_ID, "exp": int(time.time()) + 600}
+    token_file.write_text(jwt.encode(claims, key, algorithm="RS256"))
+    state = s.start(
+        "agentstate.state_service",
+        {
+            "STATE_LISTEN_ADDRESS": "127.0.0.1:0",
+            "STATE_STORE": "memory",
+            "STATE_TLS_CERT_FILE": str(s.state_cert.cert),
+            "STATE_TLS_KEY_FILE": str(s.state_cert.key),
+            "STATE_POLICY_FILE": str(s.policy),
+            "STATE_TOKEN_ISSUER": issuer,
+            "STATE_TOKEN_AUDIENCE": audience,
+            "STATE_TOKEN_KEY_FILE": str(public),
+        },
+    )
+    cli_client = s.ca.issue("cli", "cli-user")
+    agent = s.start(
+        "agentstate.agent_service",
+        {
+            "AGENT_LISTEN_ADDRESS": "127.0.0.1:0",
+            "AGENT_STATE_ADDRESS": state,
+            "AGENT_AUTH_MODE": "dev-header",
+            "AGENT_PROFILE": "",
+            "AGENT_TLS_CERT_FILE": str(s.agent_server.cert),
+            "AGENT_TLS_KEY_FILE": str(s.agent_server.key),
+            "AGENT_TLS_CLIENT_CA_FILE": str(s.ca.file),
+            "AGENT_STATE_TLS_CA_FILE": str(s.ca.file),
+            "AGENT_STATE_TOKEN_FILE": str(token_file),
+        },
+    )
+
+    def cli(*extra: str, **env: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "agentstate.agent_service.cli", *extra],
+            env={
+                **os.environ,
+                "AGENTSTATE_ADDRESS": agent,
+                "AGENTSTATE_USER": "hana",
+                "AGENTSTATE_TLS_CA_FILE": str(s.ca.file),
+                **env,
+            },
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    with_cert = {
+        "AGENTSTATE_TLS_CERT_FILE": str(cli_client.cert),
+        "AGENTSTATE_TLS_KEY_FILE": str(cli_client.key),
+    }
+    chat = cli("chat", "hello", **with_cert)
+    assert chat.returncode == 0, chat.stdout + chat.stderr
+    assert cli("conversations", **with_cert).returncode == 0
+    without = cli("conversations")  # the agent's port requires a client certificate now
+    assert without.returncode != 0 and "UNAVAILABLE" in without.stderr, without.stderr
+
+    console_pair = s.ca.issue("console-live", "console", server=True, into=s.root / "console")
+    console = s.start(
+        "agentstate.console",
+        {
+            "CONSOLE_LISTEN_ADDRESS": "127.0.0.1:0",
+            "CONSOLE_AGENT_ADDRESS": agent,
+            "CONSOLE_STATE_ADDRESS": state,
+            "CONSOLE_DEV_USER": "hana",
+            "CONSOLE_TLS_CERT_FILE": str(console_pair.cert),
+            "CONSOLE_TLS_KEY_FILE": str(console_pair.key),
+            "CONSOLE_GRPC_TLS_CA_FILE": str(s.ca.file),
+            "CONSOLE_GRPC_TLS_CERT_FILE": str(s.console_client.cert),
+            "CONSOLE_GRPC_TLS_KEY_FILE": str(s.console_client.key),
+        },
+    )
+    status, body = _https_get(console + "/api/conversations", s.ca.file, {})
+    assert status == 200 and len(body["conversations"]) == 1
+    assert _served_issuer(console) == "CN=agentstate test CA"
+    renewed = CertificateAuthority(s.root / "renewed", "renewed CA")
+    fresh = renewed.issue("console-live", "console", server=True, into=s.root / "staged")
+    console_pair.key.write_bytes(fresh.key.read_bytes())  # half-way: the old pair stays
+    assert _served_issuer(console) == "CN=agentstate test CA"
+    console_pair.cert.write_bytes(fresh.cert.read_bytes())
+    assert _served_issuer(console) == "CN=renewed CA"
+    status, _ = _https_get(console + "/api/me", renewed.file, {})
+    assert status == 200
