@@ -378,3 +378,19 @@ def test_service_tokens_agent_mtls_and_a_renewed_console_certificate(services: S
     assert _served_issuer(console) == "CN=renewed CA"
     status, _ = _https_get(console + "/api/me", renewed.file, {})
     assert status == 200
+
+
+@pytest.mark.parametrize(
+    ("env", "words"),
+    [
+        ({"CONSOLE_TLS_CERT_FILE": "/c.pem"}, "CONSOLE_TLS_CERT_FILE and CONSOLE_TLS_KEY_FILE"),
+        ({"CONSOLE_GRPC_TLS_KEY_FILE": "/k.pem"}, "CONSOLE_GRPC_TLS_CERT_FILE and"),
+        ({"CONSOLE_TLS_CLIENT_CA_FILE": "/ca.pem"}, "over HTTPS only"),
+    ],
+)
+def test_console_tls_settings_that_do_not_go_together(env: dict[str, str], words: str) -> None:
+    from agentstate.common.config import ConfigError
+    from agentstate.console.config import ConsoleSettings
+
+    with pytest.raises(ConfigError, match=words):
+        ConsoleSettings.from_env({"CONSOLE_DEV_USER": "u", **env})

@@ -104,6 +104,19 @@ class ConsoleSettings(EnvSettings):
             raise ValueError(
                 "set CONSOLE_USER_HEADER (behind an authenticating proxy) or CONSOLE_DEV_USER"
             )
+        for prefix, cert, key in (
+            ("CONSOLE_TLS", self.tls_cert_file, self.tls_key_file),
+            ("CONSOLE_GRPC_TLS", self.grpc_tls_cert_file, self.grpc_tls_key_file),
+        ):
+            if bool(cert) != bool(key):
+                raise ValueError(
+                    f"{prefix}_CERT_FILE and {prefix}_KEY_FILE go together: set both, or neither"
+                )
+        if self.tls_client_ca_file and not self.tls_cert_file:
+            raise ValueError(
+                "CONSOLE_TLS_CLIENT_CA_FILE needs CONSOLE_TLS_CERT_FILE and CONSOLE_TLS_KEY_FILE "
+                "(client certificates are asked for over HTTPS only)"
+            )
         return self
 
     def host_port(self) -> tuple[str, int]:
