@@ -72,6 +72,7 @@ POLICY = {
         {"caller": "operator", "rpcs": ["read", "write", "admin"]},
         {"caller": "tenant-tool", "rpcs": ["*"], "users": ["tenant-a:*"]},
         {"caller": "batch-job", "rpcs": ["GetState", "UpsertState", "ResolveConversation"]},
+        {"caller": "*", "rpcs": ["read"], "users": ["self"]},
     ]
 }
 
@@ -334,6 +335,12 @@ def test_cross_user_calls_need_a_rule_for_every_user(pki: Pki, tmp_path: Path) -
     assert not policy.allows(tenant, "EraseUser", None)  # its users only: never across them
     assert policy.allows(tenant, "EraseUser", "tenant-a:x")
     assert not policy.allows(Caller("", "none"), "GetState", "alice")  # "*" is not anonymous
+    # "self": any identified caller may read the user that is itself, and no other.
+    user_token = Caller("ursula", "token")
+    assert policy.allows(user_token, "GetState", "ursula")
+    assert not policy.allows(user_token, "GetState", "alice")
+    assert not policy.allows(user_token, "UpsertState", "ursula")
+    assert not policy.allows(user_token, "ListConversations", None)
     batch = Caller("batch-job", "token")
     assert policy.allows(batch, "UpsertState", "u") and not policy.allows(batch, "EndTurn", "u")
     with pytest.raises(Exception, match="may not call EraseUser across users"):

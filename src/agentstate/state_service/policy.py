@@ -17,8 +17,10 @@ matches its caller, its RPC and its user, and denied otherwise (PERMISSION_DENIE
   `write` (the other per-user RPCs) and `admin` (every RPC in neither list: the
   cross-user ones, such as erasing a user or listing across users; an RPC added later is
   admin until it is put in a list here, so a new RPC is never open by accident); "*" all.
-- `users`: the user ids the rule covers: "*" (the default), an exact id, or a prefix
-  ending in "*" (`"tenant-a:*"`). A cross-user call (user None) needs a rule with "*".
+- `users`: the user ids the rule covers: "*" (the default), an exact id, a prefix
+  ending in "*" (`"tenant-a:*"`), or "self": the user whose id is the caller's own
+  identity (a token issued to one end user reaches only that user's data). A cross-user
+  call (user None) needs a rule with "*".
 
 Without a policy every call is allowed (the sidecar: one caller, on loopback).
 
@@ -159,13 +161,17 @@ class Rule:
     def covers_rpc(self, rpc: str) -> bool:
         return "*" in self.rpcs or rpc in self.rpcs or group_of(rpc) in self.rpcs
 
-    def covers_user(self, user_id: str | None) -> bool:
+    def covers_user(self, user_id: str | None, caller: Caller = ANONYMOUS) -> bool:
         if "*" in self.users:
             return True
         if user_id is None:  # across users: only a rule for every user
             return False
+        if "self" in self.users and caller.identified and user_id == caller.name:
+            return True
         return any(
-            user_id.startswith(u[:-1]) if u.endswith("*") else user_id == u for u in self.users
+            user_id.startswith(u[:-1]) if u.endswith("*") else user_id == u
+            for u in self.users
+            if u != "self"
         )
 
 
@@ -176,7 +182,7 @@ class Policy:
 
     def allows(self, caller: Caller, rpc: str, user_id: str | None) -> bool:
         return any(
-            r.covers_caller(caller) and r.covers_rpc(rpc) and r.covers_user(user_id)
+            r.covers_caller(caller) and r.covers_rpc(rpc) and r.covers_user(user_id, caller)
             for r in self.rules
         )
 
