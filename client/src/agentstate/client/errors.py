@@ -124,6 +124,18 @@ class ContextNotArray(FailedPrecondition):
     """A delta save on a state whose "context" is not an array: send the whole state."""
 
 
+class ErasureRunning(FailedPrecondition):
+    """erase_user while another call's erase of the same user is alive."""
+
+
+class UserBeingErased(FailedPrecondition):
+    """A write that would add a row for a user whose erase runs: retry after it."""
+
+
+class PermissionDenied(StateError):
+    """PERMISSION_DENIED: an operator's ability the caller may not use."""
+
+
 class NotSupported(StateError):
     """UNIMPLEMENTED: the service's store does not keep what this call needs (for example
     checkpoints or items on a store without that capability)."""
@@ -171,6 +183,9 @@ _BY_REASON: dict[str, type[StateError]] = {
     "CARD_ALREADY_HANDLED": CardAlreadyHandled,
     "MESSAGE_STATUS_MISMATCH": MessageStatusMismatch,
     "CONTEXT_NOT_ARRAY": ContextNotArray,
+    "ERASURE_RUNNING": ErasureRunning,
+    "USER_BEING_ERASED": UserBeingErased,
+    "PERMISSION_DENIED": PermissionDenied,
     "NOT_SUPPORTED": NotSupported,
     "FAILED_PRECONDITION": FailedPrecondition,
     "PAYLOAD_TOO_LARGE": PayloadTooLarge,
@@ -188,6 +203,7 @@ _BY_CODE: dict[grpc.StatusCode, type[StateError]] = {
     grpc.StatusCode.UNAVAILABLE: Unavailable,
     grpc.StatusCode.DEADLINE_EXCEEDED: DeadlineExceeded,
     grpc.StatusCode.UNIMPLEMENTED: NotSupported,
+    grpc.StatusCode.PERMISSION_DENIED: PermissionDenied,
 }
 
 

@@ -8,7 +8,7 @@ import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import grpc
@@ -46,6 +46,7 @@ STATUS_CODES: dict[type, grpc.StatusCode] = {
     d.StoreUnavailable: grpc.StatusCode.UNAVAILABLE,
     d.NotSupported: grpc.StatusCode.UNIMPLEMENTED,
     d.StoreError: grpc.StatusCode.INTERNAL,
+    d.PermissionDenied: grpc.StatusCode.PERMISSION_DENIED,
 }
 
 
@@ -150,3 +151,7 @@ def timestamp(value: datetime) -> Timestamp:
     ts = Timestamp()
     ts.FromDatetime(value)
     return ts
+
+
+def datetime_of(ts: Timestamp) -> datetime:
+    return ts.ToDatetime(tzinfo=UTC)

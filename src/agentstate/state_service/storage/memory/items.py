@@ -127,6 +127,8 @@ class MemoryItems(MemoryTables, ItemStore):
     ) -> d.AppendedEvent:
         async with self._lock:
             revision = self._lock_items(user_id, conversation_id, event.expected_revision) + 1
+            if event.user_delta is not None and (event.app_name, user_id) not in self._scoped:
+                self._check_fence(user_id)  # a new row of a user being erased
             now = utc_now()
             self._item_revisions[conversation_id] = revision
             item = None
