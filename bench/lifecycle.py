@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import shutil
 import statistics
 import subprocess
 import tempfile
@@ -176,13 +177,15 @@ def main() -> None:
     parser.add_argument("--pages", type=int, default=200)
     args = parser.parse_args()
     print(subprocess.run(["uptime"], capture_output=True, text=True, check=False).stdout)
-    with tempfile.TemporaryDirectory() as root:
-        pg = EmbeddedPostgres(Path(root) / "pgdata")
-        dsn = pg.start()
-        try:
-            asyncio.run(run(dsn, args))
-        finally:
-            pg.stop()
+    root = Path(tempfile.mkdtemp(prefix="agentstate-lifecycle-"))
+    root.chmod(0o755)  # the postgres user must reach the data directory
+    pg = EmbeddedPostgres(root / "pgdata")
+    dsn = pg.start()
+    try:
+        asyncio.run(run(dsn, args))
+    finally:
+        pg.stop()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 if __name__ == "__main__":
