@@ -348,6 +348,14 @@ async def test_writes_during_an_erase_are_refused_over_grpc(
         f"being erased (receipt {erasure_id})",
     )
     assert error_info(error) == ("USER_BEING_ERASED", {})
+    # A turn that would start a new conversation, and new user-scoped state, too.
+    await expect_rpc_error(
+        state_stub.BeginTurn(
+            pb.BeginTurnRequest(user_id=user_id, holder="replica-1", ttl_ms=30_000)
+        ),
+        grpc.StatusCode.FAILED_PRECONDITION,
+        "being erased",
+    )
     error = await expect_rpc_error(
         state_stub.EraseUser(pb.EraseUserRequest(user_id=user_id)),
         grpc.StatusCode.FAILED_PRECONDITION,
