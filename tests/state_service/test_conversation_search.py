@@ -375,8 +375,8 @@ async def test_postgres_page_uses_the_index(
 
     async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
         await conn.execute(
-            "INSERT INTO t_conversation (user_id, title) "
-            "SELECT %s, 't' FROM generate_series(1, 3000)",
+            "INSERT INTO t_conversation (user_id, title, labels) "
+            "SELECT %s, 't', '{\"team\": \"shop\"}' FROM generate_series(1, 3000)",
             (user_id,),
         )
         await conn.execute("ANALYZE t_conversation")
@@ -390,3 +390,30 @@ async def test_postgres_page_uses_the_index(
     assert scans and all("Index" in line for line in scans), "\n".join(plan)
     read = [int(n) for line in scans for n in re.findall(r"actual rows=(\d+)", line)]
     assert read and max(read) <= 51, "\n".join(plan)  # 3000 rows, one page read
+
+    # A label's page walks the label's index rows (kept by a trigger) the same way.
+    statement = lsql.search_statement(
+        ["user", "label_equal"], statuses=False, state=False, by_label=True
+    )
+    rows = await pg_store._rows(
+        "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) " + statement,
+        {
+            "user_id": user_id,
+            "limit": 51,
+            "label_equal": '{"team": "shop"}',
+            "drive_key": "team",
+            "drive_value": "shop",
+        },
+    )
+    plan = [str(next(iter(r.values()))) for r in rows]
+    scans = [line for line in plan if "on t_conversation_label " in line]
+    assert scans and all("Index" in line for line in scans), "\n".join(plan)
+    read = [int(n) for line in scans for n in re.findall(r"actual rows=(\d+)", line)]
+    assert read and max(read) <= 51, "\n".join(plan)
+    found = await pg_store.search_conversations(
+        where=d.ConversationFilter(user_id=user_id, selector=d.parse_label_selector("team=shop")),
+        page_size=50,
+        before_id=None,
+        include_total=True,
+    )
+    assert found.total == 3000 and len(found.page.items) == 50

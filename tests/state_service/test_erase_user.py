@@ -41,6 +41,7 @@ USER_TABLES = {
     "t_conversation_item": "user_id",
     "t_scoped_state": "user_id",
     "t_erasure_fence": "user_id",
+    "t_conversation_label": "user_id",
 }
 
 
@@ -51,7 +52,7 @@ async def fill(store: StateStore, user_id: str, conversations: int = 7) -> list[
     for n in range(conversations):
         cid = (
             await store.create_conversation(
-                user_id=user_id, title=f"c{n}", external_key=f"adk:shop:{n}"
+                user_id=user_id, title=f"c{n}", external_key=f"adk:shop:{n}", labels={"n": "x"}
             )
         ).conversation_id
         ids.append(cid)

@@ -28,6 +28,7 @@ USER_TABLES = {
     "t_conversation_item",
     "t_scoped_state",
     "t_erasure_fence",
+    "t_conversation_label",
 }
 
 # The documented cross-user paths (docs/scaling.md), and the statements still to change.

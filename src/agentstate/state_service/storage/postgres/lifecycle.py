@@ -139,8 +139,15 @@ class PostgresLifecycle(PostgresConnection, LifecycleStore):
         params["limit"] = page_size + 1
         if include_state_key:
             params["state_key"] = include_state_key
+        # One user's label equality: walk that label's index rows (flat at any size).
+        by_label = where.user_id is not None and bool(where.selector.equal)
+        if by_label:
+            params["drive_key"], params["drive_value"] = sorted(where.selector.equal.items())[0]
         statement = lsql.search_statement(
-            clauses, statuses=bool(where.statuses), state=bool(include_state_key)
+            clauses,
+            statuses=bool(where.statuses),
+            state=bool(include_state_key),
+            by_label=by_label,
         )
         rows = await self._rows(statement, params)
         items = [conversation_of(r) for r in rows[:page_size]]

@@ -60,13 +60,27 @@ def _status_match() -> str:
     return f"({expression}) = ANY(%(statuses)s::text[])"
 
 
-def search_statement(clauses: list[str], *, statuses: bool, state: bool) -> str:
+def search_statement(
+    clauses: list[str], *, statuses: bool, state: bool, by_label: bool = False
+) -> str:
     """The page first (the index walk stops at the limit), then the status and the state
-    of those rows only (the page is aliased `c`, which STATUS_COLUMNS reads)."""
+    of those rows only (the page is aliased `c`, which STATUS_COLUMNS reads). `by_label`:
+    one user's conversations with the label %(drive_key)s = %(drive_value)s, walked from
+    t_conversation_label's key (the other clauses filter)."""
     where = [SEARCH_CLAUSES[name] for name in clauses]
     if statuses:
         where.append(_status_match())
-    page = f"""
+    if by_label:
+        where = [w.replace("c.id < ", "lb.conversation_id < ") for w in where]
+        page = f"""
+SELECT {CONVERSATION_COLUMNS}
+FROM t_conversation_label AS lb
+JOIN t_conversation AS c ON c.user_id = lb.user_id AND c.id = lb.conversation_id
+WHERE lb.user_id = %(user_id)s AND lb.key = %(drive_key)s AND lb.value = %(drive_value)s
+  AND {" AND ".join(where) or "true"}
+ORDER BY lb.conversation_id DESC LIMIT %(limit)s"""
+    else:
+        page = f"""
 SELECT {CONVERSATION_COLUMNS} FROM t_conversation AS c
 WHERE {" AND ".join(where) or "true"}
 ORDER BY c.id DESC LIMIT %(limit)s"""

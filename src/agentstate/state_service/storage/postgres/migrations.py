@@ -490,8 +490,24 @@ ALTER TABLE t_conversation
     ADD COLUMN ttl_seconds bigint CHECK (ttl_seconds > 0),
     ADD COLUMN ttl_renew boolean NOT NULL DEFAULT false,
     ADD COLUMN expire_time timestamptz;
--- Label selectors (containment) and the sweep of expired conversations.
-CREATE INDEX t_conversation_labels_idx ON t_conversation USING gin (labels jsonb_path_ops);
+-- The labels again as rows, kept by a trigger: a page of a label's conversations
+-- walks (user_id, key, value, conversation_id) backwards and stops at the page.
+CREATE TABLE t_conversation_label (
+    user_id         text NOT NULL,
+    key             text NOT NULL,
+    value           text NOT NULL,
+    conversation_id bigint NOT NULL,
+    PRIMARY KEY (user_id, key, value, conversation_id),
+    CONSTRAINT t_conversation_label_conversation_fkey FOREIGN KEY (user_id, conversation_id)
+        REFERENCES t_conversation (user_id, id) ON DELETE CASCADE
+);
+\\ir functions/agentstate_index_labels.sql
+CREATE TRIGGER t_conversation_index_labels AFTER INSERT ON t_conversation
+FOR EACH ROW WHEN (NEW.labels <> '{}') EXECUTE FUNCTION agentstate_index_labels();
+CREATE TRIGGER t_conversation_reindex_labels AFTER UPDATE OF labels ON t_conversation
+FOR EACH ROW WHEN (OLD.labels IS DISTINCT FROM NEW.labels)
+EXECUTE FUNCTION agentstate_index_labels();
+-- The sweep of expired conversations.
 CREATE INDEX t_conversation_expire_idx ON t_conversation (expire_time)
     WHERE expire_time IS NOT NULL;
 -- Listing by key prefix (an adapter's namespace) under byte order.
