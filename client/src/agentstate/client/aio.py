@@ -301,7 +301,10 @@ class AsyncStateClient:
         return await self._call(op, timeout)
 
     async def erase_user(self, user_id: str, *, timeout: float | None = None) -> ErasureReceipt:
-        """Remove every row of the user; the receipt (see EraseUser in the contract)."""
+        """Remove every row of the user; the receipt (see EraseUser in the contract). It
+        takes seconds for thousands of conversations: give a `timeout` to match. A call
+        cut short leaves the erase RUNNING; calling again after STATE_ERASE_STALE_SECONDS
+        resumes it (before that: ErasureRunning)."""
         return await self._call(ops.erase_user(user_id), timeout)
 
     async def get_erasure_receipt(

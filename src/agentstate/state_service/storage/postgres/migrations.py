@@ -501,6 +501,9 @@ CREATE TABLE t_conversation_label (
     CONSTRAINT t_conversation_label_conversation_fkey FOREIGN KEY (user_id, conversation_id)
         REFERENCES t_conversation (user_id, id) ON DELETE CASCADE
 );
+-- The cascade from t_conversation and a relabelling find a conversation's rows.
+CREATE INDEX t_conversation_label_conversation_idx
+    ON t_conversation_label (user_id, conversation_id);
 \\ir functions/agentstate_index_labels.sql
 CREATE TRIGGER t_conversation_index_labels AFTER INSERT ON t_conversation
 FOR EACH ROW WHEN (NEW.labels <> '{}') EXECUTE FUNCTION agentstate_index_labels();
