@@ -635,7 +635,8 @@ class StateServiceServicer:
         """---- Data lifecycle (issue 23) ----
 
         UpdateConversation changes a conversation's labels and time to live (the
-        title has RenameConversation). Fields left unset keep their value.
+        title has RenameConversation). Fields left unset keep their value; the
+        conversation's update_time moves, as for any change.
 
         Errors: NOT_FOUND (conversation absent or another user's),
         INVALID_ARGUMENT (a label key or value that is malformed or too long, more

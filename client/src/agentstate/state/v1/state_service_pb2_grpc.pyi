@@ -320,7 +320,8 @@ class StateServiceStub:
     """---- Data lifecycle (issue 23) ----
 
     UpdateConversation changes a conversation's labels and time to live (the
-    title has RenameConversation). Fields left unset keep their value.
+    title has RenameConversation). Fields left unset keep their value; the
+    conversation's update_time moves, as for any change.
 
     Errors: NOT_FOUND (conversation absent or another user's),
     INVALID_ARGUMENT (a label key or value that is malformed or too long, more
@@ -624,7 +625,8 @@ class StateServiceAsyncStub(StateServiceStub):
     """---- Data lifecycle (issue 23) ----
 
     UpdateConversation changes a conversation's labels and time to live (the
-    title has RenameConversation). Fields left unset keep their value.
+    title has RenameConversation). Fields left unset keep their value; the
+    conversation's update_time moves, as for any change.
 
     Errors: NOT_FOUND (conversation absent or another user's),
     INVALID_ARGUMENT (a label key or value that is malformed or too long, more
@@ -1135,7 +1137,8 @@ class StateServiceServicer(metaclass=_abc_1.ABCMeta):
         """---- Data lifecycle (issue 23) ----
 
         UpdateConversation changes a conversation's labels and time to live (the
-        title has RenameConversation). Fields left unset keep their value.
+        title has RenameConversation). Fields left unset keep their value; the
+        conversation's update_time moves, as for any change.
 
         Errors: NOT_FOUND (conversation absent or another user's),
         INVALID_ARGUMENT (a label key or value that is malformed or too long, more

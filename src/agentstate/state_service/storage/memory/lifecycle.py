@@ -47,7 +47,9 @@ class MemoryLifecycle(MemoryTables, LifecycleStore):
         async with self._lock:
             conversation = self._conversation(user_id, conversation_id)
             changed = replace(
-                conversation, labels=d.apply_label_change(conversation.labels, labels)
+                conversation,
+                labels=d.apply_label_change(conversation.labels, labels),
+                update_time=utc_now(),  # a change of the conversation (as in PostgreSQL)
             )
             if ttl.clear:
                 changed = replace(changed, ttl=None, expire_time=None)

@@ -13,9 +13,11 @@ CONVERSATION_COLUMNS: Final = (
     "c.labels::text AS labels, c.ttl_seconds, c.ttl_renew, c.expire_time"
 )
 
-# Labels: removed keys, then the set ones. TTL: unchanged, cleared, or set from now.
+# Labels: removed keys, then the set ones. TTL: unchanged, cleared, or set from now (a
+# RENEW_ON_WRITE one is then recomputed from update_time by agentstate_renew_ttl).
 UPDATE_CONVERSATION: Final = f"""
 UPDATE t_conversation AS c SET
+    update_time = now(),
     labels = (c.labels - %(remove_labels)s::text[]) || %(set_labels)s::jsonb,
     ttl_seconds = CASE WHEN %(clear_ttl)s THEN NULL
                        WHEN %(ttl_seconds)s::bigint IS NULL THEN c.ttl_seconds
