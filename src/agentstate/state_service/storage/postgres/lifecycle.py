@@ -77,6 +77,9 @@ def search_params(where: ConversationFilter) -> tuple[list[str], dict[str, Any]]
         params["label_not_equal"] = json.dumps(dict(selector.not_equal))
     if where.statuses:
         params["statuses"] = sorted(where.statuses)
+        open_only = {d.ConversationStatus.RUNNING, d.ConversationStatus.AWAITING_CONFIRMATION}
+        if where.user_id is not None and where.statuses <= open_only:
+            clauses.append("open_candidates")
     return clauses, params
 
 

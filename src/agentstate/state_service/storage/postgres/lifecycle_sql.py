@@ -49,6 +49,15 @@ SEARCH_CLAUSES: Final = {
     "label_equal": "c.labels @> %(label_equal)s::jsonb",
     "label_present": "c.labels ?& %(label_present)s::text[]",
     "label_absent": "NOT c.labels ?| %(label_absent)s::text[]",
+    # Only RUNNING / AWAITING_CONFIRMATION wanted: the candidates are the user's few
+    # leases and open cards (both indexed), not every conversation of the user.
+    "open_candidates": (
+        "c.id = ANY(ARRAY("
+        "SELECT l.conversation_id FROM t_run_lease AS l "
+        "WHERE l.user_id = %(user_id)s AND l.expire_time > now() "
+        "UNION SELECT m.conversation_id FROM t_agent_message AS m "
+        "WHERE m.user_id = %(user_id)s AND m.status = 'AWAITING_CONFIRM'))"
+    ),
     "label_not_equal": (
         "NOT EXISTS (SELECT 1 FROM jsonb_each_text(%(label_not_equal)s::jsonb) AS ne "
         "WHERE c.labels ->> ne.key = ne.value)"
