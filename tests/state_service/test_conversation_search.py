@@ -417,3 +417,32 @@ async def test_postgres_page_uses_the_index(
         include_total=True,
     )
     assert found.total == 3000 and len(found.page.items) == 50
+
+
+async def test_the_sweeper_applies_time_to_live_without_global_retention(
+    user_id: str,
+) -> None:
+    """STATE_RETENTION_DAYS=0 (keep forever) and a conversation with its own time to live:
+    the service's sweeper still deletes it once it expires, and keeps the one without."""
+    from agentstate.state_service.config import StateServiceSettings
+    from agentstate.state_service.server import StateServiceApp
+
+    app = StateServiceApp(
+        StateServiceSettings(
+            listen_address="127.0.0.1:0", store="memory", retention_interval_seconds=0.2
+        )
+    )
+    await app.start()
+    assert app.store is not None
+    try:
+        short = await app.store.create_conversation(user_id=user_id, title="t", ttl=d.TimeToLive(1))
+        kept = await app.store.create_conversation(user_id=user_id, title="t")
+        for _ in range(60):
+            page = await app.store.list_conversations(user_id=user_id, page_size=10, before_id=None)
+            ids = [c.conversation_id for c in page.items]
+            if short.conversation_id not in ids:
+                break
+            await asyncio.sleep(0.1)
+        assert ids == [kept.conversation_id]
+    finally:
+        await app.stop()
