@@ -125,3 +125,27 @@ async def test_langgraph_list_none_goes_across_threads(state_address: str) -> No
         assert other == []
     finally:
         await saver.aclose()
+
+
+async def test_the_client_sets_labels_and_time_to_live(state_address: str, user_id: str) -> None:
+    """What an adapter passes on (a session option, a checkpointer config) reaches the
+    conversation: labels and a time to live at create or resolve, changed later."""
+    async with AsyncStateClient.connect(state_address) as client:
+        made = await client.create_conversation(
+            user_id, "t", labels={"app": "shop"}, ttl_seconds=60
+        )
+        assert made.labels == {"app": "shop"} and made.ttl_seconds == 60
+        assert made.expire_time is not None and not made.ttl_renewed_by_writes
+        resolved = await client.resolve_conversation(
+            user_id, "k", ttl_seconds=30, ttl_renewed_by_writes=True
+        )
+        assert resolved.created and resolved.conversation.ttl_renewed_by_writes
+        changed = await client.update_conversation(
+            user_id, made.conversation_id, set_labels={"tier": "gold"}, clear_ttl=True
+        )
+        assert changed.labels == {"app": "shop", "tier": "gold"} and changed.ttl_seconds == 0
+        found = await client.search_conversations(
+            user_id, label_selector="tier=gold", include_total=True
+        )
+        assert [c.conversation_id for c in found.items] == [made.conversation_id]
+        assert found.total_count == 1

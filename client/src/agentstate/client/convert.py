@@ -166,7 +166,7 @@ def conversation_of(message: pb.Conversation) -> Conversation:
     )
 
 
-def _ttl(seconds: int | None, renewed_by_writes: bool) -> pb.TimeToLive | None:
+def ttl_of(seconds: int | None, renewed_by_writes: bool) -> pb.TimeToLive | None:
     if seconds is None:
         return None
     policy = pb.TTL_POLICY_RENEW_ON_WRITE if renewed_by_writes else pb.TTL_POLICY_FIXED
@@ -234,7 +234,7 @@ def update_conversation(
             conversation_id=conversation_id,
             set_labels=dict(set_labels),
             remove_labels=list(remove_labels),
-            ttl=_ttl(ttl_seconds, ttl_renewed_by_writes),
+            ttl=ttl_of(ttl_seconds, ttl_renewed_by_writes),
             clear_ttl=clear_ttl,
         ),
         lambda r: conversation_of(r.conversation),
@@ -383,21 +383,39 @@ def upsert_state(
 # ----------------------------------------------------------- conversations
 
 
-def create_conversation(user_id: str, title: str, external_key: str) -> Op[Conversation]:
+def create_conversation(
+    user_id: str,
+    title: str,
+    external_key: str,
+    labels: Mapping[str, str] | None = None,
+    ttl: pb.TimeToLive | None = None,
+) -> Op[Conversation]:
     return Op(
         "CreateConversation",
-        pb.CreateConversationRequest(user_id=user_id, title=title, external_key=external_key),
+        pb.CreateConversationRequest(
+            user_id=user_id, title=title, external_key=external_key, labels=labels, ttl=ttl
+        ),
         lambda r: conversation_of(r.conversation),
     )
 
 
 def resolve_conversation(
-    user_id: str, external_key: str, create: bool, title: str
+    user_id: str,
+    external_key: str,
+    create: bool,
+    title: str,
+    labels: Mapping[str, str] | None = None,
+    ttl: pb.TimeToLive | None = None,
 ) -> Op[ResolvedConversation]:
     return Op(
         "ResolveConversation",
         pb.ResolveConversationRequest(
-            user_id=user_id, external_key=external_key, create_if_missing=create, title=title
+            user_id=user_id,
+            external_key=external_key,
+            create_if_missing=create,
+            title=title,
+            labels=labels,
+            ttl=ttl,
         ),
         lambda r: ResolvedConversation(conversation_of(r.conversation), bool(r.created)),
     )

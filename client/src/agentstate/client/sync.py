@@ -204,10 +204,22 @@ class StateClient:
         )
 
     def create_conversation(
-        self, user_id: str, title: str = "", *, external_key: str = "", timeout: float | None = None
+        self,
+        user_id: str,
+        title: str = "",
+        *,
+        external_key: str = "",
+        labels: Mapping[str, str] | None = None,
+        ttl_seconds: int | None = None,
+        ttl_renewed_by_writes: bool = False,
+        timeout: float | None = None,
     ) -> Conversation:
-        """A new conversation; AlreadyExists when `external_key` is another one's."""
-        return self._call(ops.create_conversation(user_id, title, external_key), timeout)
+        """A new conversation; AlreadyExists when `external_key` is another one's. `labels`
+        and a time to live (`ttl_seconds`, fixed or renewed by each write) are optional."""
+        op = ops.create_conversation(
+            user_id, title, external_key, labels, ops.ttl_of(ttl_seconds, ttl_renewed_by_writes)
+        )
+        return self._call(op, timeout)
 
     def resolve_conversation(
         self,
@@ -216,12 +228,19 @@ class StateClient:
         *,
         create: bool = True,
         title: str = "",
+        labels: Mapping[str, str] | None = None,
+        ttl_seconds: int | None = None,
+        ttl_renewed_by_writes: bool = False,
         timeout: float | None = None,
     ) -> ResolvedConversation:
         """The user's conversation with external key `key`, created when absent and `create`
         (concurrent callers get the same one; `created` is true for one). NotFound when
-        absent and not `create`; InvalidArgument for an empty key, over 256 chars or NUL."""
-        return self._call(ops.resolve_conversation(user_id, key, create, title), timeout)
+        absent and not `create`; InvalidArgument for an empty key, over 256 chars or NUL.
+        `labels` and the time to live are those of a conversation this call creates."""
+        op = ops.resolve_conversation(
+            user_id, key, create, title, labels, ops.ttl_of(ttl_seconds, ttl_renewed_by_writes)
+        )
+        return self._call(op, timeout)
 
     def get_conversation(
         self, user_id: str, conversation_id: str, *, timeout: float | None = None
