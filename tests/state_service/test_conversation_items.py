@@ -168,8 +168,9 @@ async def test_items_bad_input(state_stub: Stub, user_id: str, other_user_id: st
     await expect_rpc_error(append(pb.NewItem(item_json=b"[1]")), INVALID, "items[0]")
     await expect_rpc_error(append(pb.NewItem(item_json=b'{"a": ')), INVALID, "items[0]")
     await expect_rpc_error(
-        append(_item(1), pb.NewItem(item_json=b'{"a": "\\u0000"}')), INVALID, "items[1]"
+        append(_item(1), pb.NewItem(item_json=b'{"a": "x"} {"b": 1}')), INVALID, "items[1]"
     )
+    await expect_rpc_error(append(_item(1), pb.NewItem(item_json=b'{"a": \xff}')), INVALID, "UTF-8")
     await expect_rpc_error(
         append(pb.NewItem(item_json=b'{"a": "' + b"x" * TEST_MAX_PAYLOAD_BYTES + b'"}')),
         grpc.StatusCode.RESOURCE_EXHAUSTED,

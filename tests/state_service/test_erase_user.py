@@ -75,8 +75,8 @@ async def fill(store: StateStore, user_id: str, conversations: int = 7) -> list[
                 item=d.NewItem(b'{"event": 1}'),
                 expected_revision=None,
                 app_name="shop",
-                user_delta=b'{"likes": "watches"}',
-                app_delta=b'{"shared": 1}',
+                user_delta=d.state_delta(b'{"likes": "watches"}', 10_000, "user_delta"),
+                app_delta=d.state_delta(b'{"shared": 1}', 10_000, "app_delta"),
             ),
         )
         await store.put_checkpoint(  # type: ignore[attr-defined]

@@ -10,7 +10,8 @@ import pytest
 from psycopg.rows import tuple_row
 
 from agentstate.common.embedded_postgres import EmbeddedPostgres
-from agentstate.state_service.storage.postgres import migrations
+from agentstate.state_service import domain as d
+from agentstate.state_service.storage.postgres import PostgresStore, migrations
 from agentstate.state_service.storage.postgres.migrations import (
     MIGRATIONS,
     apply_migrations,
@@ -133,3 +134,83 @@ async def test_a_changed_function_file_is_installed_on_the_next_migrate(
         cur = await conn.execute("SELECT prosrc FROM pg_proc WHERE proname = %s", (name,))
         row = await cur.fetchone()
     assert row is not None and "-- edited" in row[0]
+
+
+async def test_migration_12_keeps_the_rows_of_the_jsonb_layout(postgres: EmbeddedPostgres) -> None:
+    """Rows written in the layout before migration 12 (jsonb payloads) read back as they
+    did after it, with no rewrite, and their next write moves them to text without
+    losing a value (issue 22: faithful payloads)."""
+    dsn = create_database(postgres, f"from_11_{uuid.uuid4().hex[:6]}")
+    await _migrate(dsn, up_to=11)
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        cur = conn.cursor(row_factory=tuple_row)
+        await cur.execute(
+            "INSERT INTO t_conversation (user_id, title) VALUES ('u', 't') RETURNING id"
+        )
+        row = await cur.fetchone()
+        assert row is not None
+        cid = int(row[0])
+        for statement in (
+            "UPDATE t_conversation SET item_revision = 2 WHERE id = %(c)s",
+            "INSERT INTO t_conversation_item (user_id, conversation_id, seq, item, item_time) "
+            'VALUES (\'u\', %(c)s, 1, \'{"role": "user", "n": 1.50}\', now()), '
+            "       ('u', %(c)s, 2, '{\"b\": 1, \"a\": [2]}', now())",
+            "INSERT INTO t_agent_state (user_id, session_id, state_key, payload, version) "
+            "VALUES ('u', %(c)s, 'agent_state', '{\"z\": 1, \"context\": [{\"m\": 1}]}', 3), "
+            "       ('u', %(c)s, 'adk.session', '{\"k\": 1.0}', 1)",
+            "INSERT INTO t_scoped_state (app_name, user_id, payload, version) "
+            "VALUES ('app', '', '{\"x\": 1}', 1)",
+            "INSERT INTO t_checkpoint (user_id, conversation_id, namespace, checkpoint_id, "
+            "  checkpoint_type, checkpoint, metadata, channel_versions) "
+            "VALUES ('u', %(c)s, '', 'c1', 'json', '\\x7b7d', "
+            '        \'{"run_id": "r", "step": 1}\', \'{}\')',
+        ):
+            await conn.execute(statement, {"c": cid})
+    store = PostgresStore(dsn, min_size=1, max_size=4)
+    await store.open()  # applies migration 12
+    try:
+        page = await store.list_items(
+            user_id="u", conversation_id=cid, last_n=None, min_item_time=None,
+            page_size=10, after_seq=None,
+        )  # fmt: skip
+        assert [i.item_json for i in page.items] == [
+            b'{"n": 1.50, "role": "user"}',
+            b'{"a": [2], "b": 1}',
+        ]
+        state = await store.get_state(user_id="u", conversation_id=cid, state_key="agent_state")
+        assert (state.payload, state.version) == (b'{"z": 1, "context": [{"m": 1}]}', 3)
+        scoped = await store.get_scoped_state(user_id="u", app_name="app")
+        assert scoped.app is not None and scoped.app.payload == b'{"x": 1}'
+        checkpoint = await store.get_checkpoint(
+            user_id="u", conversation_id=cid, namespace="", checkpoint_id="c1"
+        )
+        assert checkpoint is not None
+        assert checkpoint.metadata_json == b'{"step": 1, "run_id": "r"}'
+        # The next writes: a delta on the jsonb state, a merge into the jsonb rows, a pop.
+        saved = await store.save_state(
+            user_id="u", conversation_id=cid, state_key="agent_state", payload=None,
+            expected_version=None,
+            delta=d.StateDelta(3, messages=(b'{"s": "\\u0000", "f": 1e21}',)),
+        )  # fmt: skip
+        assert saved.version == 4
+        state = await store.get_state(user_id="u", conversation_id=cid, state_key="agent_state")
+        assert state.payload == b'{"z": 1, "context": [{"m": 1}, {"s": "\\u0000", "f": 1e21}]}'
+        await store.append_event(
+            user_id="u", conversation_id=cid,
+            event=d.EventAppend(
+                item=d.NewItem(b'{"id": "e", "v": -0.0}'), expected_revision=2,
+                state_key="adk.session",
+                state_delta=d.state_delta(b'{"n": 1e21}', 1 << 20, "state_delta"),
+                app_name="app", app_delta=d.state_delta(b'{"y": -0.0}', 1 << 20, "app"),
+            ),
+        )  # fmt: skip
+        state = await store.get_state(user_id="u", conversation_id=cid, state_key="adk.session")
+        assert (state.payload, state.version) == (b'{"k": 1.0, "n": 1e21}', 2)
+        scoped = await store.get_scoped_state(user_id="u", app_name="app")
+        assert scoped.app is not None and scoped.app.payload == b'{"x": 1, "y": -0.0}'
+        popped = await store.pop_item(user_id="u", conversation_id=cid, expected_revision=3)
+        assert popped.item is not None and popped.item.item_json == b'{"id": "e", "v": -0.0}'
+        popped = await store.pop_item(user_id="u", conversation_id=cid, expected_revision=4)
+        assert popped.item is not None and popped.item.item_json == b'{"a": [2], "b": 1}'
+    finally:
+        await store.close()

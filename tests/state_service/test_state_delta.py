@@ -5,8 +5,10 @@ The property test runs random sequences of appends, replacements, trims, compact
 changes of the other fields, whole saves, compare-and-set conflicts, refused parts and
 deletes against both stores and a reference model (a plain Python value). After every
 step the stored state must be, byte for byte, (1) what a whole save of the model's JSON
-to another conversation of the same store returns, and (2) `jsonb_text(model)`, the
-in-memory store's rendering of jsonb, so both stores answer with the same bytes.
+to another conversation of the same store returns, and (2) `json.dumps(model)` itself:
+every value as it was sent, keys in the model's order (issue 22), so both stores answer
+with the same bytes. A state stored before migration 12 (the "legacy" step) reads back
+as jsonb printed it until it is saved whole again; it is compared by value meanwhile.
 """
 
 from __future__ import annotations
@@ -23,7 +25,6 @@ from hypothesis import strategies as st
 from agentstate.state_service import domain as d
 from agentstate.state_service.domain import StateDelta
 from agentstate.state_service.storage.base import StateStore
-from agentstate.state_service.storage.memory.jsonb import jsonb_text
 from agentstate.state_service.storage.postgres import PostgresStore
 from tests.support.state_process import StateServices
 
@@ -80,10 +81,12 @@ class Run:
     def __init__(self, store: StateStore) -> None:
         self.store = store
         self.model: dict[str, Any] = {}
+        self.legacy = False  # rows stored as jsonb before migration 12
         self.version = 0
         self.cid = 0
 
     async def start(self) -> None:
+        self.legacy = False
         self.cid = (await self.store.create_conversation(user_id=USER, title="t")).conversation_id
         self.model = {"session_id": str(self.cid), "context": [{"id": "m0", "content": "hi"}]}
         saved = await self.store.save_state(
@@ -115,9 +118,10 @@ class Run:
             user_id=USER, conversation_id=twin.conversation_id, state_key="agent_state"
         )
         await self.store.delete_conversations(user_id=USER, conversation_ids=[twin.conversation_id])
-        assert got.payload == whole.payload
-        assert got.payload == jsonb_text(self.model)
         assert json.loads(got.payload) == json.loads(dumps(self.model))
+        if not self.legacy:
+            assert got.payload == whole.payload
+            assert got.payload == dumps(self.model)
 
     async def unchanged_after(self, delta: StateDelta, error: type[Exception]) -> None:
         before = await self.store.get_state(
@@ -165,6 +169,7 @@ class Run:
                 payload=dumps(self.model), expected_version=self.version,
             )  # fmt: skip
             self.version = saved.version
+            self.legacy = False
         elif kind == "conflict":
             if self.version > arg:
                 stale = StateDelta(self.version - arg, messages=(b'{"lost": true}',))
@@ -175,7 +180,7 @@ class Run:
             bad = {
                 "nul": StateDelta(self.version, messages=(b'{"a": "x\x00"}',)),
                 "deep": StateDelta(self.version, messages=(b"[" * 511 + b"]" * 511,)),
-                "json": StateDelta(self.version, messages=(b'{"a": "\\u0000"}',)),
+                "json": StateDelta(self.version, messages=(b'{"a": ',)),
                 "range": StateDelta(self.version, replace_from=len(context) + 1),
                 "context": StateDelta(self.version, fields_json=b'{"context": []}'),
             }[arg]
@@ -194,6 +199,7 @@ class Run:
         elif kind == "legacy" and isinstance(self.store, PostgresStore):
             # A state as it was stored before migration 10: whole, in one row.
             await _store_whole(self.store, self.cid, self.model)
+            self.legacy = True
 
 
 async def _state_rows(store: PostgresStore, cid: int) -> int:
@@ -214,7 +220,8 @@ async def _store_whole(store: PostgresStore, cid: int, model: dict[str, Any]) ->
             (USER, cid),
         )
         await conn.execute(
-            "UPDATE t_agent_state SET payload = %s::text::jsonb, context_start = NULL, "
+            "UPDATE t_agent_state SET payload = %s::text::jsonb, member_keys = NULL, "
+            "member_values = NULL, context_start = NULL, "
             "context_count = NULL, context_bytes = NULL, context_head = NULL, context_tail = NULL "
             "WHERE user_id = %s AND session_id = %s",
             (dumps(model).decode(), USER, cid),
@@ -287,12 +294,12 @@ async def test_each_bad_part_is_named_and_nothing_changes(store: StateStore) -> 
     run = await _conversation_with_state(store, {"context": [{"m": 0}], "summary": ""})
     cases: list[tuple[StateDelta, str]] = [
         (StateDelta(run.version, messages=(b"{}", b'{"a": "\x00"}')), r"delta.messages\[1\]"),
-        (StateDelta(run.version, messages=(b'{"a": "\\u0000"}',)), r"delta.messages\[0\]"),
+        (StateDelta(run.version, messages=(b'{"a": tru}',)), r"delta.messages\[0\]"),
         (StateDelta(run.version, messages=(b'{"a": ',)), r"delta.messages\[0\]"),
         (StateDelta(run.version, messages=(b"[" * 511 + b"]" * 511,)), "510 levels"),
         (StateDelta(run.version, messages=(b"",)), "empty"),
         (StateDelta(run.version, fields_json=b'{"s": "\x00"}'), "fields_json"),
-        (StateDelta(run.version, fields_json=b'{"s": "\\u0000"}'), "fields_json"),
+        (StateDelta(run.version, fields_json=b'{"s": nul}'), "fields_json"),
         (StateDelta(run.version, fields_json=b"[1]"), "fields_json must be a JSON object"),
         (StateDelta(run.version, fields_json=b'{"a": ' + b"[" * 512 + b"]" * 512 + b"}"), "512"),
         (StateDelta(run.version, fields_json=b'{"context": []}'), 'must not name "context"'),
@@ -483,7 +490,6 @@ async def test_assembly_matches_jsonb_for_awkward_keys(database_url: str) -> Non
             ).fetchone()
             assert whole is not None and assembled is not None
             assert assembled[0] == whole[0], key
-            assert jsonb_text({**rest, "context": [1, 2]}).decode() == whole[0]
 
 
 # ----------------------------------------------------------------- over gRPC
@@ -524,7 +530,7 @@ async def test_end_turn_and_upsert_with_a_delta_over_grpc(state_stub: Any) -> No
     )  # fmt: skip
     assert ended.lease_released and ended.version == 3
     got = await state_stub.GetState(pb.GetStateRequest(user_id=USER, conversation_id=cid))
-    assert got.payload == b'{"context": [{"m": 2}], "summary": "m0 and m1"}'
+    assert got.payload == b'{"summary": "m0 and m1", "context": [{"m": 2}]}'
 
     async def refused(request: Any, code: Any, text: str) -> None:
         import grpc
@@ -637,4 +643,4 @@ async def test_the_public_client_sends_deltas_sync_and_async(state_address: str)
             return client.get_state(USER, cid).payload
 
     payload = await asyncio.to_thread(sync_part)
-    assert payload == b'{"context": [{"m": 1}], "summary": "s"}'
+    assert payload == b'{"summary": "s", "context": [{"m": 1}]}'

@@ -8,10 +8,11 @@ so the agent's own statuses carry the state service's ErrorInfo through.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
 from collections.abc import Callable, Coroutine, Sequence
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar, overload
 
 import grpc
 
@@ -34,6 +35,7 @@ from agentstate.client.types import (
     MessageRecord,
     MessageUpdate,
     MessageWrite,
+    NewMessage,
     Page,
     StateChange,
     TurnRequest,
@@ -84,6 +86,36 @@ def _translated(call: Callable[P, Coroutine[Any, Any, R]]) -> Callable[P, Corout
             raise agent_error(exc) from exc
 
     return wrapper
+
+
+def record_text(value: Any) -> Any:
+    """A message record's JSON with each U+0000 as U+FFFD. The records are the UI's
+    replay of what the user saw, stored where U+0000 cannot be; the agent state (the
+    model's context) keeps the exact text, so a tool output with NUL never fails a turn."""
+    if isinstance(value, str):
+        return value.replace("\x00", "\ufffd")
+    if isinstance(value, list):
+        return [record_text(item) for item in value]
+    if isinstance(value, dict):
+        return {record_text(k): record_text(v) for k, v in value.items()}
+    return value
+
+
+@overload
+def record_write(write: NewMessage) -> NewMessage: ...
+@overload
+def record_write(write: MessageUpdate) -> MessageUpdate: ...
+def record_write(write: MessageWrite) -> MessageWrite:
+    """`write` with record_text applied to its blocks and metadata."""
+    if isinstance(write, NewMessage):
+        return dataclasses.replace(
+            write, blocks=record_text(write.blocks), metadata=record_text(write.metadata)
+        )
+    return dataclasses.replace(
+        write,
+        blocks=None if write.blocks is None else record_text(write.blocks),
+        metadata=None if write.metadata is None else record_text(write.metadata),
+    )
 
 
 def _decode_state(payload: bytes, conversation_id: str) -> AgentState:
@@ -200,7 +232,12 @@ class ClientStatePort:
             started = time.perf_counter()
             outcome = "error"
             try:
-                begun = await self.client.begin_turn(request)
+                begun = await self.client.begin_turn(
+                    dataclasses.replace(
+                        request,
+                        new_records=tuple(record_write(r) for r in request.new_records),
+                    )
+                )
                 conversation_id = begun.conversation_id
                 state = None
                 if begun.state is not None and not begun.payload_omitted:
@@ -285,7 +322,7 @@ class ClientStatePort:
                     task_id,
                     payload=payload if change is None else None,
                     expected_version=expected_version if change is None else None,
-                    writes=writes,
+                    writes=[record_write(w) for w in writes],
                     compactions=compactions,
                     delta=change,
                 )
@@ -309,7 +346,7 @@ class ClientStatePort:
     async def update_message(
         self, user_id: str, conversation_id: str, update: MessageUpdate
     ) -> None:
-        await self.client.update_message(user_id, conversation_id, update)
+        await self.client.update_message(user_id, conversation_id, record_write(update))
 
     @_translated
     async def get_message(

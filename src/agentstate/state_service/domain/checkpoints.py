@@ -5,8 +5,10 @@ from __future__ import annotations
 import base64
 import enum
 import json
+import math
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from agentstate.state_service.domain.errors import InvalidArgument
 
@@ -69,6 +71,33 @@ class NewCheckpoint:
         """The metadata's `run_id` when it is a string (what DeleteCheckpointsForRuns matches)."""
         value = json.loads(self.metadata_json).get("run_id")
         return value if isinstance(value, str) else None
+
+
+def _searchable(value: Any) -> bool:
+    if isinstance(value, str):
+        return "\x00" not in value and not any("\ud800" <= c <= "\udfff" for c in value)
+    if isinstance(value, float):
+        return math.isfinite(value)
+    return True
+
+
+def _search_value(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _search_value(v) for k, v in value.items() if _searchable(k) and _searchable(v)}
+    if isinstance(value, list):
+        return [_search_value(v) for v in value if _searchable(v)]
+    return value
+
+
+def metadata_search_copy(metadata: bytes) -> bytes:
+    """The copy of a checkpoint's metadata that PostgreSQL filters (@>) and reads run_id
+    from: jsonb cannot hold strings with U+0000 or lone surrogates, nor NaN and the
+    infinities, so those values are left out of it (a filter cannot name them either).
+    The metadata itself is stored and returned as sent."""
+    text = metadata.decode()
+    if "\\u" not in text and "NaN" not in text and "Infinity" not in text:
+        return metadata
+    return json.dumps(_search_value(json.loads(text)), ensure_ascii=False).encode()
 
 
 @dataclass(frozen=True)

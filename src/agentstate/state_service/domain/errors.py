@@ -253,3 +253,10 @@ def not_supported(feature: str, store: str) -> NotSupported:
         f"this state service's store ({store}) does not keep {feature}; nothing was changed: "
         "run it on a store that does (PostgreSQL keeps everything)"
     )
+
+
+def state_not_mergeable(state_key: str) -> FailedPrecondition:
+    return FailedPrecondition(
+        f'state {state_key!r} holds an agent state (its "context" is an array): AppendEvent '
+        "merges a state delta only into a state without one; nothing was stored"
+    )

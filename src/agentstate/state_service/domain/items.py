@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from datetime import datetime
 
+from agentstate.state_service.domain import jsontext
 from agentstate.state_service.domain.errors import InvalidArgument, PayloadTooLarge
 from agentstate.state_service.domain.rules import (
     JSON_OBJECT_START,
     check_json_bytes,
     check_json_depth,
-    check_jsonb,
 )
 from agentstate.state_service.domain.states import DEFAULT_STATE_KEY, StoredState
 
@@ -79,10 +78,10 @@ class EventAppend:
     item: NewItem | None
     expected_revision: int | None
     state_key: str = DEFAULT_STATE_KEY
-    state_delta: bytes | None = None
+    state_delta: Delta | None = None
     app_name: str = ""
-    app_delta: bytes | None = None
-    user_delta: bytes | None = None
+    app_delta: Delta | None = None
+    user_delta: Delta | None = None
 
 
 @dataclass(frozen=True)
@@ -101,34 +100,52 @@ def validate_app_name(app_name: str) -> str:
 
 
 def check_item_json(item: bytes, max_bytes: int, what: str) -> bytes:
-    """An item: a JSON object within the payload limit that JSONB can hold."""
+    """An item: a JSON object within the payload limit, kept as its text (jsontext)."""
     if len(item) > max_bytes:
         raise PayloadTooLarge(f"{what} is {len(item)} bytes, over the limit of {max_bytes} bytes")
     if not JSON_OBJECT_START.match(item):
         raise InvalidArgument(f"{what} must be a JSON object")
     check_json_bytes(item, what)
     check_json_depth(item, what)
-    check_jsonb(item, dict, what)
+    jsontext.check_json(item, dict, what)
     return item
 
 
-def state_delta(delta: bytes, max_bytes: int, what: str) -> bytes | None:
-    """A state delta checked as an item is; None when empty."""
-    if not delta:
-        return None
-    check_item_json(delta, max_bytes, what)
-    return None if json.loads(delta) == {} else delta
+@dataclass(frozen=True)
+class Delta:
+    """A state delta's members to set: key spellings and value texts as sent (the last
+    of duplicate keys; jsontext.key_text spells the keys)."""
+
+    keys: tuple[str, ...]
+    values: tuple[str, ...]
+
+    def text(self) -> bytes:
+        return jsontext.object_text(list(zip(self.keys, self.values, strict=True))).encode()
 
 
-def without_temp_keys(delta: bytes, max_bytes: int, what: str) -> bytes | None:
-    """A state delta checked as an item is, with its temp: keys dropped; None when empty."""
+def _delta(delta: bytes, max_bytes: int, what: str, *, drop_temp: bool) -> Delta | None:
     if not delta:
         return None
-    check_item_json(delta, max_bytes, what)
-    value = json.loads(delta)
-    kept = {k: v for k, v in value.items() if not k.startswith(TEMP_KEY_PREFIX)}
+    if len(delta) > max_bytes:
+        raise PayloadTooLarge(f"{what} is {len(delta)} bytes, over the limit of {max_bytes} bytes")
+    check_json_bytes(delta, what)
+    check_json_depth(delta, what)
+    kept: dict[str, tuple[str, str]] = {}  # members() checks the JSON and that it is an object
+    for member in jsontext.members(delta, what):
+        if drop_temp and member.key.startswith(TEMP_KEY_PREFIX):
+            continue
+        kept[member.key] = (jsontext.key_text(member.key), member.value)
     if not kept:
         return None
-    if len(kept) == len(value):
-        return delta
-    return json.dumps(kept, ensure_ascii=False).encode()
+    pairs = list(kept.values())
+    return Delta(tuple(k for k, _ in pairs), tuple(v for _, v in pairs))
+
+
+def state_delta(delta: bytes, max_bytes: int, what: str) -> Delta | None:
+    """A state delta checked as an item is; None when empty."""
+    return _delta(delta, max_bytes, what, drop_temp=False)
+
+
+def without_temp_keys(delta: bytes, max_bytes: int, what: str) -> Delta | None:
+    """A state delta checked as an item is, with its temp: keys dropped; None when empty."""
+    return _delta(delta, max_bytes, what, drop_temp=True)

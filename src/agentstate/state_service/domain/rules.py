@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass
 from decimal import Decimal
@@ -164,6 +165,8 @@ def jsonb_problem(data: bytes, expected: type) -> str | None:
                 item.encode("utf-8")
             except UnicodeEncodeError:
                 return "invalid Unicode surrogate escape"
+        elif isinstance(item, float) and not math.isfinite(item):
+            return "NaN and Infinity are not JSON that jsonb can hold"
         elif isinstance(item, dict):
             stack.extend(item.keys())
             stack.extend(item.values())

@@ -6,8 +6,16 @@ import re
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from agentstate.state_service.domain import jsontext
 from agentstate.state_service.domain.conversations import DEFAULT_TITLE, Conversation
-from agentstate.state_service.domain.errors import InvalidArgument, PayloadTooLarge
+from agentstate.state_service.domain.errors import (
+    InvalidArgument,
+    PayloadTooLarge,
+    context_not_array,
+    delta_out_of_range,
+    fields_name_context,
+    state_too_large,
+)
 from agentstate.state_service.domain.leases import Lease
 from agentstate.state_service.domain.messages import MessageRecord, NewMessage
 from agentstate.state_service.domain.rules import (
@@ -143,3 +151,105 @@ def check_state_delta(delta: StateDelta) -> None:
             raise InvalidArgument("delta.fields_json must be a JSON object")
         check_json_bytes(delta.fields_json, "delta.fields_json")
         check_json_depth(delta.fields_json, "delta.fields_json")
+
+
+CONTEXT_KEY = '"context"'  # the key's spelling in a state's members (jsontext.key_text)
+
+
+@dataclass(frozen=True)
+class StateForm:
+    """How a state is stored (both stores): a state whose "context" is an array is
+    split, its messages' texts as sent between a head and a tail (the other members,
+    in the order sent, "context" where it was); any other state is its members. The
+    text a read returns is `text()`: every value as sent, the separators between the
+    top-level members and between the messages ", " and ": " (as json.dumps and jsonb
+    write them). Keys are the last of duplicates, where the first stood."""
+
+    keys: tuple[str, ...] = ()
+    values: tuple[str, ...] = ()
+    head: str | None = None  # None: not split
+    tail: str = ""
+    messages: tuple[str, ...] = ()
+
+    @property
+    def split(self) -> bool:
+        return self.head is not None
+
+    def text(self) -> bytes:
+        if self.head is None:
+            return jsontext.object_text(list(zip(self.keys, self.values, strict=True))).encode()
+        return (self.head + "[" + ", ".join(self.messages) + "]" + self.tail).encode()
+
+
+def _unique_members(data: bytes, what: str) -> list[tuple[str, str, object]]:
+    kept: dict[str, tuple[str, str, object]] = {}
+    for member in jsontext.members(data, what):
+        kept[member.key] = (jsontext.key_text(member.key), member.value, member.parsed)
+    return list(kept.values())
+
+
+def frame(before: list[tuple[str, str]], after: list[tuple[str, str]]) -> tuple[str, str]:
+    """The head and tail around a context array (as agentstate_state_frame writes them)."""
+    head = "{" + "".join(f"{k}: {v}, " for k, v in before) + CONTEXT_KEY + ": "
+    tail = "".join(f", {k}: {v}" for k, v in after) + "}"
+    return head, tail
+
+
+def state_form(payload: bytes, what: str = "payload", *, split: bool = True) -> StateForm:
+    """A whole state's stored form (InvalidArgument unless it is a JSON object); with
+    split=False always its members (a merged state's form)."""
+    found = _unique_members(payload, what)
+    for index, (key, value, parsed) in enumerate(found):
+        if split and key == CONTEXT_KEY and isinstance(parsed, list):
+            head, tail = frame(
+                [(k, v) for k, v, _ in found[:index]], [(k, v) for k, v, _ in found[index + 1 :]]
+            )
+            return StateForm(head=head, tail=tail, messages=tuple(jsontext.elements(value)))
+    return StateForm(tuple(k for k, _, _ in found), tuple(v for _, v, _ in found))
+
+
+def fields_frame(fields_json: bytes) -> tuple[str, str]:
+    """The head and tail a delta's fields_json makes: its members, then "context"."""
+    found = _unique_members(fields_json, "delta.fields_json")
+    if any(k == CONTEXT_KEY for k, _, _ in found):
+        raise fields_name_context()
+    return frame([(k, v) for k, v, _ in found], [])
+
+
+def check_delta_parts(delta: StateDelta) -> tuple[tuple[str, ...], tuple[str, str] | None]:
+    """The delta's messages checked (each one JSON value, kept as sent) and the frame
+    its fields_json makes (None: keep the stored one)."""
+    messages = []
+    for index, message in enumerate(delta.messages):
+        jsontext.check_json(message, object, f"delta.messages[{index}]")
+        messages.append(message.decode().strip(" \t\r\n"))
+    fields = None if delta.fields_json is None else fields_frame(delta.fields_json)
+    return tuple(messages), fields
+
+
+def apply_delta(
+    stored: bytes, delta: StateDelta, max_state_bytes: int | None, *, split: bool
+) -> bytes:
+    """The stored state's text after `delta` (the in-memory store; PostgreSQL's
+    agentstate_save_state does the same on the stored form). `split`: the state is
+    stored split (else it is its members, and a "context" member is not an array to it)."""
+    messages, fields = check_delta_parts(delta)  # checked before the version, too
+    form = state_form(stored, "the stored state", split=split)
+    if form.head is None:
+        if CONTEXT_KEY in form.keys:
+            raise context_not_array()
+        head, tail = frame(list(zip(form.keys, form.values, strict=True)), [])
+        form = StateForm(head=head, tail="}")
+    assert form.head is not None
+    context = list(form.messages)
+    if delta.drop_head > len(context):
+        raise delta_out_of_range("drop_head", delta.drop_head, len(context))
+    context = context[delta.drop_head :]
+    keep = len(context) if delta.replace_from is None else delta.replace_from
+    if keep > len(context):
+        raise delta_out_of_range("replace_from", keep, len(context))
+    head, tail = fields if fields is not None else (form.head, form.tail)
+    text = StateForm(head=head, tail=tail, messages=(*context[:keep], *messages)).text()
+    if max_state_bytes is not None and len(text) > max_state_bytes:
+        raise state_too_large(len(text), max_state_bytes)
+    return text

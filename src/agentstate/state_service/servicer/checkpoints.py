@@ -150,6 +150,9 @@ class CheckpointRpcs(ServicerBase):
             metadata_filter = d.check_metadata_json(
                 request.metadata_filter_json, "metadata_filter_json"
             )
+            # A filter matches the metadata's searchable copy (d.metadata_search_copy):
+            # values jsonb cannot hold are refused here, by both stores alike.
+            d.check_jsonb(metadata_filter, dict, "metadata_filter_json")
         page = await self._checkpoints().list_checkpoints(
             user_id=d.validate_user_id(request.user_id),
             conversation_id=d.parse_id(request.conversation_id, "conversation_id"),

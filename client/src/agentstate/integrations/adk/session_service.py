@@ -142,18 +142,18 @@ class AgentStateSessionService(BaseSessionService):
                     conversation.conversation_id,
                     expected_revision=0,
                     state_key=SESSION_STATE_KEY,
-                    state_delta=deltas["session"] or None,
+                    state_delta=_delta_json(deltas["session"]),
                     app_name=app_name,
-                    app_state_delta=deltas["app"] or None,
-                    user_state_delta=deltas["user"] or None,
+                    app_state_delta=_delta_json(deltas["app"]),
+                    user_state_delta=_delta_json(deltas["user"]),
                 )
             except (InvalidArgument, PayloadTooLarge) as exc:
                 # Nothing of the session may stay behind a refused create.
                 await self._client.delete_conversation(user_id, conversation.conversation_id)
                 raise ValueError(f"session state refused: {exc.message}") from exc
             revision = appended.revision
-        merged = await self._scoped(app_name, user_id)
-        merged.update(deltas["session"])
+        # Session keys first, then app: and user: ones, as InMemorySessionService orders them.
+        merged = {**deltas["session"], **await self._scoped(app_name, user_id)}
         session = Session(
             app_name=app_name,
             user_id=user_id,
@@ -188,8 +188,7 @@ class AgentStateSessionService(BaseSessionService):
             )
         except NotFound:
             return None  # deleted meanwhile
-        merged = await self._scoped(app_name, user_id)
-        merged.update(session_state)
+        merged = {**session_state, **await self._scoped(app_name, user_id)}
         session = Session(
             app_name=app_name,
             user_id=user_id,
@@ -266,7 +265,7 @@ class AgentStateSessionService(BaseSessionService):
                         app_name=app_name,
                         user_id=owner,
                         id=conversation.external_key.removeprefix(prefix),
-                        state={**scoped[owner], **session_state},
+                        state={**session_state, **scoped[owner]},
                         events=[],
                         last_update_time=conversation.update_time.timestamp(),
                     )
@@ -319,10 +318,10 @@ class AgentStateSessionService(BaseSessionService):
                 ),
                 expected_revision=int(marker) if marker is not None else None,
                 state_key=SESSION_STATE_KEY,
-                state_delta=deltas["session"] or None,
+                state_delta=_delta_json(deltas["session"]),
                 app_name=session.app_name,
-                app_state_delta=deltas["app"] or None,
-                user_state_delta=deltas["user"] or None,
+                app_state_delta=_delta_json(deltas["app"]),
+                user_state_delta=_delta_json(deltas["user"]),
             )
         except VersionConflict as exc:
             raise StaleSessionError(STALE_SESSION_MESSAGE) from exc
@@ -334,6 +333,12 @@ class AgentStateSessionService(BaseSessionService):
         session._storage_update_marker = str(appended.revision)
         session.last_update_time = event.timestamp
         return self._commit_event_to_session(session, event)
+
+
+def _delta_json(delta: dict[str, Any]) -> bytes | None:
+    """A state delta as DatabaseSessionService's JSON column writes it (json.dumps, NaN
+    included); the service keeps each value's text as sent."""
+    return json.dumps(delta).encode() if delta else None
 
 
 def _object(snapshot: StateSnapshot | None) -> dict[str, Any]:

@@ -124,9 +124,9 @@ class AgentStateSession(SessionABC):
         an item that is not JSON (as json.dumps raises them), before anything is stored."""
         if not items:
             return
-        # allow_nan=False: NaN is not JSON, and a reader in another language could not
-        # parse it back.
-        encoded = [NewItem(json.dumps(item, allow_nan=False).encode()) for item in items]
+        # Exactly as SQLiteSession serialises an item (json.dumps, NaN included): the
+        # service keeps the text as sent, so get_items returns what SQLiteSession would.
+        encoded = [NewItem(json.dumps(item).encode()) for item in items]
         # AppendItems takes up to 1000 items: a larger batch (never one turn's worth) is
         # several transactions, each in order.
         for start in range(0, len(encoded), MAX_ITEMS_PER_CALL):

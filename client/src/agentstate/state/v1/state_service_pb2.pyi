@@ -12,9 +12,17 @@ Conventions that hold for every RPC:
   and `message_id` are server-generated positive 64-bit integers written as
   decimal strings (for example "2104420977583996928"). An empty or malformed
   identifier is INVALID_ARGUMENT.
-- JSON travels as UTF-8 bytes. The service does not reformat what it is given
-  except as PostgreSQL JSONB does (key order and whitespace may change; the
-  JSON value is the same).
+- JSON travels as UTF-8 bytes and is stored as its text: what a caller
+  stores comes back as it was sent ("\\u0000" escapes, number spellings such
+  as 1e21 and -0.0, integers above 2^53, key order, non-BMP characters). JSON
+  is what Python's json module reads: RFC 8259 plus NaN, Infinity and
+  -Infinity. Where the service computes over JSON (a state's "context", a
+  merged state delta) it copies every value's text and writes only the
+  separators between top-level members and between context messages
+  (", " and ": "), spelling keys as JSON escapes them; of duplicate keys the
+  last value stands where the first was. Message records (blocks_json,
+  metadata_json) are the exception: stored as JSONB, they cannot hold
+  "\\u0000" and may change key order and number spelling.
 - UNAVAILABLE means the database could not be reached; the call may be retried.
 - NOT_FOUND carries the trailing metadata key `agentstate-missing`: what is
   absent, one of "conversation", "state", "message" or "task".
@@ -2034,7 +2042,7 @@ class StateDelta(_message.Message):
     "context" array (an absent one counts as []). GetState then returns the
     whole state, byte for byte what a whole-state save of the same JSON would
     return. The bad-input rules of a whole payload apply to every part (no NUL
-    byte, valid JSON that PostgreSQL JSONB can hold, nesting at most 512 levels
+    byte, valid JSON, nesting at most 512 levels
     counted from the state's top, so a message may nest 510), and the size limit
     (STATE_MAX_PAYLOAD_BYTES) applies to the whole state after the change, as
     GetState would return it. Errors: ABORTED when the stored version is not
@@ -2245,7 +2253,9 @@ class Checkpoint(_message.Message):
     """The runtime's serialized checkpoint, without its channel values."""
     metadata_json: _builtins.bytes
     """The checkpoint's metadata: a UTF-8 JSON object (for example LangGraph's
-    {"source": "loop", "step": 3, "run_id": "..."}).
+    {"source": "loop", "step": 3, "run_id": "..."}), returned byte for byte.
+    Metadata filters and run ids match its values that PostgreSQL JSONB can
+    hold (not strings with "\\u0000", NaN or the infinities).
     """
     @_builtins.property
     def channel_versions(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
@@ -3234,7 +3244,11 @@ class AppendEventRequest(_message.Message):
     """
     state_delta_json: _builtins.bytes
     """A UTF-8 JSON object merged into the conversation's state, without its
-    keys that start with "temp:"; empty: none.
+    keys that start with "temp:"; empty: none. The merge is top-level, as
+    Python's dict.update: a key already there keeps its place and takes the
+    new value's text, a new key goes last, other values are not touched.
+    FAILED_PRECONDITION when that state's "context" is an array (an agent
+    state), nothing stored.
     """
     app_name: _builtins.str
     """The application of the scoped deltas (as GetScopedStateRequest).

@@ -245,8 +245,8 @@ class StateServiceServicer:
         brings a deleted conversation back), ABORTED (compare-and-set failed; the
         message says the current version and the trailing metadata key
         `agentstate-current-version` carries it, 0 when no state exists),
-        INVALID_ARGUMENT (payload not a JSON object, or JSON that PostgreSQL JSONB
-        cannot hold such as "\u0000" inside a string; a bad message write),
+        INVALID_ARGUMENT (payload not a JSON object, not UTF-8 or not JSON; a
+        bad message write),
         RESOURCE_EXHAUSTED (payload larger than the configured limit),
         FAILED_PRECONDITION (a message write's `expected_status` did not match).
         With `delta` instead of `payload` only the change is sent and stored
@@ -540,7 +540,8 @@ class StateServiceServicer:
         transaction. Two callers appending at once both land, one after the other.
         Errors: NOT_FOUND (conversation absent or deleted), ABORTED
         (`expected_revision` differs), INVALID_ARGUMENT (an item is not a JSON
-        object PostgreSQL JSONB can hold; 0 or more than 1000 items),
+        object; 0 or more than 1000 items). Each item is returned byte for byte
+        as it was sent.
         RESOURCE_EXHAUSTED (an item over the configured payload limit).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)

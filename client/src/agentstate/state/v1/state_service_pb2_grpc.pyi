@@ -12,9 +12,17 @@ Conventions that hold for every RPC:
   and `message_id` are server-generated positive 64-bit integers written as
   decimal strings (for example "2104420977583996928"). An empty or malformed
   identifier is INVALID_ARGUMENT.
-- JSON travels as UTF-8 bytes. The service does not reformat what it is given
-  except as PostgreSQL JSONB does (key order and whitespace may change; the
-  JSON value is the same).
+- JSON travels as UTF-8 bytes and is stored as its text: what a caller
+  stores comes back as it was sent ("\\u0000" escapes, number spellings such
+  as 1e21 and -0.0, integers above 2^53, key order, non-BMP characters). JSON
+  is what Python's json module reads: RFC 8259 plus NaN, Infinity and
+  -Infinity. Where the service computes over JSON (a state's "context", a
+  merged state delta) it copies every value's text and writes only the
+  separators between top-level members and between context messages
+  (", " and ": "), spelling keys as JSON escapes them; of duplicate keys the
+  last value stands where the first was. Message records (blocks_json,
+  metadata_json) are the exception: stored as JSONB, they cannot hold
+  "\\u0000" and may change key order and number spelling.
 - UNAVAILABLE means the database could not be reached; the call may be retried.
 - NOT_FOUND carries the trailing metadata key `agentstate-missing`: what is
   absent, one of "conversation", "state", "message" or "task".
@@ -65,8 +73,8 @@ class StateServiceStub:
     brings a deleted conversation back), ABORTED (compare-and-set failed; the
     message says the current version and the trailing metadata key
     `agentstate-current-version` carries it, 0 when no state exists),
-    INVALID_ARGUMENT (payload not a JSON object, or JSON that PostgreSQL JSONB
-    cannot hold such as "\\u0000" inside a string; a bad message write),
+    INVALID_ARGUMENT (payload not a JSON object, not UTF-8 or not JSON; a
+    bad message write),
     RESOURCE_EXHAUSTED (payload larger than the configured limit),
     FAILED_PRECONDITION (a message write's `expected_status` did not match).
     With `delta` instead of `payload` only the change is sent and stored
@@ -257,7 +265,8 @@ class StateServiceStub:
     transaction. Two callers appending at once both land, one after the other.
     Errors: NOT_FOUND (conversation absent or deleted), ABORTED
     (`expected_revision` differs), INVALID_ARGUMENT (an item is not a JSON
-    object PostgreSQL JSONB can hold; 0 or more than 1000 items),
+    object; 0 or more than 1000 items). Each item is returned byte for byte
+    as it was sent.
     RESOURCE_EXHAUSTED (an item over the configured payload limit).
     """
     ListItems: _grpc.UnaryUnaryMultiCallable[_state_service_pb2.ListItemsRequest, _state_service_pb2.ListItemsResponse]
@@ -370,8 +379,8 @@ class StateServiceAsyncStub(StateServiceStub):
     brings a deleted conversation back), ABORTED (compare-and-set failed; the
     message says the current version and the trailing metadata key
     `agentstate-current-version` carries it, 0 when no state exists),
-    INVALID_ARGUMENT (payload not a JSON object, or JSON that PostgreSQL JSONB
-    cannot hold such as "\\u0000" inside a string; a bad message write),
+    INVALID_ARGUMENT (payload not a JSON object, not UTF-8 or not JSON; a
+    bad message write),
     RESOURCE_EXHAUSTED (payload larger than the configured limit),
     FAILED_PRECONDITION (a message write's `expected_status` did not match).
     With `delta` instead of `payload` only the change is sent and stored
@@ -562,7 +571,8 @@ class StateServiceAsyncStub(StateServiceStub):
     transaction. Two callers appending at once both land, one after the other.
     Errors: NOT_FOUND (conversation absent or deleted), ABORTED
     (`expected_revision` differs), INVALID_ARGUMENT (an item is not a JSON
-    object PostgreSQL JSONB can hold; 0 or more than 1000 items),
+    object; 0 or more than 1000 items). Each item is returned byte for byte
+    as it was sent.
     RESOURCE_EXHAUSTED (an item over the configured payload limit).
     """
     ListItems: _aio.UnaryUnaryMultiCallable[_state_service_pb2.ListItemsRequest, _state_service_pb2.ListItemsResponse]  # type: ignore[assignment]
@@ -684,8 +694,8 @@ class StateServiceServicer(metaclass=_abc_1.ABCMeta):
         brings a deleted conversation back), ABORTED (compare-and-set failed; the
         message says the current version and the trailing metadata key
         `agentstate-current-version` carries it, 0 when no state exists),
-        INVALID_ARGUMENT (payload not a JSON object, or JSON that PostgreSQL JSONB
-        cannot hold such as "\\u0000" inside a string; a bad message write),
+        INVALID_ARGUMENT (payload not a JSON object, not UTF-8 or not JSON; a
+        bad message write),
         RESOURCE_EXHAUSTED (payload larger than the configured limit),
         FAILED_PRECONDITION (a message write's `expected_status` did not match).
         With `delta` instead of `payload` only the change is sent and stored
@@ -1026,7 +1036,8 @@ class StateServiceServicer(metaclass=_abc_1.ABCMeta):
         transaction. Two callers appending at once both land, one after the other.
         Errors: NOT_FOUND (conversation absent or deleted), ABORTED
         (`expected_revision` differs), INVALID_ARGUMENT (an item is not a JSON
-        object PostgreSQL JSONB can hold; 0 or more than 1000 items),
+        object; 0 or more than 1000 items). Each item is returned byte for byte
+        as it was sent.
         RESOURCE_EXHAUSTED (an item over the configured payload limit).
         """
 

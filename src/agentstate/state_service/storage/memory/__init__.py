@@ -1,8 +1,8 @@
 """An in-memory store for demos and fast tests. Data dies with the process.
 
-It keeps the PostgreSQL store's rules, including which JSON PostgreSQL's JSONB
-rejects, and returns states as jsonb prints them (jsonb.py), so the shared
-behavioural suite holds for both and GetState answers with the same bytes. One asyncio
+It keeps the PostgreSQL store's rules and stores payloads in the same form (the domain's
+jsontext and StateForm), so the shared behavioural suite holds for both and GetState
+answers with the same bytes. One asyncio
 lock makes every operation atomic; each write validates everything before it
 changes anything, so a failed call leaves no trace.
 """

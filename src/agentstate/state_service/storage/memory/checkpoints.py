@@ -10,6 +10,7 @@ from agentstate.state_service import domain as d
 from agentstate.state_service.domain import (
     NotFound,
     Page,
+    jsontext,
 )
 from agentstate.state_service.storage.base.checkpoints import CheckpointStore
 from agentstate.state_service.storage.memory.tables import (
@@ -35,7 +36,7 @@ class MemoryCheckpoints(MemoryTables, CheckpointStore):
         async with self._lock:
             conversation = self._conversation(user_id, conversation_id)
             d.check_json_depth(checkpoint.metadata_json, "metadata_json")
-            d.check_jsonb(checkpoint.metadata_json, dict, "metadata_json")
+            jsontext.check_json(checkpoint.metadata_json, dict, "metadata_json")
             rows = self._checkpoints.setdefault(conversation_id, {})
             key = (checkpoint.namespace, checkpoint.checkpoint_id)
             if expected_head is not None and key not in rows:

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from datetime import datetime
 
 from agentstate.state_service import domain as d
 from agentstate.state_service.domain import (
     StoredState,
+    jsontext,
 )
 from agentstate.state_service.storage.base.items import ItemStore
 from agentstate.state_service.storage.memory.tables import (
@@ -116,11 +116,9 @@ class MemoryItems(MemoryTables, ItemStore):
             return d.ScopedStates(app=app, user=user)
 
     @staticmethod
-    def _merged(row: StateRow | None, delta: bytes, now: datetime) -> StateRow:
-        payload = json.loads(row.payload) if row else {}
-        payload.update(json.loads(delta))
-        encoded = json.dumps(payload, ensure_ascii=False).encode()
-        return StateRow(encoded, (row.version if row else 0) + 1, now)
+    def _merged(row: StateRow | None, delta: d.Delta, now: datetime) -> StateRow:
+        merged = jsontext.merge_text(row.payload if row else None, delta.text(), "state")
+        return StateRow(merged, (row.version if row else 0) + 1, now)
 
     async def append_event(
         self, *, user_id: str, conversation_id: int, event: d.EventAppend
@@ -129,13 +127,17 @@ class MemoryItems(MemoryTables, ItemStore):
             revision = self._lock_items(user_id, conversation_id, event.expected_revision) + 1
             if event.user_delta is not None and (event.app_name, user_id) not in self._scoped:
                 self._check_fence(user_id)  # a new row of a user being erased
+            key = (conversation_id, event.state_key)
+            current = self._states.get(key)
+            if event.state_delta is not None and current is not None and current.split:
+                # As PostgreSQL's store: a split agent state is not merged into.
+                raise d.state_not_mergeable(event.state_key)
             now = utc_now()
             self._item_revisions[conversation_id] = revision
             item = None
             if event.item is not None:
                 item = self._new_item(conversation_id, revision, event.item, now)
                 self._items.setdefault(conversation_id, []).append(item)
-            key = (conversation_id, event.state_key)
             if event.state_delta is not None:
                 self._states[key] = self._merged(self._states.get(key), event.state_delta, now)
             for who, delta in (("", event.app_delta), (user_id, event.user_delta)):

@@ -22,7 +22,6 @@ from agentstate.state_service.domain import (
     VersionConflict,
 )
 from agentstate.state_service.storage.base.states import AgentStateStore
-from agentstate.state_service.storage.memory.jsonb import apply_delta, jsonb_text
 from agentstate.state_service.storage.memory.tables import (
     MemoryTables,
     StateRow,
@@ -67,19 +66,21 @@ class MemoryStates(MemoryTables, AgentStateStore):
                 if payload is None:
                     raise d.InvalidArgument("a save needs a payload or a delta")
                 d.check_json_depth(payload, "payload")
-                d.check_jsonb(payload, dict, "payload")
+                form = d.state_form(payload)
+                stored, split = form.text(), form.split
                 if expected_version is not None and expected_version != current_version:
                     raise VersionConflict(expected_version, current_version)
-                stored = jsonb_text(d.parse_json(payload))
             else:
                 d.check_state_delta(delta)
+                d.check_delta_parts(delta)
                 if delta.base_version != current_version or current is None:
                     raise VersionConflict(delta.base_version, current_version)
-                stored = apply_delta(current.payload, delta, max_state_bytes)
+                stored = d.apply_delta(current.payload, delta, max_state_bytes, split=current.split)
+                split = True
             staged = self._stage_messages(user_id, conversation_id, message_writes)
             # Everything is valid: apply.
             now = utc_now()
-            row = StateRow(stored, current_version + 1, now)
+            row = StateRow(stored, current_version + 1, now, split)
             self._states[(conversation_id, state_key)] = row
             records = self._messages.setdefault(conversation_id, {})
             for record in staged:

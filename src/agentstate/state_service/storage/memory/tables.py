@@ -43,6 +43,9 @@ class StateRow:
     payload: bytes
     version: int
     update_time: datetime
+    # Stored split, as PostgreSQL splits a state whose "context" is an array (a whole
+    # save or a delta); a merged state (AppendEvent) is its members, whatever it holds.
+    split: bool = False
 
 
 @dataclass

@@ -10,6 +10,7 @@ from typing import Any
 from agentstate.state_service import domain as d
 from agentstate.state_service.domain import (
     Page,
+    jsontext,
 )
 from agentstate.state_service.storage.base.checkpoints import CheckpointStore
 from agentstate.state_service.storage.postgres import sql
@@ -73,6 +74,7 @@ class PostgresCheckpoints(PostgresConnection, CheckpointStore):
         expected_head: str | None,
     ) -> datetime:
         d.check_json_depth(checkpoint.metadata_json, "metadata_json")
+        jsontext.check_json(checkpoint.metadata_json, dict, "metadata_json")
         values = checkpoint.new_values
         rows = await self._rows(
             sql.PUT_CHECKPOINT,
@@ -84,7 +86,8 @@ class PostgresCheckpoints(PostgresConnection, CheckpointStore):
                 "parent_id": checkpoint.parent_checkpoint_id,
                 "checkpoint_type": checkpoint.checkpoint_type,
                 "checkpoint": checkpoint.checkpoint,
-                "metadata": RawJson(checkpoint.metadata_json),
+                "metadata": RawJson(d.metadata_search_copy(checkpoint.metadata_json)),
+                "metadata_text": checkpoint.metadata_json.decode(),
                 "channel_versions": RawJson(json.dumps(checkpoint.channel_versions).encode()),
                 "check_head": expected_head is not None,
                 "expected_head": expected_head or "",

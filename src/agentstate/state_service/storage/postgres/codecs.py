@@ -19,7 +19,8 @@ Row = dict[str, Any]
 
 
 class RawJson:
-    """JSON text passed to PostgreSQL as-is, as a jsonb parameter."""
+    """JSON text passed to PostgreSQL as-is, as a jsonb parameter (checkpoint metadata's
+    searchable copy, metadata filters, channel versions: never a payload returned)."""
 
     __slots__ = ("data",)
 

@@ -34,7 +34,6 @@ from agentstate.state_service.storage.postgres.migrations import apply_migration
 from agentstate.state_service.storage.postgres.pg_checks import Route
 from agentstate.state_service.storage.postgres.refusals import (
     REFUSAL_SQLSTATE,
-    check_delta_json,
     check_write_json,
     refusal,
     where_in_batch,
@@ -197,8 +196,6 @@ class PostgresConnection:
             if isinstance(exc, psycopg.DataError | psycopg.errors.CheckViolation):
                 for index, write in enumerate(writes):  # the error path: find the culprit
                     check_write_json(write, where_in_batch(index, batch))
-                if delta is not None:
-                    check_delta_json(delta)
                 if json_param:
                     raise InvalidArgument(
                         f"{json_param} is not JSON that PostgreSQL can store: {pg_reason(exc)}"

@@ -14,18 +14,27 @@ from agentstate.state_service.storage.postgres import sql
 from agentstate.state_service.storage.postgres.codecs import (
     Row,
     TextArray,
-    text_of,
 )
 from agentstate.state_service.storage.postgres.connection import (
     PostgresConnection,
 )
 
 
+def _raw(value: str | bytes) -> bytes:
+    return value.encode() if isinstance(value, str) else bytes(value)
+
+
+def _members(delta: d.Delta | None) -> tuple[TextArray | None, TextArray | None]:
+    if delta is None:
+        return None, None
+    return TextArray(delta.keys), TextArray(delta.values)
+
+
 def item_of(conversation_id: int, row: Row) -> d.ConversationItem:
     return d.ConversationItem(
         conversation_id=conversation_id,
         seq=int(row["seq"]),
-        item_json=row["item"],
+        item_json=_raw(row["item"]),
         item_time=row["item_time"],
         create_time=row["create_time"],
     )
@@ -108,7 +117,9 @@ class PostgresItems(PostgresConnection, ItemStore):
     async def get_scoped_state(self, *, user_id: str, app_name: str) -> d.ScopedStates:
         rows = await self._rows(sql.SELECT_SCOPED_STATE, {"user_id": user_id, "app_name": app_name})
         states = {
-            row["user_id"]: StoredState(row["payload"], int(row["version"]), row["update_time"])
+            row["user_id"]: StoredState(
+                _raw(row["payload"]), int(row["version"]), row["update_time"]
+            )
             for row in rows
         }
         return d.ScopedStates(app=states.get(""), user=states.get(user_id))
@@ -116,6 +127,9 @@ class PostgresItems(PostgresConnection, ItemStore):
     async def append_event(
         self, *, user_id: str, conversation_id: int, event: d.EventAppend
     ) -> d.AppendedEvent:
+        state_keys, state_values = _members(event.state_delta)
+        app_keys, app_values = _members(event.app_delta)
+        user_keys, user_values = _members(event.user_delta)
         (row,) = await self._rows(
             sql.APPEND_EVENT,
             {
@@ -125,10 +139,13 @@ class PostgresItems(PostgresConnection, ItemStore):
                 "item_time": event.item.item_time if event.item else None,
                 "expected_revision": event.expected_revision,
                 "state_key": event.state_key,
-                "state_delta": text_of(event.state_delta),
+                "state_keys": state_keys,
+                "state_values": state_values,
                 "app_name": event.app_name,
-                "app_delta": text_of(event.app_delta),
-                "user_delta": text_of(event.user_delta),
+                "app_keys": app_keys,
+                "app_values": app_values,
+                "user_keys": user_keys,
+                "user_values": user_values,
             },
         )
         item = item_of(conversation_id, row) if row["seq"] is not None else None

@@ -100,6 +100,8 @@ ORDER BY c.id DESC LIMIT %(limit)s"""
     if state:
         # The state under include_state_key, as GetState assembles it (sql.SELECT_STATE).
         columns += """, CASE
+           WHEN s.member_keys IS NOT NULL
+               THEN agentstate_members_text(s.member_keys, s.member_values)
            WHEN s.context_start IS NULL THEN s.payload::text
            ELSE s.context_head || (
                SELECT coalesce('[' || string_agg(m.message, ', ' ORDER BY m.position) || ']',

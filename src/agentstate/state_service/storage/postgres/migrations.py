@@ -476,6 +476,74 @@ DROP FUNCTION IF EXISTS agentstate_begin_turn(
 \\ir functions/agentstate_split_states.sql
 """,
     ),
+    # Issue 22: payloads kept as the caller sent them (domain/jsontext.py). jsonb
+    # refuses \u0000 and rewrites numbers and key order, so new writes go to text
+    # columns; rows written before keep their jsonb (whose text is what they read
+    # back before) and are read from it until they are next written. Every step is
+    # a catalog change: no table is rewritten or scanned under a lock.
+    Migration(
+        12,
+        "faithful payloads: items, scoped states, checkpoint metadata and states as text",
+        """
+-- An item's text as sent (NULL for items written before: `item` holds them).
+ALTER TABLE t_conversation_item ALTER COLUMN item DROP NOT NULL,
+    ADD COLUMN item_text text;
+ALTER TABLE t_conversation_item ADD CONSTRAINT t_conversation_item_text_check
+    CHECK (item IS NOT NULL OR item_text IS NOT NULL) NOT VALID;
+
+-- A merged state (scoped, or an ADK session's) as its top-level members: each key's
+-- JSON spelling and each value's text as sent, in dict.update order, so a merge
+-- replaces the values it names and copies the others byte for byte. `payload` stays
+-- for rows written before (converted on their next merge).
+ALTER TABLE t_scoped_state ALTER COLUMN payload DROP NOT NULL,
+    ADD COLUMN member_keys text[], ADD COLUMN member_values text[];
+ALTER TABLE t_scoped_state ADD CONSTRAINT t_scoped_state_members_check
+    CHECK ((payload IS NOT NULL OR member_keys IS NOT NULL)
+           AND cardinality(member_keys) IS NOT DISTINCT FROM cardinality(member_values))
+    NOT VALID;
+
+-- A state stored whole is its members (as above); one whose "context" is an array
+-- is split as in migration 10, its head and tail made from the members' texts in
+-- the order sent. `payload` is NULL for both once written after this migration.
+ALTER TABLE t_agent_state ALTER COLUMN payload DROP NOT NULL,
+    ADD COLUMN member_keys text[], ADD COLUMN member_values text[];
+ALTER TABLE t_agent_state ADD CONSTRAINT t_agent_state_members_check
+    CHECK ((payload IS NOT NULL OR member_keys IS NOT NULL OR context_start IS NOT NULL)
+           AND cardinality(member_keys) IS NOT DISTINCT FROM cardinality(member_values))
+    NOT VALID;
+
+-- The metadata's text as sent; `metadata` stays as the copy that filters (@>) and
+-- run_id read, without the values jsonb cannot hold (see checkpoint_search_copy).
+ALTER TABLE t_checkpoint ADD COLUMN metadata_text text;
+
+DROP FUNCTION IF EXISTS agentstate_append_items(text, bigint, text[], timestamptz[], bigint);
+\\ir functions/agentstate_append_items.sql
+
+DROP FUNCTION IF EXISTS agentstate_pop_item(text, bigint, bigint);
+\\ir functions/agentstate_pop_item.sql
+
+DROP FUNCTION IF EXISTS agentstate_merge_scoped_state(text, text, jsonb);
+\\ir functions/agentstate_merge_members.sql
+\\ir functions/agentstate_members_text.sql
+\\ir functions/agentstate_merge_scoped_state.sql
+
+DROP FUNCTION IF EXISTS agentstate_append_event(
+    text, bigint, text, timestamptz, bigint, text, jsonb, text, jsonb, jsonb);
+\\ir functions/agentstate_append_event.sql
+
+DROP FUNCTION IF EXISTS agentstate_put_checkpoint(
+    text, bigint, text, text, text, text, bytea, jsonb, jsonb, boolean, text,
+    text[], text[], text[], bytea[]);
+\\ir functions/agentstate_put_checkpoint.sql
+\\ir functions/agentstate_copy_checkpoints.sql
+
+\\ir functions/agentstate_begin_turn.sql
+DROP FUNCTION IF EXISTS agentstate_save_state(
+    text, bigint, text, jsonb, bigint, bigint, text[], bigint[], text[], text[], text[], text[],
+    text[], bigint[], text[], integer, bigint, integer, integer, text[], jsonb, bigint);
+\\ir functions/agentstate_save_state.sql
+""",
+    ),
     # Issue 23 (lifecycle). Number 13: 12 is another change's; this one touches no
     # payload column, so the two apply in either order.
     Migration(

@@ -12,28 +12,11 @@ from agentstate.state_service.domain import (
     Lease,
     MessageWrite,
     NotFound,
-    StateDelta,
     StoreError,
     VersionConflict,
 )
 
 REFUSAL_SQLSTATE = "AS000"  # raised by agentstate_refuse() in migrations.py
-
-
-# Up to this size the depth of a payload is checked here, in microseconds; a larger
-# one with many brackets is checked by the database on the JSONB it parsed anyway.
-DEPTH_SCAN_MAX_BYTES = 64 * 1024
-
-
-def depth_to_check_in_database(payload: bytes) -> int | None:
-    """The nesting limit the database must enforce for this payload, or None when it is
-    already known to hold (InvalidArgument when it is known not to)."""
-    if not d.may_exceed_depth(payload):
-        return None
-    if len(payload) <= DEPTH_SCAN_MAX_BYTES:
-        d.check_json_depth(payload, "payload")
-        return None
-    return d.MAX_JSON_DEPTH
 
 
 def check_write_json(write: MessageWrite, where: str) -> None:
@@ -44,14 +27,6 @@ def check_write_json(write: MessageWrite, where: str) -> None:
     ):
         if data is not None:
             d.check_jsonb(data, kind, f"{where}.{field}")
-
-
-def check_delta_json(delta: StateDelta) -> None:
-    """InvalidArgument naming the first part of a delta PostgreSQL refuses."""
-    for index, message in enumerate(delta.messages):
-        d.check_jsonb(message, object, f"delta.messages[{index}]")
-    if delta.fields_json is not None:
-        d.check_jsonb(delta.fields_json, dict, "delta.fields_json")
 
 
 def where_in_batch(index: Any, batch: str | None) -> str:
@@ -83,6 +58,8 @@ def refusal(detail: dict[str, Any], batch: str | None) -> d.StateServiceError:
         )
     if kind == "context_not_array":
         return d.context_not_array()
+    if kind == "not_mergeable":
+        return d.state_not_mergeable(str(detail["state_key"]))
     if kind == "fields_not_object":
         return InvalidArgument("delta.fields_json must be a JSON object")
     if kind == "fields_name_context":

@@ -3,10 +3,11 @@
 Each RPC is ONE statement, so ONE round trip: connections are in autocommit
 and every write that needs several steps is a PL/pgSQL function (defined in
 migrations.py) whose one statement is its own transaction. Parameters are
-named (%(name)s). JSON travels as text: the payload as a jsonb parameter,
-message blocks and metadata as text parsed inside the functions (so a bad one
-is reported by its index); Python never decodes a payload on this path.
-Rows are read by column name.
+named (%(name)s). JSON travels as text. Caller payloads (states, items, deltas,
+checkpoint metadata) arrive checked and cut into their stored form by the service
+(domain/jsontext.py) and are stored as that text, never as jsonb (migration 12);
+message blocks and metadata are text parsed as jsonb inside the functions (so a
+bad one is reported by its index). Rows are read by column name.
 """
 
 from typing import Final
@@ -97,9 +98,12 @@ RETURNING {_CONVERSATION_COLUMNS}, {STATUS_COLUMNS}
 
 # No row: no such conversation. A row with a NULL version: no state yet. The
 # payload is text (read as raw bytes): a split state is assembled from its rows
-# (migration 10), byte for byte what jsonb prints for the same state stored whole.
+# (migration 10), byte for byte what the same state stored whole returns; a whole
+# one is its members joined (migration 12), or jsonb's print for a row before it.
 SELECT_STATE: Final = """
 SELECT CASE
+           WHEN s.member_keys IS NOT NULL
+               THEN agentstate_members_text(s.member_keys, s.member_values)
            WHEN s.context_start IS NULL THEN s.payload::text
            -- Written out rather than a SQL function (which is planned on every call).
            ELSE s.context_head || (
@@ -131,14 +135,16 @@ SAVE_STATE: Final = f"""
 SELECT r.version, r.state_update_time, r.lease_released, (r.message).*
 FROM agentstate_save_state(
     p_user_id => %(user_id)s, p_conversation_id => %(conversation_id)s,
-    p_state_key => %(state_key)s, p_payload => %(payload)s,
+    p_state_key => %(state_key)s,
+    p_keys => %(keys)s::text[], p_values => %(values)s::text[],
+    p_head => %(head)s::text, p_tail => %(tail)s::text, p_context => %(context)s::text[],
     p_expected_version => %(expected_version)s::bigint, p_task_id => %(task_id)s::bigint,
     {_WRITES},
     p_compactions => %(compactions)s::bigint[], p_compaction_reasons => %(reasons)s::text[],
-    p_max_depth => %(max_depth)s::integer,
     p_base_version => %(base_version)s::bigint, p_drop_head => %(drop_head)s::integer,
     p_replace_from => %(replace_from)s::integer, p_messages => %(delta_messages)s::text[],
-    p_fields => %(fields)s::jsonb, p_max_bytes => %(max_bytes)s::bigint
+    p_fields_head => %(fields_head)s::text, p_fields_tail => %(fields_tail)s::text,
+    p_max_bytes => %(max_bytes)s::bigint
 ) AS r
 """
 
@@ -296,7 +302,8 @@ FOR UPDATE OF c SKIP LOCKED
 PUT_CHECKPOINT: Final = """
 SELECT agentstate_put_checkpoint(
     %(user_id)s, %(conversation_id)s, %(namespace)s, %(checkpoint_id)s, %(parent_id)s,
-    %(checkpoint_type)s, %(checkpoint)b, %(metadata)s, %(channel_versions)s,
+    %(checkpoint_type)s, %(checkpoint)b, %(metadata)s, %(metadata_text)s::text,
+    %(channel_versions)s,
     %(check_head)s, %(expected_head)s,
     %(channels)s::text[], %(versions)s::text[], %(value_types)s::text[], %(values)b::bytea[]
 ) AS create_time
@@ -329,7 +336,8 @@ SELECT agentstate_prune_checkpoints(%(user_id)s, %(ids)s::bigint[], %(keep_lates
 # cost a hex round trip in text (about 2 ms for 40 kB); JSON comes back as text.
 SELECT_CHECKPOINTS: Final = """
 SELECT conv.id AS conversation_id, c.namespace, c.checkpoint_id, c.parent_checkpoint_id,
-       c.checkpoint_type, c.checkpoint, c.metadata::text AS metadata,
+       c.checkpoint_type, c.checkpoint,
+       coalesce(c.metadata_text, c.metadata::text) AS metadata,
        c.channel_versions::text AS channel_versions, c.create_time,
        v.channels, v.versions, v.value_types, v.values,
        w.task_ids, w.idxs, w.write_channels, w.write_types, w.write_values, w.task_paths
@@ -372,6 +380,8 @@ ORDER BY c.checkpoint_id DESC, c.namespace DESC
 # ------------------------------------------ conversation items, scoped state
 
 _ITEM_COLUMNS = "seq, item, item_time, create_time"
+# An item written before migration 12 has only its jsonb.
+_ITEM_SOURCE_COLUMNS = "seq, coalesce(item_text, item::text) AS item, item_time, create_time"
 
 APPEND_ITEMS: Final = """
 SELECT seq, item, item_time, create_time, revision
@@ -386,7 +396,7 @@ SELECT c.item_revision, c.update_time AS conversation_update_time, i.*
 FROM t_conversation AS c
 LEFT JOIN LATERAL (
     SELECT {_ITEM_COLUMNS} FROM (
-        SELECT {_ITEM_COLUMNS} FROM t_conversation_item
+        SELECT {_ITEM_SOURCE_COLUMNS} FROM t_conversation_item
         WHERE user_id = c.user_id AND conversation_id = c.id
           AND (%(min_item_time)s::timestamptz IS NULL
                OR item_time >= %(min_item_time)s::timestamptz)
@@ -412,7 +422,11 @@ SELECT deleted, revision FROM agentstate_clear_items(%(user_id)s, %(conversation
 
 # user_id '' is the app-scoped row (a real user_id is never empty).
 SELECT_SCOPED_STATE: Final = """
-SELECT user_id, payload, version, update_time FROM t_scoped_state
+SELECT user_id,
+       CASE WHEN member_keys IS NULL THEN payload::text
+            ELSE agentstate_members_text(member_keys, member_values) END AS payload,
+       version, update_time
+FROM t_scoped_state
 WHERE app_name = %(app_name)s AND user_id IN ('', %(user_id)s)
 """
 
@@ -422,7 +436,9 @@ FROM agentstate_append_event(
     p_user_id => %(user_id)s, p_conversation_id => %(conversation_id)s,
     p_item => %(item)s::text, p_item_time => %(item_time)s::timestamptz,
     p_expected_revision => %(expected_revision)s::bigint, p_state_key => %(state_key)s,
-    p_state_delta => %(state_delta)s::jsonb, p_app_name => %(app_name)s,
-    p_app_delta => %(app_delta)s::jsonb, p_user_delta => %(user_delta)s::jsonb
+    p_state_keys => %(state_keys)s::text[], p_state_values => %(state_values)s::text[],
+    p_app_name => %(app_name)s,
+    p_app_keys => %(app_keys)s::text[], p_app_values => %(app_values)s::text[],
+    p_user_keys => %(user_keys)s::text[], p_user_values => %(user_values)s::text[]
 )
 """

@@ -26,7 +26,6 @@ from agentstate.state_service.domain import (
 from agentstate.state_service.storage.base.states import AgentStateStore
 from agentstate.state_service.storage.postgres import sql
 from agentstate.state_service.storage.postgres.codecs import (
-    RawJson,
     TextArray,
 )
 from agentstate.state_service.storage.postgres.connection import (
@@ -36,9 +35,6 @@ from agentstate.state_service.storage.postgres.messages import (
     compaction_arrays,
     message_of,
     write_arrays,
-)
-from agentstate.state_service.storage.postgres.refusals import (
-    depth_to_check_in_database,
 )
 
 
@@ -83,39 +79,48 @@ class PostgresStates(PostgresConnection, AgentStateStore):
         if delta is None:
             if payload is None:
                 raise InvalidArgument("a save needs a payload or a delta")
+            # The stored form is made here, from the text as sent (domain StateForm):
+            # the database never re-prints a value.
+            d.check_json_depth(payload, "payload")
+            form = d.state_form(payload)
             params |= {
-                "payload": RawJson(payload),
+                "keys": None if form.split else TextArray(form.keys),
+                "values": None if form.split else TextArray(form.values),
+                "head": form.head,
+                "tail": form.tail if form.split else None,
+                "context": TextArray(form.messages) if form.split else None,
                 "expected_version": expected_version,
-                "max_depth": depth_to_check_in_database(payload),
                 "base_version": None,
                 "drop_head": 0,
                 "replace_from": None,
                 "delta_messages": None,
-                "fields": None,
+                "fields_head": None,
+                "fields_tail": None,
                 "max_bytes": None,
             }
         else:
             d.check_state_delta(delta)
+            messages, fields = d.check_delta_parts(delta)
             params |= {
-                "payload": None,
+                "keys": None,
+                "values": None,
+                "head": None,
+                "tail": None,
+                "context": None,
                 "expected_version": None,
-                "max_depth": None,
                 "base_version": delta.base_version,
                 "drop_head": delta.drop_head,
                 "replace_from": delta.replace_from,
-                "delta_messages": TextArray(delta.messages),
-                "fields": None if delta.fields_json is None else RawJson(delta.fields_json),
+                "delta_messages": TextArray(messages),
+                "fields_head": None if fields is None else fields[0],
+                "fields_tail": None if fields is None else fields[1],
                 "max_bytes": max_state_bytes,
             }
-        # The payload (or the delta's fields) is the one JSON parsed at bind time: a
-        # data error is about it (message JSON is parsed inside the function and
-        # refused by index; the delta's parts are named on the error path).
         rows = await self._rows(
             sql.SAVE_STATE,
             params,
             batch="message_writes",
             writes=message_writes,
-            json_param="payload" if delta is None else "",
             delta=delta,
         )
         first = rows[0]

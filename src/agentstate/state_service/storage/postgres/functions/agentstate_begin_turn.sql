@@ -66,6 +66,8 @@ BEGIN
            v_lease.stop_requested, v_lease.lapsed_task_id, v_interrupted,
            -- As sql.SELECT_STATE: written out, not a function, so it is planned once.
            CASE WHEN s.version = p_cached_version THEN NULL
+                WHEN s.member_keys IS NOT NULL
+                    THEN agentstate_members_text(s.member_keys, s.member_values)
                 WHEN s.context_start IS NULL THEN s.payload::text
                 ELSE s.context_head || (
                     SELECT coalesce(

@@ -32,9 +32,9 @@ BEGIN
     FROM t_checkpoint_write WHERE user_id = p_user_id AND conversation_id = p_source;
     INSERT INTO t_checkpoint
         (user_id, conversation_id, namespace, checkpoint_id, parent_checkpoint_id,
-         checkpoint_type, checkpoint, metadata, channel_versions, create_time)
+         checkpoint_type, checkpoint, metadata, metadata_text, channel_versions, create_time)
     SELECT user_id, p_target, namespace, checkpoint_id, parent_checkpoint_id,
-           checkpoint_type, checkpoint, metadata, channel_versions, create_time
+           checkpoint_type, checkpoint, metadata, metadata_text, channel_versions, create_time
     FROM t_checkpoint WHERE user_id = p_user_id AND conversation_id = p_source;
     GET DIAGNOSTICS v_count = ROW_COUNT;
     RETURN v_count;

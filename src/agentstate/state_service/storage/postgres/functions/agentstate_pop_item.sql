@@ -1,7 +1,7 @@
 -- PopItem: one row; NULL item columns when the list was empty.
 CREATE OR REPLACE FUNCTION agentstate_pop_item(p_user_id text, p_conversation_id bigint,
                                     p_expected_revision bigint)
-RETURNS TABLE (seq bigint, item jsonb, item_time timestamptz, create_time timestamptz,
+RETURNS TABLE (seq bigint, item text, item_time timestamptz, create_time timestamptz,
                revision bigint)
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
@@ -17,9 +17,10 @@ BEGIN
     RETURNING t.* INTO v_item;
     IF v_item.seq IS NOT NULL THEN
         UPDATE t_conversation SET item_revision = item_revision + 1
-        WHERE user_id = p_user_id AND id = p_conversation_id
-        RETURNING item_revision INTO v_revision;
+        WHERE user_id = p_user_id AND id = p_conversation_id;
+        v_revision := v_revision + 1;
     END IF;
-    RETURN QUERY SELECT v_item.seq, v_item.item, v_item.item_time, v_item.create_time,
-                        v_revision;
+    -- An item written before migration 12 has only its jsonb.
+    RETURN QUERY SELECT v_item.seq, coalesce(v_item.item_text, v_item.item::text),
+                        v_item.item_time, v_item.create_time, v_revision;
 END $$;

@@ -1,9 +1,11 @@
 -- PutCheckpoint: lock the conversation row (NOT_FOUND when absent: no
 -- resurrection), compare-and-set the namespace's head, store the new channel
 -- values (a stored one is kept) and the checkpoint (a stored id is replaced).
+-- p_metadata is the searchable copy, p_metadata_text the metadata as sent.
 CREATE OR REPLACE FUNCTION agentstate_put_checkpoint(
     p_user_id text, p_conversation_id bigint, p_namespace text, p_checkpoint_id text,
     p_parent_id text, p_type text, p_checkpoint bytea, p_metadata jsonb,
+    p_metadata_text text,
     p_channel_versions jsonb, p_check_head boolean, p_expected_head text,
     p_channels text[], p_versions text[], p_value_types text[], p_values bytea[])
 RETURNS timestamptz
@@ -35,12 +37,13 @@ BEGIN
     ON CONFLICT DO NOTHING;
     INSERT INTO t_checkpoint AS c
         (user_id, conversation_id, namespace, checkpoint_id, parent_checkpoint_id,
-         checkpoint_type, checkpoint, metadata, channel_versions)
+         checkpoint_type, checkpoint, metadata, metadata_text, channel_versions)
     VALUES (p_user_id, p_conversation_id, p_namespace, p_checkpoint_id, p_parent_id,
-            p_type, p_checkpoint, p_metadata, p_channel_versions)
+            p_type, p_checkpoint, p_metadata, p_metadata_text, p_channel_versions)
     ON CONFLICT (user_id, conversation_id, namespace, checkpoint_id) DO UPDATE
     SET checkpoint_type = EXCLUDED.checkpoint_type, checkpoint = EXCLUDED.checkpoint,
-        metadata = EXCLUDED.metadata, channel_versions = EXCLUDED.channel_versions
+        metadata = EXCLUDED.metadata, metadata_text = EXCLUDED.metadata_text,
+        channel_versions = EXCLUDED.channel_versions
     RETURNING c.create_time INTO v_time;
     RETURN v_time;
 END $$;

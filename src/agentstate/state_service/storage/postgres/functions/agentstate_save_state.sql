@@ -1,12 +1,14 @@
 CREATE OR REPLACE FUNCTION agentstate_save_state(
-    p_user_id text, p_conversation_id bigint, p_state_key text, p_payload jsonb,
+    p_user_id text, p_conversation_id bigint, p_state_key text,
+    p_keys text[], p_values text[], p_head text, p_tail text, p_context text[],
     p_expected_version bigint, p_task_id bigint,
     p_kinds text[], p_message_ids bigint[], p_roles text[], p_statuses text[],
     p_blocks text[], p_metadata text[], p_expected_statuses text[],
-    p_compactions bigint[], p_compaction_reasons text[], p_max_depth integer,
+    p_compactions bigint[], p_compaction_reasons text[],
     p_base_version bigint DEFAULT NULL, p_drop_head integer DEFAULT 0,
     p_replace_from integer DEFAULT NULL, p_messages text[] DEFAULT NULL,
-    p_fields jsonb DEFAULT NULL, p_max_bytes bigint DEFAULT NULL)
+    p_fields_head text DEFAULT NULL, p_fields_tail text DEFAULT NULL,
+    p_max_bytes bigint DEFAULT NULL)
 RETURNS TABLE (version bigint, state_update_time timestamptz, lease_released boolean,
                message t_agent_message)
 LANGUAGE plpgsql AS $$
@@ -18,6 +20,8 @@ DECLARE
     v_row t_agent_message;
     v_written integer := 0;
     v_rest jsonb;
+    v_keys text[];
+    v_values text[];
     v_start bigint;
     v_count integer;
     v_bytes bigint;
@@ -27,13 +31,6 @@ DECLARE
     v_from integer;
     v_frame record;
 BEGIN
-    -- Set only for a large payload with many brackets (the store checks small ones):
-    -- is any value nested deeper than allowed?
-    IF p_max_depth IS NOT NULL
-       AND jsonb_path_exists(p_payload, format('strict $.**{%s}', p_max_depth + 1)::jsonpath)
-    THEN
-        PERFORM agentstate_refuse(jsonb_build_object('kind', 'too_deep', 'limit', p_max_depth));
-    END IF;
     SELECT NULL::text AS head, NULL::text AS tail INTO v_frame;
     PERFORM agentstate_touch_conversation(p_user_id, p_conversation_id);
     IF p_task_id IS NOT NULL THEN
@@ -55,30 +52,43 @@ BEGIN
             'current', v_current));
     END IF;
     IF p_base_version IS NULL THEN
-        -- A whole state. Its "context", when an array, goes to rows (positions kept,
-        -- unchanged rows not rewritten); otherwise the payload is kept whole.
+        -- A whole state, in its stored form (domain StateForm, made by the service
+        -- from the text sent): split (p_context, positions kept, unchanged rows not
+        -- rewritten) or its members.
         v_start := coalesce(v_state.context_start, 0);
-        IF jsonb_typeof(p_payload->'context') = 'array' THEN
-            SELECT coalesce(array_agg(e.value::text ORDER BY e.i), '{}') INTO v_new
-            FROM jsonb_array_elements(p_payload->'context') WITH ORDINALITY AS e(value, i);
+        v_rest := NULL;
+        IF p_context IS NOT NULL THEN
             PERFORM agentstate_write_context(
-                p_user_id, p_conversation_id, p_state_key, v_start, 0, v_new);
-            v_rest := p_payload - 'context';
-            v_frame := agentstate_state_frame(v_rest);
-            v_count := cardinality(v_new);
-            SELECT coalesce(sum(octet_length(m)), 0) INTO v_bytes FROM unnest(v_new) AS m;
+                p_user_id, p_conversation_id, p_state_key, v_start, 0, p_context);
+            SELECT p_head AS head, p_tail AS tail INTO v_frame;
+            v_count := cardinality(p_context);
+            SELECT coalesce(sum(octet_length(m)), 0) INTO v_bytes FROM unnest(p_context) AS m;
         ELSE
             IF v_state.context_start IS NOT NULL THEN
                 DELETE FROM t_agent_state_message AS m
                 WHERE m.user_id = p_user_id AND m.session_id = p_conversation_id
                   AND m.state_key = p_state_key;
             END IF;
-            v_rest := p_payload;
+            v_keys := p_keys;
+            v_values := p_values;
             v_start := NULL;
         END IF;
     ELSE
         -- A delta on the stored version (see StateDelta).
-        IF v_state.context_start IS NULL THEN
+        IF v_state.context_start IS NULL AND v_state.member_keys IS NOT NULL THEN
+            -- Stored as members: "context" absent is an empty one, placed last.
+            IF '"context"' = ANY(v_state.member_keys) THEN
+                PERFORM agentstate_refuse(jsonb_build_object('kind', 'context_not_array'));
+            END IF;
+            SELECT '{' || coalesce((
+                       SELECT string_agg(u.k || ': ' || u.v || ', ', '' ORDER BY u.n)
+                       FROM unnest(v_state.member_keys, v_state.member_values)
+                           WITH ORDINALITY AS u(k, v, n)), '') || '"context": ',
+                   '}', 0, 0, 0
+            INTO v_state.context_head, v_state.context_tail, v_state.context_start,
+                 v_state.context_count, v_state.context_bytes;
+        ELSIF v_state.context_start IS NULL THEN
+            -- Stored whole as jsonb, before migration 12.
             v_state := agentstate_split_state(v_state, true);
             IF v_state.context_start IS NULL THEN
                 PERFORM agentstate_refuse(jsonb_build_object('kind', 'context_not_array'));
@@ -110,10 +120,8 @@ BEGIN
                 'kind', 'delta_range', 'field', 'replace_from', 'value', v_from,
                 'length', v_count));
         END IF;
-        -- Each message parsed (a bad one fails the statement: the store names it)
-        -- and kept as jsonb prints it.
-        SELECT coalesce(array_agg(u.m::jsonb::text ORDER BY u.i), '{}') INTO v_new
-        FROM unnest(p_messages) WITH ORDINALITY AS u(m, i);
+        -- Each message checked by the service and kept as sent.
+        v_new := coalesce(p_messages, '{}');
         SELECT coalesce(sum(octet_length(m)), 0) INTO v_new_bytes FROM unnest(v_new) AS m;
         IF v_from = v_count THEN
             -- Appending (the common turn): no row after the end to compare or remove.
@@ -127,15 +135,10 @@ BEGIN
                 p_user_id, p_conversation_id, p_state_key, v_start, v_from, v_new) + v_new_bytes;
         END IF;
         v_count := v_from + cardinality(v_new);
-        IF p_fields IS NOT NULL THEN
-            IF jsonb_typeof(p_fields) <> 'object' THEN
-                PERFORM agentstate_refuse(jsonb_build_object('kind', 'fields_not_object'));
-            END IF;
-            IF p_fields ? 'context' THEN
-                PERFORM agentstate_refuse(jsonb_build_object('kind', 'fields_name_context'));
-            END IF;
-            v_rest := p_fields;
-            v_frame := agentstate_state_frame(v_rest);
+        IF p_fields_head IS NOT NULL THEN
+            -- The frame the service made from fields_json (its members, then "context").
+            v_rest := NULL;
+            SELECT p_fields_head AS head, p_fields_tail AS tail INTO v_frame;
         END IF;
         IF p_max_bytes IS NOT NULL THEN
             -- The size of the whole state as GetState returns it.
@@ -149,9 +152,11 @@ BEGIN
     END IF;
     IF v_state.version IS NULL THEN
         INSERT INTO t_agent_state AS s (user_id, session_id, state_key, payload, version,
+                                        member_keys, member_values,
                                         context_start, context_count, context_bytes,
                                         context_head, context_tail)
-        VALUES (p_user_id, p_conversation_id, p_state_key, v_rest, 1, v_start,
+        VALUES (p_user_id, p_conversation_id, p_state_key, v_rest, 1, v_keys, v_values,
+                v_start,
                 CASE WHEN v_start IS NULL THEN NULL ELSE v_count END,
                 CASE WHEN v_start IS NULL THEN NULL ELSE v_bytes END,
                 CASE WHEN v_start IS NULL THEN NULL ELSE v_frame.head END,
@@ -160,6 +165,7 @@ BEGIN
     ELSE
         UPDATE t_agent_state AS s
         SET payload = v_rest, version = s.version + 1, update_time = now(),
+            member_keys = v_keys, member_values = v_values,
             context_start = v_start,
             context_count = CASE WHEN v_start IS NULL THEN NULL ELSE v_count END,
             context_bytes = CASE WHEN v_start IS NULL THEN NULL ELSE v_bytes END,
