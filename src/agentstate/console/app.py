@@ -35,6 +35,15 @@ from agentstate.console.config import ConsoleSettings
 from agentstate.console.present import event_view, record_view
 from agentstate.console.state_reads import StateReader
 
+# The conversation statuses, by name and number, read from the agent's contract (the
+# console uses no state-service stub).
+_STATUS = pb.Conversation.DESCRIPTOR.fields_by_name["status"].enum_type
+assert _STATUS is not None
+STATUS_NUMBERS: dict[str, Any] = {
+    v.name.removeprefix("CONVERSATION_STATUS_"): v.number for v in _STATUS.values
+}
+STATUS_NAMES = {number: name for name, number in STATUS_NUMBERS.items()}
+
 STATIC = Path(__file__).parent / "static"
 _ID = re.compile(r"^[0-9]{1,20}$")
 MAX_QUESTION_CHARS = 8000
@@ -201,9 +210,20 @@ def create_app(settings: ConsoleSettings, on_ready: Callable[[], None] | None = 
 
     async def conversations(request: Request) -> Response:
         async def run() -> Response:
+            query = request.query_params
+            statuses = [
+                STATUS_NUMBERS[name]
+                for name in query.get("status", "").split(",")
+                if name in STATUS_NUMBERS and name != "UNSPECIFIED"
+            ]
             page = await console.agent.ListConversations(
                 pb.ListConversationsRequest(
-                    page_size=20, page_token=request.query_params.get("page_token", "")
+                    page_size=20,
+                    page_token=query.get("page_token", ""),
+                    # The search runs on the state service (issue 23).
+                    title_prefix=query.get("q", ""),
+                    statuses=statuses,
+                    label_selector=query.get("labels", ""),
                 ),
                 metadata=console.metadata(request),
                 timeout=console.timeout,
@@ -215,8 +235,10 @@ def create_app(settings: ConsoleSettings, on_ready: Callable[[], None] | None = 
                             "conversation_id": c.conversation_id,
                             "title": c.title,
                             "update_time": c.update_time.ToDatetime().isoformat() + "Z",
+                            "status": STATUS_NAMES.get(c.status, "UNSPECIFIED"),
+                            "labels": dict(c.labels),
                         }
-                        for c in page.conversations
+                        for c in page.items
                     ],
                     "next_page_token": page.next_page_token,
                 }

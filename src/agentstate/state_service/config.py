@@ -8,6 +8,7 @@ from typing import Annotated, Literal, Self
 from pydantic import BeforeValidator, Field, model_validator
 
 from agentstate.common.config import EnvSettings, casefold_choice, default_data_dir
+from agentstate.state_service.storage.base.lifecycle import EraseSettings
 
 MIB = 1024 * 1024
 
@@ -174,7 +175,41 @@ class StateServiceSettings(EnvSettings):
         default=3600.0,
         validation_alias="STATE_RETENTION_INTERVAL_SECONDS",
         ge=0.1,
-        description="how often the retention sweep runs",
+        description="how often the retention sweep runs (it also deletes conversations past "
+        "their own time to live)",
+    )
+    allow_list_all_users: OnOff = Field(
+        default="off",
+        validation_alias="STATE_ALLOW_LIST_ALL_USERS",
+        description="on: ListConversations with all_users lists every user's conversations "
+        "(an operator's ability); off: PERMISSION_DENIED",
+    )
+    erase_batch_conversations: int = Field(
+        default=100,
+        validation_alias="STATE_ERASE_BATCH_CONVERSATIONS",
+        ge=1,
+        le=10_000,
+        description="EraseUser: conversations (with everything they own) per transaction",
+    )
+    erase_pause_seconds: float = Field(
+        default=0.005,
+        validation_alias="STATE_ERASE_PAUSE_SECONDS",
+        ge=0,
+        description="EraseUser: pause between batches, so other users' calls keep the database",
+    )
+    erase_stop_grace_seconds: float = Field(
+        default=5.0,
+        validation_alias="STATE_ERASE_STOP_GRACE_SECONDS",
+        ge=0,
+        description="EraseUser: how long the user's running turns get to end after being asked "
+        "to stop; a turn still running is erased anyway (its next write is NOT_FOUND)",
+    )
+    erase_stale_seconds: float = Field(
+        default=30.0,
+        validation_alias="STATE_ERASE_STALE_SECONDS",
+        ge=1,
+        description="EraseUser: a running erase silent this long was interrupted, and the next "
+        "EraseUser of the user resumes it",
     )
 
     # ---- transport security and callers (docs/security.md)
@@ -260,3 +295,12 @@ class StateServiceSettings(EnvSettings):
                 "set STATE_STORE=postgres to use that database, or unset DATABASE_URL"
             )
         return self
+
+
+def erase_settings(settings: StateServiceSettings) -> EraseSettings:
+    return EraseSettings(
+        batch_conversations=settings.erase_batch_conversations,
+        pause_seconds=settings.erase_pause_seconds,
+        stop_grace_seconds=settings.erase_stop_grace_seconds,
+        stale_seconds=settings.erase_stale_seconds,
+    )

@@ -28,7 +28,7 @@ from agentstate.common.tls import server_tls
 from agentstate.state.v1 import state_service_pb2 as pb
 from agentstate.state.v1 import state_service_pb2_grpc as pb_grpc
 from agentstate.state_service.callers import CallerInterceptor, TokenVerifier, audit_operation
-from agentstate.state_service.config import StateServiceSettings
+from agentstate.state_service.config import StateServiceSettings, erase_settings
 from agentstate.state_service.domain import DeleteCounts, StateServiceError
 from agentstate.state_service.policy import load_policy
 from agentstate.state_service.servicer import StateServicer
@@ -78,7 +78,13 @@ class StateServiceApp:
             reuse_port=self.worker is not None,
         )
         pb_grpc.add_StateServiceServicer_to_server(
-            StateServicer(self.store, max_payload_bytes=self.settings.max_payload_bytes), server
+            StateServicer(
+                self.store,
+                max_payload_bytes=self.settings.max_payload_bytes,
+                allow_list_all_users=self.settings.allow_list_all_users == "on",
+                erase=erase_settings(self.settings),
+            ),
+            server,
         )
         self._health = add_health_and_reflection(server, [SERVICE_NAME])
         address = bind(server, self.settings.listen_address, LISTEN_SETTING, self.tls)
@@ -90,8 +96,9 @@ class StateServiceApp:
             self.store.guard.add_listener(self._database_changed)
             if not self.store.guard.available:  # it went away while we were starting
                 await self._database_changed(False, "unreachable")
-        # One retention sweeper per replica: the first worker's.
-        if self.settings.retention_days > 0 and not self.worker:
+        # One retention sweeper per replica: the first worker's. It runs without
+        # STATE_RETENTION_DAYS too: conversations may have their own time to live.
+        if not self.worker:
             self._sweeper = asyncio.create_task(self._sweep_forever(self.store))
         if self.worker is None:
             log.info("state service listening on %s (store: %s)", address, self.settings.store)
@@ -104,12 +111,16 @@ class StateServiceApp:
         await set_serving(self._health, [SERVICE_NAME], serving=available)
 
     async def _sweep_forever(self, store: StateStore) -> None:
-        """Retention: every interval, delete conversations untouched for retention_days."""
+        """Retention: every interval, delete conversations untouched for retention_days
+        (when set) and those past their own time to live."""
         keep = timedelta(days=self.settings.retention_days)
         while True:
             await asyncio.sleep(self.settings.retention_interval_seconds)
             try:
-                await purge(store, datetime.now(UTC) - keep)
+                await purge(
+                    store,
+                    datetime.now(UTC) - keep if self.settings.retention_days > 0 else None,
+                )
             except StateServiceError as exc:  # the database may be briefly away: next round
                 log.warning("retention sweep failed: %s", exc)
 
@@ -253,10 +264,29 @@ async def serve(settings: StateServiceSettings) -> None:
     await app.stop()
 
 
-async def purge(store: StateStore, before: datetime, by: str = "retention sweep") -> DeleteCounts:
+RETENTION_SWEEP = "retention sweep"
+
+
+async def purge(
+    store: StateStore, before: datetime | None, by: str = RETENTION_SWEEP
+) -> DeleteCounts:
     """Run one retention sweep and account for it (metrics, and the audit trail: `by` is
-    who ran it)."""
-    counts = await store.purge_inactive(before=before)
+    who ran it): conversations untouched since `before` (None: none of that kind), then
+    those past their own time to live."""
+    inactive = DeleteCounts(0, 0, 0)
+    if before is not None:
+        inactive = await store.purge_inactive(before=before)
+    expired = await store.purge_expired()
+    if expired.conversations:
+        log.info(
+            "retention: deleted %d conversations past their time to live (%d messages, %d states)",
+            expired.conversations,
+            expired.messages,
+            expired.states,
+        )
+    counts = inactive + expired
+    if by == RETENTION_SWEEP and not counts.conversations:
+        return counts  # the sweep runs every interval: only one that deleted is audited
     audit_operation(
         by,
         "PurgeInactive",
@@ -265,7 +295,7 @@ async def purge(store: StateStore, before: datetime, by: str = "retention sweep"
             "messages_deleted": counts.messages,
             "states_deleted": counts.states,
         },
-        before=before.isoformat(),
+        before=before.isoformat() if before is not None else "",
     )
     for kind, value in (
         ("conversations", counts.conversations),
@@ -273,12 +303,12 @@ async def purge(store: StateStore, before: datetime, by: str = "retention sweep"
         ("states", counts.states),
     ):
         PURGED.add(value, {"kind": kind})
-    if counts.conversations:
+    if inactive.conversations and before is not None:
         log.info(
             "retention: deleted %d conversations untouched since %s (%d messages, %d states)",
-            counts.conversations,
+            inactive.conversations,
             before.isoformat(),
-            counts.messages,
-            counts.states,
+            inactive.messages,
+            inactive.states,
         )
     return counts

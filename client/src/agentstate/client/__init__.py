@@ -37,6 +37,9 @@ _EXPORTS: dict[str, str] = {
     "MessageStatusMismatch": "agentstate.client.errors",
     "ContextNotArray": "agentstate.client.errors",
     "NotSupported": "agentstate.client.errors",
+    "ErasureRunning": "agentstate.client.errors",
+    "UserBeingErased": "agentstate.client.errors",
+    "PermissionDenied": "agentstate.client.errors",
     "NotFound": "agentstate.client.errors",
     "PayloadTooLarge": "agentstate.client.errors",
     "PermissionDenied": "agentstate.client.errors",
@@ -60,6 +63,8 @@ _EXPORTS: dict[str, str] = {
     "Compaction": "agentstate.client.types",
     "CompactionNote": "agentstate.client.types",
     "Conversation": "agentstate.client.types",
+    "ConversationSearch": "agentstate.client.types",
+    "ErasureReceipt": "agentstate.client.types",
     "Deleted": "agentstate.client.types",
     "Item": "agentstate.client.types",
     "ItemsPage": "agentstate.client.types",
@@ -107,6 +112,9 @@ if TYPE_CHECKING:
     )
     from agentstate.client.errors import (
         DeadlineExceeded as DeadlineExceeded,
+    )
+    from agentstate.client.errors import (
+        ErasureRunning as ErasureRunning,
     )
     from agentstate.client.errors import (
         FailedPrecondition as FailedPrecondition,
@@ -157,6 +165,9 @@ if TYPE_CHECKING:
         Unavailable as Unavailable,
     )
     from agentstate.client.errors import (
+        UserBeingErased as UserBeingErased,
+    )
+    from agentstate.client.errors import (
         VersionConflict as VersionConflict,
     )
     from agentstate.client.settings import (
@@ -202,7 +213,13 @@ if TYPE_CHECKING:
         Conversation as Conversation,
     )
     from agentstate.client.types import (
+        ConversationSearch as ConversationSearch,
+    )
+    from agentstate.client.types import (
         Deleted as Deleted,
+    )
+    from agentstate.client.types import (
+        ErasureReceipt as ErasureReceipt,
     )
     from agentstate.client.types import (
         Item as Item,

@@ -124,6 +124,14 @@ class ContextNotArray(FailedPrecondition):
     """A delta save on a state whose "context" is not an array: send the whole state."""
 
 
+class ErasureRunning(FailedPrecondition):
+    """erase_user while another call's erase of the same user is alive."""
+
+
+class UserBeingErased(FailedPrecondition):
+    """A write that would add a row for a user whose erase runs: retry after it."""
+
+
 class NotSupported(StateError):
     """UNIMPLEMENTED: the service's store does not keep what this call needs (for example
     checkpoints or items on a store without that capability)."""
@@ -155,7 +163,8 @@ class DeadlineExceeded(StateError):
 
 class PermissionDenied(StateError):
     """PERMISSION_DENIED: the state service's policy does not let this caller make this
-    call (docs/security.md); nothing was changed."""
+    call, or the call uses an operator's ability the service does not allow (listing
+    across users, STATE_ALLOW_LIST_ALL_USERS); nothing was changed (docs/security.md)."""
 
 
 class Unauthenticated(StateError):
@@ -181,6 +190,8 @@ _BY_REASON: dict[str, type[StateError]] = {
     "CARD_ALREADY_HANDLED": CardAlreadyHandled,
     "MESSAGE_STATUS_MISMATCH": MessageStatusMismatch,
     "CONTEXT_NOT_ARRAY": ContextNotArray,
+    "ERASURE_RUNNING": ErasureRunning,
+    "USER_BEING_ERASED": UserBeingErased,
     "NOT_SUPPORTED": NotSupported,
     "FAILED_PRECONDITION": FailedPrecondition,
     "PAYLOAD_TOO_LARGE": PayloadTooLarge,

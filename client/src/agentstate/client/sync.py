@@ -37,7 +37,9 @@ from agentstate.client.types import (
     Compaction,
     CompactionNote,
     Conversation,
+    ConversationSearch,
     Deleted,
+    ErasureReceipt,
     ItemsPage,
     LeaseInfo,
     MessageRecord,
@@ -206,10 +208,22 @@ class StateClient:
         )
 
     def create_conversation(
-        self, user_id: str, title: str = "", *, external_key: str = "", timeout: float | None = None
+        self,
+        user_id: str,
+        title: str = "",
+        *,
+        external_key: str = "",
+        labels: Mapping[str, str] | None = None,
+        ttl_seconds: int | None = None,
+        ttl_renewed_by_writes: bool = False,
+        timeout: float | None = None,
     ) -> Conversation:
-        """A new conversation; AlreadyExists when `external_key` is another one's."""
-        return self._call(ops.create_conversation(user_id, title, external_key), timeout)
+        """A new conversation; AlreadyExists when `external_key` is another one's. `labels`
+        and a time to live (`ttl_seconds`, fixed or renewed by each write) are optional."""
+        op = ops.create_conversation(
+            user_id, title, external_key, labels, ops.ttl_of(ttl_seconds, ttl_renewed_by_writes)
+        )
+        return self._call(op, timeout)
 
     def resolve_conversation(
         self,
@@ -218,12 +232,19 @@ class StateClient:
         *,
         create: bool = True,
         title: str = "",
+        labels: Mapping[str, str] | None = None,
+        ttl_seconds: int | None = None,
+        ttl_renewed_by_writes: bool = False,
         timeout: float | None = None,
     ) -> ResolvedConversation:
         """The user's conversation with external key `key`, created when absent and `create`
         (concurrent callers get the same one; `created` is true for one). NotFound when
-        absent and not `create`; InvalidArgument for an empty key, over 256 chars or NUL."""
-        return self._call(ops.resolve_conversation(user_id, key, create, title), timeout)
+        absent and not `create`; InvalidArgument for an empty key, over 256 chars or NUL.
+        `labels` and the time to live are those of a conversation this call creates."""
+        op = ops.resolve_conversation(
+            user_id, key, create, title, labels, ops.ttl_of(ttl_seconds, ttl_renewed_by_writes)
+        )
+        return self._call(op, timeout)
 
     def get_conversation(
         self, user_id: str, conversation_id: str, *, timeout: float | None = None
@@ -240,6 +261,77 @@ class StateClient:
     ) -> Page[Conversation]:
         """Newest first; page_size 0 means 50."""
         return self._call(ops.list_conversations(user_id, page_size, page_token), timeout)
+
+    def search_conversations(
+        self,
+        user_id: str = "",
+        *,
+        page_size: int = 0,
+        page_token: str = "",
+        key_prefix: str = "",
+        label_selector: str = "",
+        statuses: Sequence[str] = (),
+        updated_after: datetime | None = None,
+        updated_before: datetime | None = None,
+        title_prefix: str = "",
+        include_total: bool = False,
+        all_users: bool = False,
+        include_state_key: str = "",
+        timeout: float | None = None,
+    ) -> ConversationSearch:
+        """ListConversations with its filters, newest first. `all_users`: every user's
+        (an operator's ability the service must allow; PermissionDenied otherwise)."""
+        op = ops.search_conversations(
+            user_id,
+            page_size=page_size,
+            page_token=page_token,
+            key_prefix=key_prefix,
+            label_selector=label_selector,
+            statuses=statuses,
+            updated_after=updated_after,
+            updated_before=updated_before,
+            title_prefix=title_prefix,
+            include_total=include_total,
+            all_users=all_users,
+            include_state_key=include_state_key,
+        )
+        return self._call(op, timeout)
+
+    def update_conversation(
+        self,
+        user_id: str,
+        conversation_id: str,
+        *,
+        set_labels: Mapping[str, str] | None = None,
+        remove_labels: Sequence[str] = (),
+        ttl_seconds: int | None = None,
+        ttl_renewed_by_writes: bool = False,
+        clear_ttl: bool = False,
+        timeout: float | None = None,
+    ) -> Conversation:
+        """Change labels and the time to live (counted from now)."""
+        op = ops.update_conversation(
+            user_id,
+            conversation_id,
+            set_labels=set_labels or {},
+            remove_labels=remove_labels,
+            ttl_seconds=ttl_seconds,
+            ttl_renewed_by_writes=ttl_renewed_by_writes,
+            clear_ttl=clear_ttl,
+        )
+        return self._call(op, timeout)
+
+    def erase_user(self, user_id: str, *, timeout: float | None = None) -> ErasureReceipt:
+        """Remove every row of the user; the receipt (see EraseUser in the contract). It
+        takes seconds for thousands of conversations: give a `timeout` to match. A call
+        cut short leaves the erase RUNNING; calling again after STATE_ERASE_STALE_SECONDS
+        resumes it (before that: ErasureRunning)."""
+        return self._call(ops.erase_user(user_id), timeout)
+
+    def get_erasure_receipt(
+        self, erasure_id: str, *, timeout: float | None = None
+    ) -> ErasureReceipt:
+        return self._call(ops.get_erasure_receipt(erasure_id), timeout)
 
     def rename_conversation(
         self, user_id: str, conversation_id: str, title: str, *, timeout: float | None = None

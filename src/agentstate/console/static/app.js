@@ -41,9 +41,20 @@ function notice(text, kind) {
 
 // ---------------------------------------------------------------- conversations
 
+const STATUS_TEXT = {
+  RUNNING: "running", AWAITING_CONFIRMATION: "card", FAILED: "failed", IDLE: "",
+};
+
 async function loadConversations(more) {
   const token = more ? ui.nextConversations : "";
-  const data = await api("GET", "/api/conversations" + (token ? `?page_token=${encodeURIComponent(token)}` : ""));
+  // The search runs on the server: a title prefix and a status (issue 23).
+  const query = new URLSearchParams();
+  if (token) query.set("page_token", token);
+  const q = $("#search-title").value.trim();
+  if (q) query.set("q", q);
+  const status = $("#search-status").value;
+  if (status) query.set("status", status);
+  const data = await api("GET", "/api/conversations" + (query.size ? `?${query}` : ""));
   const list = $("#conversations");
   if (!more) list.replaceChildren();
   for (const c of data.conversations) {
@@ -64,7 +75,14 @@ async function loadConversations(more) {
     const del = el("button", "delete danger", "✕");
     del.title = "Delete";
     del.addEventListener("click", () => deleteConversations([c.conversation_id]));
-    li.append(box, title, rename, del);
+    const extras = Object.entries(c.labels || {}).map(([k, v]) =>
+      el("span", "label", v ? `${k}=${v}` : k));
+    if (STATUS_TEXT[c.status]) {  // idle conversations carry no badge
+      const badge = el("span", `status ${c.status}`, STATUS_TEXT[c.status]);
+      badge.title = "Status, kept by the state service";
+      extras.push(badge);
+    }
+    li.append(box, title, ...extras, rename, del);
     list.append(li);
   }
   ui.nextConversations = data.next_page_token;
@@ -447,6 +465,8 @@ async function start() {
   } catch (e) { notice(e.message); }
   $("#new-chat").addEventListener("click", () => go(""));
   $("#more-conversations").addEventListener("click", () => loadConversations(true).catch((e) => notice(e.message)));
+  $("#search").addEventListener("submit", (e) => { e.preventDefault(); loadConversations(false).catch((err) => notice(err.message)); });
+  $("#search-status").addEventListener("change", () => loadConversations(false).catch((e) => notice(e.message)));
   $("#more-messages").addEventListener("click", () => loadHistory(true).catch((e) => notice(e.message)));
   $("#delete-selected").addEventListener("click", () => deleteConversations(selectedIds()));
   $("#composer").addEventListener("submit", (e) => { e.preventDefault(); send($("#question").value); });

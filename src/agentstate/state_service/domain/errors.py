@@ -66,7 +66,8 @@ class AlreadyExists(StateServiceError):
 
 
 class PermissionDenied(StateServiceError):
-    """The state service's policy does not let this caller make this call."""
+    """The state service's policy does not let this caller make this call, or the call
+    uses an operator's ability the service does not allow (listing across users)."""
 
     reason: ClassVar[str] = "PERMISSION_DENIED"
 

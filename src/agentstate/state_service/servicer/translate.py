@@ -8,7 +8,7 @@ import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import grpc
@@ -152,3 +152,7 @@ def timestamp(value: datetime) -> Timestamp:
     ts = Timestamp()
     ts.FromDatetime(value)
     return ts
+
+
+def datetime_of(ts: Timestamp) -> datetime:
+    return ts.ToDatetime(tzinfo=UTC)

@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import json
 import uuid
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -39,7 +38,13 @@ from google.adk.sessions.session import Session
 from google.adk.sessions.state import State
 
 from agentstate.client.aio import AsyncStateClient
-from agentstate.client.errors import InvalidArgument, NotFound, PayloadTooLarge, VersionConflict
+from agentstate.client.errors import (
+    InvalidArgument,
+    NotFound,
+    PayloadTooLarge,
+    PermissionDenied,
+    VersionConflict,
+)
 from agentstate.client.types import Conversation, NewItem, StateSnapshot
 
 KEY_PREFIX = "adk:"
@@ -223,48 +228,53 @@ class AgentStateSessionService(BaseSessionService):
     async def list_sessions(
         self, *, app_name: str, user_id: str | None = None
     ) -> ListSessionsResponse:
-        """The user's sessions of `app_name`, least recently updated first, without events.
-        The state service keeps every user's data apart, so `user_id` is required here
-        (ValueError without it)."""
+        """The sessions of `app_name`, least recently updated first, without events: one
+        ListConversations call per page (filtered by the app's key namespace on the
+        server, each session's state in the same answer), plus one GetScopedState per
+        user listed. `user_id` None lists every user's sessions: an operator's ability
+        the state service must allow (STATE_ALLOW_LIST_ALL_USERS), else PermissionError."""
         if user_id is None:
-            raise ValueError(
-                "AgentStateSessionService.list_sessions needs a user_id: the state service "
-                "lists one user's conversations at a time"
-            )
-        _check_names(app_name, user_id)
+            if not app_name or not isinstance(app_name, str):
+                raise ValueError("app_name must be a non-empty string")
+        else:
+            _check_names(app_name, user_id)
         prefix = session_key(app_name, "")
-        scoped = await self._scoped(app_name, user_id)
+        scoped: dict[str, dict[str, Any]] = {}
         sessions: list[Session] = []
-        async for conversation in self._all_conversations(user_id):
-            if not conversation.external_key.startswith(prefix):
-                continue
-            session_state = _object(
-                await self._client.find_state(
-                    user_id, conversation.conversation_id, state_key=SESSION_STATE_KEY
-                )
-            )
-            sessions.append(
-                Session(
-                    app_name=app_name,
-                    user_id=user_id,
-                    id=conversation.external_key.removeprefix(prefix),
-                    state={**session_state, **scoped},
-                    events=[],
-                    last_update_time=conversation.update_time.timestamp(),
-                )
-            )
-        sessions.sort(key=lambda s: (s.last_update_time, s.user_id, s.id))
-        return ListSessionsResponse(sessions=sessions)
-
-    async def _all_conversations(self, user_id: str) -> AsyncIterator[Conversation]:
         token = ""
         while True:
-            page = await self._client.list_conversations(user_id, page_size=500, page_token=token)
+            try:
+                page = await self._client.search_conversations(
+                    user_id or "",
+                    all_users=user_id is None,
+                    key_prefix=prefix,
+                    include_state_key=SESSION_STATE_KEY,
+                    page_size=500,
+                    page_token=token,
+                )
+            except PermissionDenied as exc:
+                raise PermissionError(exc.message) from exc
             for conversation in page.items:
-                yield conversation
+                owner = conversation.user_id
+                if owner not in scoped:
+                    scoped[owner] = await self._scoped(app_name, owner)
+                stored = page.states.get(conversation.conversation_id)
+                session_state = json.loads(stored) if stored is not None else {}
+                sessions.append(
+                    Session(
+                        app_name=app_name,
+                        user_id=owner,
+                        id=conversation.external_key.removeprefix(prefix),
+                        state={**session_state, **scoped[owner]},
+                        events=[],
+                        last_update_time=conversation.update_time.timestamp(),
+                    )
+                )
             token = page.next_page_token
             if not token:
-                return
+                break
+        sessions.sort(key=lambda s: (s.last_update_time, s.user_id, s.id))
+        return ListSessionsResponse(sessions=sessions)
 
     async def delete_session(self, *, app_name: str, user_id: str, session_id: str) -> None:
         """Delete the session's conversation, events and state in one transaction; a

@@ -77,28 +77,62 @@ class SyncSaverMethods(SaverBase):
         before: RunnableConfig | None = None,
         limit: int | None = None,
     ) -> Iterator[CheckpointTuple]:
-        if config is None:
-            raise ValueError("list needs a config with a thread_id on the state service")
-        user, thread = self._user(config), thread_id_of(config)
-        conversation = self._conversation(user, thread, create=False)
-        if conversation is None:
-            return
-        arguments = self._list_arguments(config, filter, before)
-        page_size, token, left = min(limit or PAGE, PAGE), "", limit
-        while left is None or left > 0:
-            try:
-                with langgraph_errors():
-                    page = self.sync_client.list_checkpoints(
-                        user, conversation, page_size=page_size, page_token=token, **arguments
-                    )
-            except state.NotFound:
-                self._forget(user, thread)
+        # No thread_id (config None, or none in it): every thread of the user (the
+        # saver's user_id, or the config's), newest thread first, each newest checkpoint
+        # first; one ListConversations call per page of threads.
+        user = self._user(config)
+        if config is not None and (config.get("configurable") or {}).get("thread_id"):
+            every_thread = False
+            thread = thread_id_of(config)
+            conversation = self._conversation(user, thread, create=False)
+            if conversation is None:
                 return
-            for stored in page.items[:left]:
-                yield self._tuple(thread, stored)
-            left = None if left is None else left - len(page.items)
-            token = page.next_page_token
-            if not token:
+            wanted = [(thread, conversation)]
+            arguments = self._list_arguments(config, filter, before)
+        else:
+            every_thread = True
+            wanted = []
+            arguments = {
+                "namespace": None,
+                "metadata_filter": filter or None,
+                "before_checkpoint_id": (get_checkpoint_id(before) or "") if before else "",
+            }
+        left = limit
+        threads_token = ""
+        while True:
+            if every_thread:
+                with langgraph_errors():
+                    found = self.sync_client.search_conversations(
+                        user, page_size=500, page_token=threads_token
+                    )
+                wanted = [
+                    (c.external_key, c.conversation_id) for c in found.items if c.external_key
+                ]
+                threads_token = found.next_page_token
+            for thread, conversation in wanted:
+                page_size, token = min(left or PAGE, PAGE), ""
+                while left is None or left > 0:
+                    try:
+                        with langgraph_errors():
+                            page = self.sync_client.list_checkpoints(
+                                user,
+                                conversation,
+                                page_size=page_size,
+                                page_token=token,
+                                **arguments,
+                            )
+                    except state.NotFound:  # deleted meanwhile
+                        self._forget(user, thread)
+                        break
+                    for stored in page.items[:left]:
+                        yield self._tuple(thread, stored)
+                    left = None if left is None else left - len(page.items)
+                    token = page.next_page_token
+                    if not token:
+                        break
+                if left is not None and left <= 0:
+                    return
+            if not every_thread or not threads_token:
                 return
 
     def put(
