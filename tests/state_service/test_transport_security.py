@@ -29,7 +29,7 @@ from agentstate.common.config import ConfigError
 from agentstate.state.v1 import state_service_pb2 as pb
 from agentstate.state.v1 import state_service_pb2_grpc as pb_grpc
 from agentstate.state_service.config import StateServiceSettings
-from agentstate.state_service.policy import READ_RPCS, WRITE_RPCS, group_of
+from agentstate.state_service.policy import ADMIN_RPCS, READ_RPCS, WRITE_RPCS, group_of
 from agentstate.state_service.server import StateServiceApp
 from tests.support.certs import CertificateAuthority, Pair
 
@@ -315,8 +315,9 @@ async def test_every_rule_of_the_policy(pki: Pki, mtls_service: str) -> None:
 
 def test_rpc_groups_cover_the_contract_and_new_rpcs_are_admin() -> None:
     names = {m.name for m in pb.DESCRIPTOR.services_by_name["StateService"].methods}
-    assert names == READ_RPCS | WRITE_RPCS, "classify each new per-user RPC in policy.py"
-    assert not READ_RPCS & WRITE_RPCS
+    assert names == READ_RPCS | WRITE_RPCS | ADMIN_RPCS, "classify each new RPC in policy.py"
+    assert not READ_RPCS & WRITE_RPCS and not (READ_RPCS | WRITE_RPCS) & ADMIN_RPCS
+    assert all(group_of(rpc) == "admin" for rpc in ADMIN_RPCS)
     assert group_of("EraseUser") == "admin" and group_of("ListAllConversations") == "admin"
 
 
@@ -550,3 +551,44 @@ def test_authorize_checks_the_current_caller_against_the_current_policy(tmp_path
         p.reset_current_caller(caller_token)
         p.reset_current_policy(policy_token)
     assert p.current_caller() == p.ANONYMOUS
+
+
+async def test_listing_across_users_needs_the_setting_and_a_rule_for_every_user(
+    pki: Pki, tmp_path: Path
+) -> None:
+    policy = tmp_path / "policy.json"
+    policy.write_text(json.dumps(POLICY))
+    app, address = await started(
+        settings(
+            pki,
+            tls_client_ca_file=str(pki.ca.file),
+            policy_file=str(policy),
+            allow_list_all_users="on",
+        )
+    )
+    op_channel, operator = secure_stub(address, pki.security(pki.operator))
+    tenant_channel, tenant = secure_stub(address, pki.security(pki.tenant_tool))
+    try:
+        async with op_channel, tenant_channel:
+            for user in ("alice", "tenant-a:bob"):
+                await operator.ResolveConversation(
+                    pb.ResolveConversationRequest(
+                        user_id=user, external_key="k", create_if_missing=True
+                    )
+                )
+            across = pb.ListConversationsRequest(all_users=True)
+            listed = await operator.ListConversations(across)
+            assert len(listed.conversations) == 2
+            # The tenant tool's rule covers its tenant's users, not every user.
+            code, reason, message = await _try(tenant, "ListConversations", across)
+            assert (code, reason) == (grpc.StatusCode.PERMISSION_DENIED, "PERMISSION_DENIED")
+            assert "ListConversations" in message
+            # Its own tenant's user, asked by name, it may still list.
+            code, _, _ = await _try(
+                tenant,
+                "ListConversations",
+                pb.ListConversationsRequest(all_users=True, user_id="tenant-a:bob"),
+            )
+            assert code == grpc.StatusCode.OK
+    finally:
+        await app.stop()

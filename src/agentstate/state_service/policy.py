@@ -82,8 +82,11 @@ WRITE_RPCS = frozenset(
         "ClearItems",
         "AppendEvent",
         "ResolveConversation",
+        "UpdateConversation",
     }
 )
+# Erasing a user and reading erasure receipts (by receipt id, across users): operators'.
+ADMIN_RPCS = frozenset({"EraseUser", "GetErasureReceipt"})
 GROUPS = ("read", "write", "admin")
 
 

@@ -42,7 +42,6 @@ _EXPORTS: dict[str, str] = {
     "PermissionDenied": "agentstate.client.errors",
     "NotFound": "agentstate.client.errors",
     "PayloadTooLarge": "agentstate.client.errors",
-    "PermissionDenied": "agentstate.client.errors",
     "Unauthenticated": "agentstate.client.errors",
     "ResourceExhausted": "agentstate.client.errors",
     "StateError": "agentstate.client.errors",

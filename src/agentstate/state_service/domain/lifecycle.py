@@ -15,7 +15,6 @@ from agentstate.state_service.domain.errors import (
     FailedPrecondition,
     InvalidArgument,
     NotFound,
-    StateServiceError,
 )
 from agentstate.state_service.domain.rules import check_no_nul
 
