@@ -70,6 +70,7 @@ TWINS = [
         names={
             "AsyncStateClient": "StateClient",
             "AsyncInterceptor": "Interceptor",
+            "AsyncChannels": "Channels",
             "open_async_channel": "open_channel",
             "close_async_channel": "close_channel",
             "AioRpcError": "RpcError",
@@ -89,6 +90,7 @@ TWINS = [
             "AsyncStateClient": "StateClient",
             "aclient": "sync_client",
             "_aconversation": "_conversation",
+            "_aindex_user": "_index_user",
             "aget_tuple": "get_tuple",
             "alist": "list",
             "aput": "put",

@@ -23,7 +23,7 @@ import json
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Self
 
 from google.adk.errors._stale_session_error import StaleSessionError
 from google.adk.errors.already_exists_error import AlreadyExistsError
@@ -40,7 +40,9 @@ from google.adk.sessions.state import State
 
 from agentstate.client.aio import AsyncStateClient
 from agentstate.client.errors import InvalidArgument, NotFound, PayloadTooLarge, VersionConflict
+from agentstate.client.settings import ClientSettings
 from agentstate.client.types import Conversation, NewItem, StateSnapshot
+from agentstate.integrations._connection import BoundedCache, Connection
 
 KEY_PREFIX = "adk:"
 SESSION_STATE_KEY = "adk.session"  # the conversation state holding session-scoped state
@@ -70,11 +72,47 @@ def _check_names(app_name: str, user_id: str) -> None:
 class AgentStateSessionService(BaseSessionService):
     """ADK sessions in the state service (see the module docstring)."""
 
-    def __init__(self, client: AsyncStateClient) -> None:
-        self._client = client
+    def __init__(
+        self,
+        target: AsyncStateClient | str | ClientSettings | None = None,
+        *,
+        address: str | None = None,
+        client: AsyncStateClient | None = None,
+        settings: ClientSettings | None = None,
+    ) -> None:
+        """One of: an AsyncStateClient (yours to close), an address or ClientSettings (a
+        connection this service opens and `close()` closes), positionally or by name."""
+        self._connection = Connection(
+            target,
+            address=address,
+            client=client,
+            settings=settings,
+            who="AgentStateSessionService",
+        )
         # (app, user, session id) -> conversation id, so that an event is one call. Ids are
         # never reused: a deleted session's entry only ever leads to NOT_FOUND.
-        self._ids: dict[tuple[str, str, str], str] = {}
+        self._ids: BoundedCache[tuple[str, str, str], str] = BoundedCache(MAX_CACHED_IDS)
+
+    @property
+    def _client(self) -> AsyncStateClient:
+        return self._connection.aclient()
+
+    async def close(self) -> None:
+        """Close the connection this service opened (not a client it was given), as
+        DatabaseSessionService.close."""
+        await self._connection.aclose()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._connection.close()
 
     # ------------------------------------------------------------ lookups
 
@@ -97,8 +135,6 @@ class AgentStateSessionService(BaseSessionService):
             return None
         except InvalidArgument as exc:
             raise ValueError(exc.message) from exc
-        if len(self._ids) >= MAX_CACHED_IDS:
-            self._ids.clear()
         self._ids[(app_name, user_id, session_id)] = resolved.conversation.conversation_id
         return resolved.conversation, resolved.created
 

@@ -21,14 +21,18 @@ from langgraph.checkpoint.base import (
 from agentstate import client as state
 from agentstate.integrations.langgraph.saver_base import (
     BATCH,
+    MAX_INDEX_ATTEMPTS,
     PAGE,
     THREAD_TITLE,
+    USERS_STATE_KEY,
     CheckpointConflict,
     SaverBase,
     langgraph_errors,
     namespace_of,
+    partly_deleted,
     prune_strategy,
     thread_id_of,
+    thread_users,
 )
 
 
@@ -42,12 +46,55 @@ class AsyncSaverMethods(SaverBase):
             try:
                 with langgraph_errors():
                     resolved = await self.aclient.resolve_conversation(
-                        user, thread, create=create, title=THREAD_TITLE
+                        user, thread, create=False, title=THREAD_TITLE
                     )
             except state.NotFound:
-                return None
-            found = self._conversations[key] = resolved.conversation.conversation_id
+                if not create:
+                    return None
+                if user != self.user_id:
+                    # Recorded before the thread exists under `user`, so that
+                    # delete_thread, which names the thread only, finds it.
+                    await self._aindex_user(user, thread)
+                with langgraph_errors():
+                    resolved = await self.aclient.resolve_conversation(
+                        user, thread, create=True, title=THREAD_TITLE
+                    )
+            found = resolved.conversation.conversation_id
+            self._conversations[key] = found
         return found
+
+    async def _aindex_user(self, user: str, thread: str) -> None:
+        """Add `user` to the thread's users, kept in the saver user's conversation of the
+        thread (compare-and-set: two writers adding users at once both land)."""
+        for _ in range(MAX_INDEX_ATTEMPTS):
+            index = await self._aconversation(self.user_id, thread, create=True)
+            assert index is not None
+            try:
+                with langgraph_errors():
+                    found = await self.aclient.find_state(
+                        self.user_id, index, state_key=USERS_STATE_KEY
+                    )
+                users = thread_users(found)
+                if user in users:
+                    return
+                with langgraph_errors():
+                    await self.aclient.upsert_state(
+                        self.user_id,
+                        index,
+                        {"users": [*users, user]},
+                        expected_version=found.version if found is not None else 0,
+                        state_key=USERS_STATE_KEY,
+                    )
+                return
+            except state.VersionConflict:
+                continue  # another writer added a user: read again
+            except state.NotFound:
+                self._forget(self.user_id, thread)  # deleted meanwhile: made again
+        raise CheckpointConflict(
+            f"thread {thread!r}: could not record user {user!r} among the thread's users "
+            f"after {MAX_INDEX_ATTEMPTS} attempts (other writers kept changing them); "
+            "nothing of this write was stored"
+        )
 
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         user, thread = self._user(config), thread_id_of(config)
@@ -151,12 +198,29 @@ class AsyncSaverMethods(SaverBase):
             raise self._deleted(user, thread, exc) from exc
 
     async def adelete_thread(self, thread_id: str) -> None:
-        user, thread = self.user_id, str(thread_id)
-        conversation = await self._aconversation(user, thread, create=False)
-        self._forget(user, thread)
-        if conversation is not None:
-            with contextlib.suppress(state.NotFound):  # already gone
-                await self.aclient.delete_conversation(user, conversation)
+        """Delete the thread of every user it ran under (the saver's user and each
+        config["configurable"]["user_id"]), each conversation with everything of it in
+        one transaction. The saver user's conversation, which lists the others, goes
+        last: a delete that fails part way says what it did and can be run again."""
+        thread = str(thread_id)
+        index = await self._aconversation(self.user_id, thread, create=False)
+        users: list[str] = []
+        if index is not None:
+            with contextlib.suppress(state.NotFound), langgraph_errors():
+                users = thread_users(
+                    await self.aclient.find_state(self.user_id, index, state_key=USERS_STATE_KEY)
+                )
+        deleted: list[str] = []
+        for user in [*[u for u in users if u != self.user_id], self.user_id]:
+            try:
+                conversation = await self._aconversation(user, thread, create=False)
+                self._forget(user, thread)
+                if conversation is not None:
+                    with contextlib.suppress(state.NotFound):  # already gone
+                        await self.aclient.delete_conversation(user, conversation)
+            except state.StateError as exc:
+                raise partly_deleted(thread, deleted, user, exc) from exc
+            deleted.append(user)
 
     async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
         runs = [str(r) for r in run_ids]

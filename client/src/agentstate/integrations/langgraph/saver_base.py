@@ -7,7 +7,7 @@ import contextlib
 import json
 import random
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, Self
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
@@ -27,11 +27,14 @@ from agentstate.client import (
     AsyncStateClient,
     ChannelValue,
     CheckpointWrite,
+    ClientSettings,
     NewCheckpoint,
     PruneStrategy,
     StateClient,
+    StateSnapshot,
     StoredCheckpoint,
 )
+from agentstate.integrations._connection import BoundedCache, Connection
 
 DEFAULT_USER_ID = "langgraph"
 # A channel whose version changed but that holds no value (LangGraph's savers store the
@@ -41,6 +44,11 @@ _PRUNE_STRATEGIES = {"keep_latest": PruneStrategy.KEEP_LATEST, "delete": PruneSt
 THREAD_TITLE = "LangGraph thread"
 BATCH = 1000  # the service's limit of run ids / conversations per call
 PAGE = 100  # the service's largest page of checkpoints
+MAX_CACHED = 10_000  # threads whose conversation id a saver remembers
+# The users a thread ran under besides the saver's own, in the saver user's conversation
+# of the thread (delete_thread is given the thread id only).
+USERS_STATE_KEY = "langgraph.thread_users"
+MAX_INDEX_ATTEMPTS = 20
 _BRANCHING_SOURCES = frozenset({"fork", "update"})
 
 
@@ -73,6 +81,27 @@ def langgraph_errors() -> Iterator[None]:
         raise ValueError(exc.message) from exc
 
 
+def thread_users(found: StateSnapshot | None) -> list[str]:
+    if found is None:
+        return []
+    users = json.loads(found.payload).get("users", [])
+    return [str(u) for u in users]
+
+
+def partly_deleted(
+    thread: str, deleted: list[str], failed: str, error: state.StateError
+) -> state.StateError:
+    """The error of a delete_thread that stopped part way, saying what it deleted."""
+    done = f"deleted under users {deleted!r}" if deleted else "deleted nothing"
+    return type(error)(
+        f"delete_thread({thread!r}) {done}; the thread of user {failed!r} and any later ones "
+        f"are still stored (run it again): {error.message}",
+        code=error.code,
+        reason=error.reason,
+        metadata=error.metadata,
+    )
+
+
 def _configurable(config: RunnableConfig) -> dict[str, Any]:
     configurable = config.get("configurable")
     if not isinstance(configurable, dict):
@@ -99,64 +128,64 @@ class SaverBase(BaseCheckpointSaver[str]):
 
     def __init__(
         self,
-        address: str | None = None,
+        target: str | AsyncStateClient | StateClient | ClientSettings | None = None,
         *,
+        address: str | None = None,
         user_id: str = DEFAULT_USER_ID,
         client: AsyncStateClient | None = None,
         sync_client: StateClient | None = None,
+        settings: ClientSettings | None = None,
         serde: SerializerProtocol | None = None,
     ) -> None:
         super().__init__(serde=serde)
-        if address is None and client is None and sync_client is None:
-            raise ValueError("give the state service's address or a client")
-        self._address = address
-        self._aclient = client
-        self._sclient = sync_client
-        self._opened: list[AsyncStateClient | StateClient] = []
+        if not isinstance(user_id, str) or not user_id:
+            raise ValueError("user_id must be a non-empty string")
+        self._connection = Connection(
+            target,
+            address=address,
+            client=client,
+            sync_client=sync_client,
+            settings=settings,
+            who="AgentStateSaver",
+        )
         self.user_id = user_id
         # (user, thread) -> conversation id: threads this saver has seen.
-        self._conversations: dict[tuple[str, str], str] = {}
+        self._conversations: BoundedCache[tuple[str, str], str] = BoundedCache(MAX_CACHED)
         # Threads deleted under a run of this saver: its later writes are refused too
         # (never a new conversation), until the thread is read again (a new run).
-        self._deleted_threads: dict[tuple[str, str], state.NotFound] = {}
+        self._deleted_threads: BoundedCache[tuple[str, str], state.NotFound] = BoundedCache(
+            MAX_CACHED
+        )
 
     # ------------------------------------------------------------ connections
 
     @property
     def aclient(self) -> AsyncStateClient:
-        if self._aclient is None:
-            if self._address is None:
-                raise ValueError("this saver was given a sync client only: use the sync methods")
-            self._aclient = AsyncStateClient.connect(self._address)
-            self._opened.append(self._aclient)
-        return self._aclient
+        return self._connection.aclient()
 
     @property
     def sync_client(self) -> StateClient:
-        if self._sclient is None:
-            if self._address is None:
-                raise ValueError("this saver was given an async client only: use the a* methods")
-            self._sclient = StateClient.connect(self._address)
-            self._opened.append(self._sclient)
-        return self._sclient
+        return self._connection.sync_client()
 
     async def aclose(self) -> None:
         """Close the connections this saver opened (not clients it was given)."""
-        for opened in self._opened:
-            if isinstance(opened, AsyncStateClient):
-                await opened.close()
-            else:
-                opened.close()
-        self._opened.clear()
-        self._aclient = None if self._address else self._aclient
-        self._sclient = None if self._address else self._sclient
+        await self._connection.aclose()
 
     def close(self) -> None:
-        """Close the sync connection this saver opened (`aclose` closes both)."""
-        for opened in [c for c in self._opened if isinstance(c, StateClient)]:
-            opened.close()
-            self._opened.remove(opened)
-            self._sclient = None
+        """Close the connections this saver opened (not clients it was given)."""
+        self._connection.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
 
     def _user(self, config: RunnableConfig | None) -> str:
         if config is not None:

@@ -17,18 +17,19 @@ and a service in another language reads them over gRPC (ListItems).
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Self, cast
 
 from agents.memory.session import SessionABC
 from agents.memory.session_settings import SessionSettings, resolve_session_limit
 
+from agentstate.client.aio import AsyncStateClient
 from agentstate.client.errors import InvalidArgument, NotFound, PayloadTooLarge
+from agentstate.client.settings import ClientSettings
 from agentstate.client.types import Item, NewItem
+from agentstate.integrations._connection import Connection
 
 if TYPE_CHECKING:
     from agents.items import TResponseInputItem
-
-    from agentstate.client.aio import AsyncStateClient
 
 KEY_PREFIX = "openai:"
 MAX_SESSION_ID_CHARS = 256 - len(KEY_PREFIX)  # external keys are at most 256 characters
@@ -48,10 +49,14 @@ class AgentStateSession(SessionABC):
         self,
         session_id: str,
         *,
-        client: AsyncStateClient,
         user_id: str,
+        client: AsyncStateClient | None = None,
+        address: str | None = None,
+        settings: ClientSettings | None = None,
         session_settings: SessionSettings | None = None,
     ) -> None:
+        """One of `client=` (an AsyncStateClient, yours to close), `address=` or
+        `settings=` (a connection this session opens and `close()` closes)."""
         if not isinstance(session_id, str) or not session_id:
             raise ValueError("session_id must be a non-empty string")
         if len(session_id) > MAX_SESSION_ID_CHARS or "\x00" in session_id:
@@ -63,8 +68,34 @@ class AgentStateSession(SessionABC):
         self.session_id = session_id
         self.session_settings = session_settings or SessionSettings()
         self.user_id = user_id
-        self._client = client
+        self._connection = Connection(
+            client, address=address, settings=settings, who="AgentStateSession"
+        )
         self._conversation_id: str | None = None
+
+    @property
+    def _client(self) -> AsyncStateClient:
+        return self._connection.aclient()
+
+    def close(self) -> None:
+        """Close the connection this session opened (not a client it was given), as
+        SQLiteSession.close; a later call opens a new one."""
+        self._connection.close()
+
+    async def aclose(self) -> None:
+        await self._connection.aclose()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
 
     @property
     def key(self) -> str:
