@@ -8,7 +8,7 @@ The session's items are the items of one conversation of `user_id`, found by the
 key "openai:<session_id>" (created on first use; two processes starting the same session at
 once get the same conversation). Semantics are those of the SDK's SQLiteSession: items in
 the order added, `get_items(limit)` the newest `limit` oldest first, `pop_item` removes and
-returns the newest, `clear_session` removes them all. What the SQLite file does not give:
+returns the newest, `clear_session` removes them all (and the conversation). What the SQLite file does not give:
 `add_items` from any number of processes or hosts all land (each call is one transaction
 under the conversation's lock), the items go with DeleteConversation in one transaction,
 and a service in another language reads them over gRPC (ListItems).
@@ -16,6 +16,7 @@ and a service in another language reads them over gRPC (ListItems).
 
 from __future__ import annotations
 
+import contextlib
 import json
 from typing import TYPE_CHECKING, Self, cast
 
@@ -194,14 +195,15 @@ class AgentStateSession(SessionABC):
         return _decode(popped.item) if popped.item is not None else None
 
     async def clear_session(self) -> None:
-        """Remove every item (the conversation itself stays, empty)."""
+        """Remove the session: its items and its conversation, in one transaction (as
+        SQLiteSession deletes its rows and its session row). The next add_items starts
+        the session afresh under the same key."""
         conversation_id = await self.conversation_id(create=False)
+        self._conversation_id = None
         if conversation_id is None:
             return
-        try:
-            await self._client.clear_items(self.user_id, conversation_id)
-        except NotFound:
-            self._conversation_id = None
+        with contextlib.suppress(NotFound):  # deleted meanwhile
+            await self._client.delete_conversation(self.user_id, conversation_id)
 
 
 def _decode(item: Item) -> TResponseInputItem:
