@@ -91,6 +91,8 @@ TWINS = [
             "aclient": "sync_client",
             "_aconversation": "_conversation",
             "_aindex_user": "_index_user",
+            "_arun_lease": "_run_lease",
+            "_arelease": "_release",
             "aget_tuple": "get_tuple",
             "alist": "list",
             "aput": "put",

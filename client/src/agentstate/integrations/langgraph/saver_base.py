@@ -4,9 +4,16 @@ encoding of checkpoints and writes (no call of the service is made here)."""
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import json
+import os
 import random
+import socket
+import threading
+import time
+import uuid
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Self
 
 from langchain_core.runnables import RunnableConfig
@@ -49,6 +56,33 @@ MAX_CACHED = 10_000  # threads whose conversation id a saver remembers
 # of the thread (delete_thread is given the thread id only).
 USERS_STATE_KEY = "langgraph.thread_users"
 MAX_INDEX_ATTEMPTS = 20
+DEFAULT_RUN_LEASE_SECONDS = 60.0
+# Channels whose update makes LangGraph run another step: a checkpoint of the run loop
+# that updated none of them is the run's last.
+_TRIGGER_PREFIXES = ("branch:to:", "join:", "__start__", "__pregel_tasks")
+# Writes that end a run: a node interrupted, or failed.
+_ENDING_WRITES = frozenset({"__interrupt__", "__error__"})
+_STARTING_SOURCES = frozenset({"input", "fork", "update"})
+# (saver, user, thread) -> the head that the last read of the thread's latest checkpoint
+# returned in this context: update_state reads it, then writes on it (CAS against it).
+_LATEST_READ: contextvars.ContextVar[dict[tuple[int, str, str], str] | None] = (
+    contextvars.ContextVar("agentstate_langgraph_latest_read", default=None)
+)
+
+
+@dataclass
+class RunLease:
+    """The run lease this saver holds on a thread: taken at a run's first put, released
+    at its last (or when it interrupts or fails), renewed as the run puts."""
+
+    task_id: str
+    renewed: float  # time.monotonic() of the last acquire or renew
+    stored: list[str] = field(default_factory=list)  # checkpoints this run stored
+    # The checkpoint whose pending writes ended the run (an interrupt, a failure): the
+    # lease goes once it is stored (its put may still be in flight when they arrive).
+    ends_at: str = ""
+
+
 _BRANCHING_SOURCES = frozenset({"fork", "update"})
 
 
@@ -64,6 +98,30 @@ class CheckpointConflict(state.CheckpointConflict):
     @classmethod
     def of(cls, error: state.CheckpointConflict) -> CheckpointConflict:
         return cls(error.message, code=error.code, reason=error.reason, metadata=error.metadata)
+
+
+def refused(
+    thread: str,
+    checkpoint_id: str,
+    stored: Sequence[str],
+    why: str,
+    error: state.StateError,
+) -> CheckpointConflict:
+    """The refusal of a put, saying exactly what of its run is and is not stored."""
+    if stored:
+        what = (
+            f"this run's earlier checkpoints {list(stored)!r} are stored; checkpoint "
+            f"{checkpoint_id!r} and the rest of the run are not"
+        )
+    else:
+        what = "nothing of this run was stored"
+    return CheckpointConflict(
+        f"thread {thread!r}: {why}: {what}. Read the thread again (get_state) before "
+        "running it again.",
+        code=error.code,
+        reason=error.reason,
+        metadata=error.metadata,
+    )
 
 
 class ThreadDeleted(state.NotFound):
@@ -136,8 +194,11 @@ class SaverBase(BaseCheckpointSaver[str]):
         sync_client: StateClient | None = None,
         settings: ClientSettings | None = None,
         serde: SerializerProtocol | None = None,
+        run_lease_seconds: float = DEFAULT_RUN_LEASE_SECONDS,
     ) -> None:
         super().__init__(serde=serde)
+        if not 1 <= run_lease_seconds <= 3600:
+            raise ValueError("run_lease_seconds must be between 1 and 3600")
         if not isinstance(user_id, str) or not user_id:
             raise ValueError("user_id must be a non-empty string")
         self._connection = Connection(
@@ -156,6 +217,17 @@ class SaverBase(BaseCheckpointSaver[str]):
         self._deleted_threads: BoundedCache[tuple[str, str], state.NotFound] = BoundedCache(
             MAX_CACHED
         )
+        # Runs on one thread are serialised by a run lease (the service's lease RPCs), so
+        # that a refused run is refused at its first put and leaves nothing behind.
+        self.run_lease_seconds = float(run_lease_seconds)
+        self._holder = f"langgraph {socket.gethostname()[:80]} pid {os.getpid()} {uuid.uuid4()}"
+        self._leases: BoundedCache[tuple[str, str], RunLease] = BoundedCache(MAX_CACHED)
+        # A run's puts and its writes run on LangGraph's executor threads: the two checks
+        # of whether the run ended (_ended_by, _stored_in_run) must not interleave.
+        self._lease_lock = threading.Lock()
+        # Checkpoints refused by the service: the rest of their run is refused here, so a
+        # refused run sends nothing more (checkpoint id -> the refusal).
+        self._refused: BoundedCache[str, CheckpointConflict] = BoundedCache(MAX_CACHED)
 
     # ------------------------------------------------------------ connections
 
@@ -214,6 +286,78 @@ class SaverBase(BaseCheckpointSaver[str]):
         if error is not None:
             raise self._deleted(user, thread, error)
 
+    # --------------------------------------------------------------- run leases
+
+    def _remember_latest(self, user: str, thread: str, config: RunnableConfig, head: str) -> None:
+        """Record (for update_state in this context) which head a read of the thread's
+        latest checkpoint returned; a read of a chosen checkpoint forgets it."""
+        if namespace_of(config):
+            return
+        key = (id(self), user, thread)
+        latest = dict(_LATEST_READ.get() or {})
+        if get_checkpoint_id(config):
+            latest.pop(key, None)
+        else:
+            latest[key] = head
+        _LATEST_READ.set(latest)
+
+    def _lease_due(self, run: RunLease) -> bool:
+        return time.monotonic() - run.renewed > self.run_lease_seconds / 3
+
+    @staticmethod
+    def _starts_run(metadata: CheckpointMetadata) -> bool:
+        return metadata.get("source") in _STARTING_SOURCES
+
+    @staticmethod
+    def _ends_run(run: RunLease, checkpoint: Checkpoint, metadata: CheckpointMetadata) -> bool:
+        """Whether this is the run's last checkpoint: an update_state, one whose writes
+        ended the run, or a step of the run loop after which no node is triggered."""
+        if run.ends_at == checkpoint["id"]:
+            return True
+        source = metadata.get("source")
+        if source == "update":
+            return True
+        updated = checkpoint.get("updated_channels")
+        if source != "loop" or updated is None:
+            return False  # not knowable: the lease lapses after run_lease_seconds
+        return not any(str(c).startswith(_TRIGGER_PREFIXES) for c in updated)
+
+    def _ended_by(
+        self, user: str, thread: str, checkpoint_id: str, writes: Sequence[tuple[str, Any]]
+    ) -> bool:
+        """Whether these writes end the run holding the lease now (its checkpoint is
+        stored); when its put is still on the way, that put releases the lease."""
+        if not any(channel in _ENDING_WRITES for channel, _ in writes):
+            return False
+        with self._lease_lock:
+            run = self._leases.get((user, thread))
+            if run is None:
+                return False
+            if checkpoint_id in run.stored:
+                return True
+            run.ends_at = checkpoint_id
+            return False
+
+    def _stored_in_run(
+        self, run: RunLease, checkpoint: Checkpoint, metadata: CheckpointMetadata
+    ) -> bool:
+        """Record a checkpoint the run stored; whether it was the run's last."""
+        with self._lease_lock:
+            run.stored.append(checkpoint["id"])
+            return self._ends_run(run, checkpoint, metadata)
+
+    def _refused_before(self, new: NewCheckpoint, thread: str) -> None:
+        """Refuse here a put that extends a checkpoint the service refused."""
+        error = self._refused.get(new.parent_checkpoint_id) if new.parent_checkpoint_id else None
+        if error is not None:
+            self._refused[new.checkpoint_id] = error
+            raise refused(thread, new.checkpoint_id, (), "its run was refused earlier", error)
+
+    def _writes_refused(self, checkpoint_id: str, thread: str) -> None:
+        error = self._refused.get(checkpoint_id)
+        if error is not None:
+            raise refused(thread, checkpoint_id, (), "its run was refused earlier", error)
+
     # ------------------------------------------------------- encode / decode
 
     def _new_checkpoint(
@@ -257,6 +401,14 @@ class SaverBase(BaseCheckpointSaver[str]):
                 expected_head = parent
             elif metadata.get("step") == -1:
                 expected_head = ""
+        elif not new.namespace:
+            # update_state on the thread's latest checkpoint (read in this context, not
+            # chosen by id) must still extend it: two concurrent updates never fork.
+            latest = (_LATEST_READ.get() or {}).get(
+                (id(self), self._user(config), thread_id_of(config))
+            )
+            if latest is not None and latest == parent:
+                expected_head = parent
         return new, expected_head
 
     def _writes(

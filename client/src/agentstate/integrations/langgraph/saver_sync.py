@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -25,11 +26,13 @@ from agentstate.integrations.langgraph.saver_base import (
     THREAD_TITLE,
     USERS_STATE_KEY,
     CheckpointConflict,
+    RunLease,
     SaverBase,
     langgraph_errors,
     namespace_of,
     partly_deleted,
     prune_strategy,
+    refused,
     thread_id_of,
     thread_users,
 )
@@ -113,6 +116,7 @@ class SyncSaverMethods(SaverBase):
             except state.NotFound:
                 self._forget(user, thread)
                 continue
+            self._remember_latest(user, thread, config, stored.checkpoint_id if stored else "")
             return None if stored is None else self._tuple(thread, stored)
         return None
 
@@ -158,18 +162,84 @@ class SyncSaverMethods(SaverBase):
         new, expected_head = self._new_checkpoint(config, checkpoint, metadata, new_versions)
         user, thread = self._user(config), thread_id_of(config)
         self._writer_conversation_known(user, thread)
+        self._refused_before(new, thread)
         conversation = self._conversation(user, thread, create=True)
         assert conversation is not None
+        # Subgraphs' checkpoints (a namespace) are written under their parent run's lease.
+        run = None if new.namespace else self._run_lease(user, thread, conversation, new, metadata)
         try:
             with langgraph_errors():
                 self.sync_client.put_checkpoint(
                     user, conversation, new, expected_head=expected_head
                 )
         except state.NotFound as exc:
+            self._leases.pop((user, thread))
             raise self._deleted(user, thread, exc) from exc
         except state.CheckpointConflict as exc:
-            raise CheckpointConflict.of(exc) from exc
+            stored = run.stored if run is not None else []
+            error = refused(
+                thread, new.checkpoint_id, stored, "another writer extended its history first", exc
+            )
+            self._refused[new.checkpoint_id] = error
+            if run is not None:
+                self._release(user, thread)
+            raise error from exc
+        except BaseException:
+            if run is not None and not run.stored:
+                self._release(user, thread)  # nothing of the run is stored
+            raise
+        if run is not None and self._stored_in_run(run, checkpoint, metadata):
+            self._release(user, thread)
         return self._stored_config(config, checkpoint)
+
+    def _run_lease(
+        self,
+        user: str,
+        thread: str,
+        conversation: str,
+        new: state.NewCheckpoint,
+        metadata: CheckpointMetadata,
+    ) -> RunLease:
+        """The run lease for this put: the one this saver holds (renewed when due), or a
+        new one. Another writer's unexpired lease refuses the put before it is sent."""
+        key = (user, thread)
+        run = self._leases.get(key)
+        if run is not None and self._starts_run(metadata):
+            run.stored = []  # a new run of this saver: its lease carries on
+        if run is not None and not self._lease_due(run):
+            return run
+        try:
+            if run is None:
+                acquired = self.sync_client.acquire_lease(
+                    user,
+                    conversation,
+                    holder=self._holder,
+                    ttl_ms=int(self.run_lease_seconds * 1000),
+                )
+                run = RunLease(acquired.lease.task_id, time.monotonic())
+                self._leases[key] = run
+            else:
+                self.sync_client.renew_lease(
+                    user, run.task_id, ttl_ms=int(self.run_lease_seconds * 1000)
+                )
+                run.renewed = time.monotonic()
+        except (state.LeaseHeld, state.LeaseLost) as exc:
+            stored = run.stored if run is not None else []
+            self._leases.pop(key)
+            error = refused(thread, new.checkpoint_id, stored, "another run holds it", exc)
+            self._refused[new.checkpoint_id] = error
+            raise error from exc
+        except state.NotFound as exc:
+            self._leases.pop(key)
+            raise self._deleted(user, thread, exc) from exc
+        return run
+
+    def _release(self, user: str, thread: str) -> None:
+        run = self._leases.pop((user, thread))
+        if run is not None:
+            # A release that fails only lets the lease lapse (run_lease_seconds).
+            with contextlib.suppress(state.StateError):
+                self.sync_client.release_lease(user, run.task_id)
 
     def put_writes(
         self,
@@ -182,6 +252,7 @@ class SyncSaverMethods(SaverBase):
         encoded = self._writes(writes, task_id, task_path)
         user, thread = self._user(config), thread_id_of(config)
         self._writer_conversation_known(user, thread)
+        self._writes_refused(checkpoint_id, thread)
         conversation = self._conversation(user, thread, create=True)
         assert conversation is not None
         try:
@@ -195,6 +266,8 @@ class SyncSaverMethods(SaverBase):
                 )
         except state.NotFound as exc:
             raise self._deleted(user, thread, exc) from exc
+        if not namespace and self._ended_by(user, thread, checkpoint_id, writes):
+            self._release(user, thread)  # the run interrupted or failed: it ends
 
     def delete_thread(self, thread_id: str) -> None:
         """Delete the thread of every user it ran under (the saver's user and each

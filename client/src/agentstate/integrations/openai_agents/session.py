@@ -8,10 +8,11 @@ The session's items are the items of one conversation of `user_id`, found by the
 key "openai:<session_id>" (created on first use; two processes starting the same session at
 once get the same conversation). Semantics are those of the SDK's SQLiteSession: items in
 the order added, `get_items(limit)` the newest `limit` oldest first, `pop_item` removes and
-returns the newest, `clear_session` removes them all (and the conversation). What the SQLite file does not give:
-`add_items` from any number of processes or hosts all land (each call is one transaction
-under the conversation's lock), the items go with DeleteConversation in one transaction,
-and a service in another language reads them over gRPC (ListItems).
+returns the newest, `clear_session` removes them all (and the conversation). What the
+SQLite file does not give: `add_items` from any number of processes or hosts all land
+(each call is one transaction under the conversation's lock), the items go with
+DeleteConversation in one transaction, and a service in another language reads them over
+gRPC (ListItems).
 """
 
 from __future__ import annotations
