@@ -35,6 +35,7 @@ from agentstate.integrations.langgraph.saver_base import (
     prune_strategy,
     refused,
     thread_id_of,
+    thread_ids,
     thread_users,
 )
 
@@ -47,7 +48,7 @@ class AsyncSaverMethods(SaverBase):
         found = self._conversations.get(key)
         if found is None:
             try:
-                with langgraph_errors():
+                with langgraph_errors(thread_ids(user, thread)):
                     resolved = await self.aclient.resolve_conversation(
                         user, thread, create=False, title=THREAD_TITLE
                     )
@@ -58,7 +59,7 @@ class AsyncSaverMethods(SaverBase):
                     # Recorded before the thread exists under `user`, so that
                     # delete_thread, which names the thread only, finds it.
                     await self._aindex_user(user, thread)
-                with langgraph_errors():
+                with langgraph_errors(thread_ids(user, thread)):
                     resolved = await self.aclient.resolve_conversation(
                         user, thread, create=True, title=THREAD_TITLE
                     )
@@ -315,7 +316,8 @@ class AsyncSaverMethods(SaverBase):
         target = await self._aconversation(user, str(target_thread_id), create=True)
         assert target is not None
         try:
-            await self.aclient.copy_checkpoints(user, source, target)
+            with langgraph_errors():
+                await self.aclient.copy_checkpoints(user, source, target)
         except state.TargetHasCheckpoints as exc:
             raise ValueError(f"thread {target_thread_id!r}: {exc.message}") from exc
 
@@ -325,4 +327,5 @@ class AsyncSaverMethods(SaverBase):
         found = [await self._aconversation(user, str(t), create=False) for t in thread_ids]
         ids = [c for c in found if c is not None]
         for start in range(0, len(ids), BATCH):
-            await self.aclient.prune_checkpoints(user, ids[start : start + BATCH], chosen)
+            with langgraph_errors():
+                await self.aclient.prune_checkpoints(user, ids[start : start + BATCH], chosen)

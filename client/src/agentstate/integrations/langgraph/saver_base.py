@@ -130,13 +130,18 @@ class ThreadDeleted(state.NotFound):
 
 
 @contextlib.contextmanager
-def langgraph_errors() -> Iterator[None]:
+def langgraph_errors(what: str = "") -> Iterator[None]:
     """What the service refuses as malformed (an id with NUL, one too long) is a
-    ValueError to LangGraph's callers, as a bad config is."""
+    ValueError to LangGraph's callers, as a bad config is (`what` names the ids)."""
     try:
         yield
     except state.InvalidArgument as exc:
-        raise ValueError(exc.message) from exc
+        raise ValueError(f"{what}: {exc.message}" if what else exc.message) from exc
+
+
+def thread_ids(user: str, thread: str) -> str:
+    """The ids of a thread, for an error message."""
+    return f"thread_id {thread[:60]!r} (user_id {user[:60]!r}) refused"
 
 
 def thread_users(found: StateSnapshot | None) -> list[str]:

@@ -34,6 +34,7 @@ from agentstate.integrations.langgraph.saver_base import (
     prune_strategy,
     refused,
     thread_id_of,
+    thread_ids,
     thread_users,
 )
 
@@ -46,7 +47,7 @@ class SyncSaverMethods(SaverBase):
         found = self._conversations.get(key)
         if found is None:
             try:
-                with langgraph_errors():
+                with langgraph_errors(thread_ids(user, thread)):
                     resolved = self.sync_client.resolve_conversation(
                         user, thread, create=False, title=THREAD_TITLE
                     )
@@ -57,7 +58,7 @@ class SyncSaverMethods(SaverBase):
                     # Recorded before the thread exists under `user`, so that
                     # delete_thread, which names the thread only, finds it.
                     self._index_user(user, thread)
-                with langgraph_errors():
+                with langgraph_errors(thread_ids(user, thread)):
                     resolved = self.sync_client.resolve_conversation(
                         user, thread, create=True, title=THREAD_TITLE
                     )
@@ -310,7 +311,8 @@ class SyncSaverMethods(SaverBase):
         target = self._conversation(user, str(target_thread_id), create=True)
         assert target is not None
         try:
-            self.sync_client.copy_checkpoints(user, source, target)
+            with langgraph_errors():
+                self.sync_client.copy_checkpoints(user, source, target)
         except state.TargetHasCheckpoints as exc:
             raise ValueError(f"thread {target_thread_id!r}: {exc.message}") from exc
 
@@ -320,4 +322,5 @@ class SyncSaverMethods(SaverBase):
         found = [self._conversation(user, str(t), create=False) for t in thread_ids]
         ids = [c for c in found if c is not None]
         for start in range(0, len(ids), BATCH):
-            self.sync_client.prune_checkpoints(user, ids[start : start + BATCH], chosen)
+            with langgraph_errors():
+                self.sync_client.prune_checkpoints(user, ids[start : start + BATCH], chosen)
