@@ -205,6 +205,9 @@ class AgentStateSessionService(BaseSessionService):
         config: GetSessionConfig | None = None,
     ) -> Session | None:
         session_id = session_id.strip() if session_id else session_id
+        if not session_id:
+            _check_names(app_name, user_id)
+            return None  # as InMemorySessionService: no session has an empty id
         found = await self._conversation(app_name, user_id, session_id, create=False)
         if found is None:
             return None
@@ -235,9 +238,10 @@ class AgentStateSessionService(BaseSessionService):
     async def _events(
         self, user_id: str, conversation_id: str, config: GetSessionConfig
     ) -> tuple[list[Event], int, datetime]:
-        min_time = None
-        if config.after_timestamp is not None:
-            min_time = datetime.fromtimestamp(config.after_timestamp, UTC)
+        """The events as InMemorySessionService selects them: the newest
+        `num_recent_events` (none for 0), then, with `after_timestamp`, those after the
+        newest event older than it (a suffix, so an event appended out of order ends
+        it), events at exactly `after_timestamp` included."""
         if config.num_recent_events == 0:
             page = await self._client.list_items(user_id, conversation_id, last_n=0, page_size=1)
             return [], page.revision, page.update_time
@@ -248,14 +252,19 @@ class AgentStateSessionService(BaseSessionService):
                 user_id,
                 conversation_id,
                 last_n=config.num_recent_events,
-                min_item_time=min_time,
                 page_size=PAGE_SIZE,
                 page_token=token,
             )
             events.extend(Event.model_validate_json(item.item_json) for item in page.items)
             token = page.next_page_token
             if not token:
-                return events, page.revision, page.update_time
+                break
+        if config.after_timestamp is not None:
+            start = len(events)
+            while start > 0 and events[start - 1].timestamp >= config.after_timestamp:
+                start -= 1
+            events = events[start:]
+        return events, page.revision, page.update_time
 
     async def list_sessions(
         self, *, app_name: str, user_id: str | None = None
@@ -307,6 +316,9 @@ class AgentStateSessionService(BaseSessionService):
         """Delete the session's conversation, events and state in one transaction; a
         session that does not exist is not an error (as ADK's own services)."""
         session_id = session_id.strip() if session_id else session_id
+        if not session_id:
+            _check_names(app_name, user_id)
+            return  # no session has an empty id
         found = await self._conversation(app_name, user_id, session_id, create=False)
         self._ids.pop((app_name, user_id, session_id), None)
         if found is None:
@@ -322,9 +334,14 @@ class AgentStateSessionService(BaseSessionService):
     async def append_event(self, session: Session, event: Event) -> Event:
         if event.partial:
             return event
-        # As the base class: temp: state reaches this invocation's session object only.
-        self._apply_temp_state(session, event)
-        event = self._trim_temp_delta_state(event)
+        # As InMemorySessionService: re-delivering an event equal to one already stored
+        # (the same id and fields) changes nothing, so a retried call is harmless.
+        if _holds(session.events, event):
+            return event
+        # As the base class: temp: state reaches this invocation's session object only
+        # (and is never stored). Applied once the event is stored: a refused append (a
+        # deleted or stale session) leaves the session object and the event as they were.
+        stored_event = self._trim_temp_delta_state(event.model_copy(deep=True))
         conversation_id = self._ids.get((session.app_name, session.user_id, session.id))
         if conversation_id is None:
             found = await self._conversation(
@@ -333,14 +350,14 @@ class AgentStateSessionService(BaseSessionService):
             if found is None:
                 raise SessionNotFoundError(f"Session {session.id} not found.")
             conversation_id = found[0].conversation_id
-        deltas = _session_util.extract_json_safe_state_delta(event.actions.state_delta or {})
+        deltas = _session_util.extract_json_safe_state_delta(stored_event.actions.state_delta or {})
         marker = session._storage_update_marker
         try:
             appended = await self._client.append_event(
                 session.user_id,
                 conversation_id,
                 item=NewItem(
-                    event.model_dump_json(exclude_none=True).encode(),
+                    stored_event.model_dump_json(exclude_none=True).encode(),
                     item_time=datetime.fromtimestamp(event.timestamp, UTC),
                 ),
                 expected_revision=int(marker) if marker is not None else None,
@@ -351,6 +368,9 @@ class AgentStateSessionService(BaseSessionService):
                 user_state_delta=deltas["user"] or None,
             )
         except VersionConflict as exc:
+            # A retry of an append that was stored (its answer was lost): idempotent.
+            if await self._stored(session, conversation_id, event):
+                return event
             raise StaleSessionError(STALE_SESSION_MESSAGE) from exc
         except NotFound as exc:
             self._ids.pop((session.app_name, session.user_id, session.id), None)
@@ -359,7 +379,20 @@ class AgentStateSessionService(BaseSessionService):
             raise ValueError(f"event refused by the state service: {exc.message}") from exc
         session._storage_update_marker = str(appended.revision)
         session.last_update_time = event.timestamp
-        return self._commit_event_to_session(session, event)
+        self._apply_temp_state(session, event)
+        return self._commit_event_to_session(session, self._trim_temp_delta_state(event))
+
+    async def _stored(self, session: Session, conversation_id: str, event: Event) -> bool:
+        """Whether an event equal to `event` is stored in the session."""
+        try:
+            stored, _, _ = await self._events(session.user_id, conversation_id, GetSessionConfig())
+        except NotFound:
+            return False
+        return _holds(stored, event)
+
+
+def _holds(events: list[Event], event: Event) -> bool:
+    return any(e == event for e in events if e.id == event.id)
 
 
 def _object(snapshot: StateSnapshot | None) -> dict[str, Any]:
