@@ -66,6 +66,7 @@ RUNS = settings(
     stateful_step_count=20,
     deadline=None,
     suppress_health_check=list(HealthCheck),
+    database=None,  # no example database in the checkout
 )
 
 
