@@ -63,6 +63,7 @@ _TRIGGER_PREFIXES = ("branch:to:", "join:", "__start__", "__pregel_tasks")
 # Writes that end a run: a node interrupted, or failed.
 _ENDING_WRITES = frozenset({"__interrupt__", "__error__"})
 _STARTING_SOURCES = frozenset({"input", "fork", "update"})
+MAX_LATEST_READS = 256
 # (saver, user, thread) -> the head that the last read of the thread's latest checkpoint
 # returned in this context: update_state reads it, then writes on it (CAS against it).
 _LATEST_READ: contextvars.ContextVar[dict[tuple[int, str, str], str] | None] = (
@@ -300,10 +301,11 @@ class SaverBase(BaseCheckpointSaver[str]):
             return
         key = (id(self), user, thread)
         latest = dict(_LATEST_READ.get() or {})
-        if get_checkpoint_id(config):
-            latest.pop(key, None)
-        else:
+        latest.pop(key, None)
+        if not get_checkpoint_id(config):
             latest[key] = head
+            while len(latest) > MAX_LATEST_READS:  # bounded: the oldest reads go first
+                del latest[next(iter(latest))]
         _LATEST_READ.set(latest)
 
     def _lease_due(self, run: RunLease) -> bool:
