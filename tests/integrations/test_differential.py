@@ -21,7 +21,9 @@ Deliberate differences, each tested elsewhere and kept out of these sequences:
 - ADK: an empty app_name or user_id is ValueError (ours keys by them); list_sessions
   without a user_id is ValueError (listing across users is issue 23's).
 - LangGraph: checkpoint ids and timestamps differ by construction; values, metadata,
-  `next`, and the shape of the history are compared.
+  `next`, and the shape of the history are compared. Runs racing on one thread are
+  refused (`CheckpointConflict`, nothing stored) where InMemorySaver forks the history:
+  test_langgraph_races.py. These sequences run one writer at a time.
 """
 
 from __future__ import annotations
