@@ -93,6 +93,8 @@ TWINS = [
             "_aindex_user": "_index_user",
             "_arun_lease": "_run_lease",
             "_arelease": "_release",
+            "_aput_checkpoint": "_put_checkpoint",
+            "_asend_writes": "_send_writes",
             "aget_tuple": "get_tuple",
             "alist": "list",
             "aput": "put",

@@ -18,6 +18,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import psycopg
 from langchain_core.messages import AIMessage, HumanMessage
 from langgraph.graph import START, StateGraph
 
@@ -50,7 +51,7 @@ def assert_one_line(saver: AgentStateSaver, thread: str) -> list[Any]:
 
 
 def test_two_processes_times_50_invokes_no_fork_loss_or_ghost(
-    state_process_address: str, tmp_path: Path
+    state_process_address: str, tmp_path: Path, database_url: str
 ) -> None:
     thread = f"invokes-{uuid.uuid4()}"
     go = tmp_path / "go"
@@ -100,7 +101,18 @@ def test_two_processes_times_50_invokes_no_fork_loss_or_ghost(
     for name in ("a", "b"):
         assert [i for i in inputs if i.startswith(f"{name}-")] == results[name]["acknowledged"]
     assert len(history) == 3 * len(inputs)  # input, start and reply checkpoints per invoke
-    print(f"refused attempts: {len(refused)}")
+    with psycopg.connect(database_url) as db:
+        row = db.execute(
+            "SELECT count(*) FROM t_checkpoint_write w JOIN t_conversation c"
+            " ON c.user_id = w.user_id AND c.id = w.conversation_id"
+            " WHERE c.external_key = %s AND NOT EXISTS (SELECT 1 FROM t_checkpoint k"
+            " WHERE k.user_id = w.user_id AND k.conversation_id = w.conversation_id"
+            " AND k.namespace = w.namespace AND k.checkpoint_id = w.checkpoint_id)",
+            [thread],
+        ).fetchone()
+    # Nothing of a refused run at all: not even pending writes of its refused checkpoints.
+    assert row is not None and row[0] == 0, f"{row} writes of no checkpoint"
+    print(f"refused attempts: {len(refused)}; writes of no checkpoint: {row[0]}")
 
 
 def test_concurrent_update_state_is_refused_or_serialised_never_forked(

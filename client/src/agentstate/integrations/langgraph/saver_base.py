@@ -234,6 +234,16 @@ class SaverBase(BaseCheckpointSaver[str]):
         # Checkpoints refused by the service: the rest of their run is refused here, so a
         # refused run sends nothing more (checkpoint id -> the refusal).
         self._refused: BoundedCache[str, CheckpointConflict] = BoundedCache(MAX_CACHED)
+        # Threads whose run this saver saw refused: the run's later puts and writes (which
+        # LangGraph sends before it learns of the refusal) are refused here too, until the
+        # thread is read again (a new run).
+        self._refused_threads: BoundedCache[tuple[str, str], CheckpointConflict] = BoundedCache(
+            MAX_CACHED
+        )
+        # Threads with a put on the way: writes to the thread wait here and are sent once
+        # it is stored, or dropped with it when it is refused (LangGraph sends a step's
+        # writes while the step's checkpoint, or the one before, is still being put).
+        self._in_flight: dict[tuple[str, str], list[tuple[str, str, list[CheckpointWrite]]]] = {}
 
     # ------------------------------------------------------------ connections
 
@@ -291,6 +301,40 @@ class SaverBase(BaseCheckpointSaver[str]):
         error = self._deleted_threads.get((user, thread))
         if error is not None:
             raise self._deleted(user, thread, error)
+        conflict = self._refused_threads.get((user, thread))
+        if conflict is not None:
+            raise conflict
+
+    def _refuse_run(self, user: str, thread: str, error: CheckpointConflict) -> None:
+        self._refused_threads[(user, thread)] = refused(
+            thread, "", (), "its run was refused earlier", error
+        )
+
+    def _start_put(self, user: str, thread: str) -> None:
+        with self._lease_lock:
+            self._in_flight.setdefault((user, thread), [])
+
+    def _end_put(self, user: str, thread: str) -> list[tuple[str, str, list[CheckpointWrite]]]:
+        """The writes that waited for this put: (namespace, checkpoint id, writes), to send
+        once it is stored or to drop when it is refused."""
+        with self._lease_lock:
+            return self._in_flight.pop((user, thread), [])
+
+    def _wait_for_put(
+        self,
+        user: str,
+        thread: str,
+        namespace: str,
+        checkpoint_id: str,
+        writes: list[CheckpointWrite],
+    ) -> bool:
+        """Whether the writes wait for a put of their thread that is on the way."""
+        with self._lease_lock:
+            waiting = self._in_flight.get((user, thread))
+            if waiting is None:
+                return False
+            waiting.append((namespace, checkpoint_id, writes))
+            return True
 
     # --------------------------------------------------------------- run leases
 
@@ -330,11 +374,11 @@ class SaverBase(BaseCheckpointSaver[str]):
         return not any(str(c).startswith(_TRIGGER_PREFIXES) for c in updated)
 
     def _ended_by(
-        self, user: str, thread: str, checkpoint_id: str, writes: Sequence[tuple[str, Any]]
+        self, user: str, thread: str, checkpoint_id: str, writes: Sequence[CheckpointWrite]
     ) -> bool:
         """Whether these writes end the run holding the lease now (its checkpoint is
         stored); when its put is still on the way, that put releases the lease."""
-        if not any(channel in _ENDING_WRITES for channel, _ in writes):
+        if not any(w.channel in _ENDING_WRITES for w in writes):
             return False
         with self._lease_lock:
             run = self._leases.get((user, thread))

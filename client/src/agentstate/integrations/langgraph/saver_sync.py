@@ -102,6 +102,7 @@ class SyncSaverMethods(SaverBase):
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         user, thread = self._user(config), thread_id_of(config)
         self._deleted_threads.pop((user, thread), None)  # a run starts by reading
+        self._refused_threads.pop((user, thread), None)
         for _ in range(2):  # once more when the thread was deleted and made again
             conversation = self._conversation(user, thread, create=False)
             if conversation is None:
@@ -166,8 +167,34 @@ class SyncSaverMethods(SaverBase):
         self._refused_before(new, thread)
         conversation = self._conversation(user, thread, create=True)
         assert conversation is not None
+        self._start_put(user, thread)
+        try:
+            self._put_checkpoint(
+                user, thread, conversation, new, expected_head, checkpoint, metadata
+            )
+        except BaseException:
+            self._end_put(user, thread)  # the writes that waited go with it
+            raise
+        for namespace, checkpoint_id, writes in self._end_put(user, thread):
+            self._send_writes(user, thread, conversation, namespace, checkpoint_id, writes)
+            if not namespace and self._ended_by(user, thread, checkpoint_id, writes):
+                self._release(user, thread)  # the run interrupted or failed: it ends
+        return self._stored_config(config, checkpoint)
+
+    def _put_checkpoint(
+        self,
+        user: str,
+        thread: str,
+        conversation: str,
+        new: state.NewCheckpoint,
+        expected_head: str | None,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+    ) -> None:
         # Subgraphs' checkpoints (a namespace) are written under their parent run's lease.
-        run = None if new.namespace else self._run_lease(user, thread, conversation, new, metadata)
+        run = None
+        if not new.namespace:
+            run = self._run_lease(user, thread, conversation, new, metadata)
         try:
             with langgraph_errors():
                 self.sync_client.put_checkpoint(
@@ -182,6 +209,7 @@ class SyncSaverMethods(SaverBase):
                 thread, new.checkpoint_id, stored, "another writer extended its history first", exc
             )
             self._refused[new.checkpoint_id] = error
+            self._refuse_run(user, thread, error)
             if run is not None:
                 self._release(user, thread)
             raise error from exc
@@ -191,7 +219,6 @@ class SyncSaverMethods(SaverBase):
             raise
         if run is not None and self._stored_in_run(run, checkpoint, metadata):
             self._release(user, thread)
-        return self._stored_config(config, checkpoint)
 
     def _run_lease(
         self,
@@ -229,6 +256,7 @@ class SyncSaverMethods(SaverBase):
             self._leases.pop(key)
             error = refused(thread, new.checkpoint_id, stored, "another run holds it", exc)
             self._refused[new.checkpoint_id] = error
+            self._refuse_run(user, thread, error)
             raise error from exc
         except state.NotFound as exc:
             self._leases.pop(key)
@@ -254,8 +282,23 @@ class SyncSaverMethods(SaverBase):
         user, thread = self._user(config), thread_id_of(config)
         self._writer_conversation_known(user, thread)
         self._writes_refused(checkpoint_id, thread)
+        if self._wait_for_put(user, thread, namespace, checkpoint_id, encoded):
+            return  # sent by that put once its checkpoint is stored
         conversation = self._conversation(user, thread, create=True)
         assert conversation is not None
+        self._send_writes(user, thread, conversation, namespace, checkpoint_id, encoded)
+        if not namespace and self._ended_by(user, thread, checkpoint_id, encoded):
+            self._release(user, thread)  # the run interrupted or failed: it ends
+
+    def _send_writes(
+        self,
+        user: str,
+        thread: str,
+        conversation: str,
+        namespace: str,
+        checkpoint_id: str,
+        writes: Sequence[state.CheckpointWrite],
+    ) -> None:
         try:
             with langgraph_errors():
                 self.sync_client.put_checkpoint_writes(
@@ -263,12 +306,10 @@ class SyncSaverMethods(SaverBase):
                     conversation,
                     namespace=namespace,
                     checkpoint_id=checkpoint_id,
-                    writes=encoded,
+                    writes=writes,
                 )
         except state.NotFound as exc:
             raise self._deleted(user, thread, exc) from exc
-        if not namespace and self._ended_by(user, thread, checkpoint_id, writes):
-            self._release(user, thread)  # the run interrupted or failed: it ends
 
     def delete_thread(self, thread_id: str) -> None:
         """Delete the thread of every user it ran under (the saver's user and each
