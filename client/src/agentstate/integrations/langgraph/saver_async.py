@@ -173,8 +173,19 @@ class AsyncSaverMethods(SaverBase):
             await self._aput_checkpoint(
                 user, thread, conversation, new, expected_head, checkpoint, metadata
             )
-        except BaseException:
-            self._end_put(user, thread)  # the writes that waited go with it
+        except BaseException as exc:
+            # The writes that waited for a checkpoint of this put's run (ids are uuid6,
+            # in time order: this one or later) go with it; writes for checkpoints stored
+            # before (another run of this saver object) are still sent.
+            for namespace, checkpoint_id, writes in self._end_put(user, thread):
+                if checkpoint_id >= new.checkpoint_id:
+                    continue
+                try:
+                    await self._asend_writes(
+                        user, thread, conversation, namespace, checkpoint_id, writes
+                    )
+                except Exception as lost:  # noted on the error being raised
+                    exc.add_note(f"pending writes for checkpoint {checkpoint_id!r} lost: {lost}")
             raise
         for namespace, checkpoint_id, writes in self._end_put(user, thread):
             await self._asend_writes(user, thread, conversation, namespace, checkpoint_id, writes)
