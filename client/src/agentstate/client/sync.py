@@ -23,7 +23,7 @@ import grpc
 
 from agentstate.client import convert as ops
 from agentstate.client import pushback
-from agentstate.client.channel import close_channel, open_channel
+from agentstate.client.channel import Channels
 from agentstate.client.convert import Payload
 from agentstate.client.errors import NotFound, from_rpc_error
 from agentstate.client.settings import DEFAULT_TIMEOUT_SECONDS, ClientSettings
@@ -74,13 +74,17 @@ class StateClient:
 
     def __init__(
         self,
-        channel: grpc.Channel,
+        channel: grpc.Channel | Channels,
         *,
         timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
         owns_channel: bool = False,
     ) -> None:
-        self._channel = channel
-        self._stub: Any = pb_grpc.StateServiceStub(channel)
+        # connect() and from_settings() give Channels, which open a channel per event
+        # loop on first use (asyncio: so that the client works across asyncio.run calls and
+        # may be built outside any running loop).
+        self._channels = channel if isinstance(channel, Channels) else Channels.of(channel)
+        self._stub_channel: grpc.Channel | None = None
+        self._stub: Any = None
         self._timeout = timeout_seconds
         self._owns_channel = owns_channel
 
@@ -97,28 +101,32 @@ class StateClient:
         """A client on a new channel to `address` ("host:port" or "unix:///path.sock"),
         through `interceptors` when given; TLS, a client certificate and a service token
         as `security` says (agentstate.client.tls; default plaintext)."""
-        channel = open_channel(address, max_message_bytes, interceptors, security)
-        return cls(channel, timeout_seconds=timeout_seconds, owns_channel=True)
+        channels = Channels(address, max_message_bytes, interceptors, security=security)
+        return cls(channels, timeout_seconds=timeout_seconds, owns_channel=True)
 
     @classmethod
-    def from_settings(cls, settings: ClientSettings | None = None) -> Self:
-        """A client from ClientSettings (default: read from the environment)."""
+    def from_settings(
+        cls, settings: ClientSettings | None = None, security: ChannelSecurity | None = None
+    ) -> Self:
+        """A client from ClientSettings (default: read from the environment); `security`,
+        when given, instead of the one the settings describe."""
         settings = settings if settings is not None else ClientSettings.from_env()
         return cls.connect(
             settings.state_address,
             timeout_seconds=settings.state_timeout_seconds,
             max_message_bytes=settings.max_message_bytes,
-            security=settings.security(),
+            security=security if security is not None else settings.security(),
         )
 
     @property
     def channel(self) -> grpc.Channel:
-        return self._channel
+        return self._channels.current()
 
     def close(self) -> None:
         """Close the channel if this client opened it."""
         if self._owns_channel:
-            close_channel(self._channel)
+            self._channels.close()
+        self._stub_channel = self._stub = None
 
     def __enter__(self) -> Self:
         return self
@@ -132,6 +140,9 @@ class StateClient:
         self.close()
 
     def _call(self, op: ops.Op[R], timeout: float | None) -> R:
+        channel = self._channels.current()
+        if channel is not self._stub_channel:
+            self._stub_channel, self._stub = channel, pb_grpc.StateServiceStub(channel)
         method = getattr(self._stub, op.method)
         budget = self._timeout if timeout is None else timeout
         deadline = time.monotonic() + budget
