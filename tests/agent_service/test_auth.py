@@ -110,13 +110,14 @@ class JwksServer:
 
     def __init__(self) -> None:
         self.document = jwks()
+        self.raw: bytes | None = None  # served as it is instead of the document when set
         self.fetches = 0
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
                 outer.fetches += 1
-                body = json.dumps(outer.document).encode()
+                body = outer.raw if outer.raw is not None else json.dumps(outer.document).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))
@@ -395,7 +396,7 @@ async def test_dev_header_warns_at_start_up(stack: Stack, caplog: pytest.LogCapt
         (jwt_settings(), "one of AGENT_JWT_JWKS_URL or AGENT_JWT_KEY_FILE"),
         (
             jwt_settings(jwt_jwks_url="http://127.0.0.1:1/", jwt_key_file="/x"),
-            "one of AGENT_JWT_JWKS_URL or AGENT_JWT_KEY_FILE",
+            "AGENT_JWT_JWKS_URL and AGENT_JWT_KEY_FILE are both set; set only one of them",
         ),
         (jwt_settings(jwt_key_file="/nonexistent/jwks.json"), "cannot be read"),
         ({"auth_mode": "proxy"}, "needs AGENT_PROXY_SECRET of at least 32"),
@@ -415,6 +416,93 @@ def test_only_public_key_algorithms_can_be_configured(algorithms: str) -> None:
         AgentServiceSettings.from_env({"AGENT_JWT_ALGORITHMS": algorithms})
     ok = AgentServiceSettings.from_env({"AGENT_JWT_ALGORITHMS": "ES256, PS256"})
     assert ok.jwt_algorithms == ("ES256", "PS256")
+
+
+# A JWKS whose only key is broken: an RSA key whose modulus is not base64url.
+BROKEN_KEY_JWKS = {"keys": [{"kty": "RSA", "kid": "k1", "n": "%%%", "e": "AQAB", "alg": "RS256"}]}
+
+# What a JWKS URL may answer with 200 that is not a usable JWKS.
+NOT_A_JWKS = {
+    "an HTML page": b"<html><body>Please sign in</body></html>",
+    "invalid JSON": b'{"keys": [',
+    "an empty object": b"{}",
+    "no keys": b'{"keys": []}',
+    "a JSON list": b"[]",
+    "a broken key": json.dumps(BROKEN_KEY_JWKS).encode(),
+}
+
+
+@pytest.mark.parametrize("body", NOT_A_JWKS.values(), ids=NOT_A_JWKS.keys())
+async def test_a_jwks_url_answering_something_else_is_unavailable(
+    database_url: str, orders_database_url: str, body: bytes, caplog: pytest.LogCaptureFixture
+) -> None:
+    """200 with a body that is not a JWKS: UNAVAILABLE with ErrorInfo (the README's
+    promise), never UNKNOWN; the log says what is wrong with the document, truly."""
+    server = JwksServer()
+    server.raw = body
+    stack = Stack(database_url, orders_database_url)
+    await stack.start_state()
+    try:
+        client = await stack.start_agent(**jwt_settings(jwt_jwks_url=server.url))
+        caplog.set_level(logging.WARNING, logger="agentstate.agent_service.auth")
+        with pytest.raises(grpc.aio.AioRpcError) as failed:
+            await client.stub.ListConversations(
+                pb.ListConversationsRequest(), metadata=bearer(token())
+            )
+        assert failed.value.code() == grpc.StatusCode.UNAVAILABLE, failed.value.details()
+        assert error_details.error_info(failed.value) is not None
+        assert "retry later" in (failed.value.details() or "")
+        assert server.url not in (failed.value.details() or "")
+        logged = caplog.text
+        assert "AGENT_JWT_JWKS_URL" in logged and server.url in logged
+        assert "cryptography" not in logged
+        if body is NOT_A_JWKS["a broken key"]:
+            assert "key 'k1' is broken" in logged, logged
+        # Once the issuer serves its keys again, the same token is accepted.
+        server.raw = None
+        await client.stub.ListConversations(pb.ListConversationsRequest(), metadata=bearer(token()))
+    finally:
+        await stack.close()
+        server.close()
+
+
+def test_a_jwks_file_with_a_broken_key_says_so(tmp_path: Path) -> None:
+    path = tmp_path / "jwks.json"
+    path.write_text(json.dumps(BROKEN_KEY_JWKS))
+    with pytest.raises(ConfigError) as refused:
+        auth.build_authenticator(AgentServiceSettings(**jwt_settings(jwt_key_file=str(path))))
+    message = str(refused.value)
+    assert "a JWKS without a usable key: key 'k1' is broken" in message, message
+    assert "cryptography" not in message
+    path.write_text('{"keys": []}')
+    with pytest.raises(ConfigError, match='its "keys" list is empty'):
+        auth.build_authenticator(AgentServiceSettings(**jwt_settings(jwt_key_file=str(path))))
+
+
+async def test_a_token_over_16_kb_gets_an_error_info(jwt_stack: Stack) -> None:
+    stub = jwt_stack.agents[0][1].stub
+    huge = token(groups=["g" * 100] * 200)  # ~27 KB: an identity provider listing every group
+    assert len(huge) > auth.MAX_TOKEN_BYTES
+    code, reason, message = await list_conversations(stub, bearer(huge))
+    assert (code, reason) == (grpc.StatusCode.UNAUTHENTICATED, auth.TOKEN_TOO_LARGE)
+    assert f"{len(huge)} bytes" in message and "smaller token" in message
+    # Just under the limit is verified as usual.
+    fits = token(pad="p" * ((auth.MAX_TOKEN_BYTES - len(token())) * 3 // 4 - 100))
+    assert len(fits) <= auth.MAX_TOKEN_BYTES
+    code, _, _ = await list_conversations(stub, bearer(fits))
+    assert code == grpc.StatusCode.OK
+
+
+async def test_a_refused_proxy_call_logs_the_callers_address(
+    stack: Stack, caplog: pytest.LogCaptureFixture
+) -> None:
+    client = await stack.start_agent(auth_mode="proxy", proxy_secret=SecretStr(PROXY_SECRET))
+    caplog.set_level(logging.WARNING, logger="agentstate.agent_service.auth")
+    code, reason, _ = await list_conversations(client.stub, ((USER_ID_METADATA_KEY, "dave"),))
+    assert (code, reason) == (grpc.StatusCode.UNAUTHENTICATED, PROXY_UNTRUSTED)
+    refused = [r.getMessage() for r in caplog.records if "authenticating proxy" in r.getMessage()]
+    assert refused and "127.0.0.1:" in refused[0], refused
+    assert PROXY_SECRET not in caplog.text
 
 
 def jwt_agent_env(state_address: str, orders_url: str, key_dir: Path) -> dict[str, str]:

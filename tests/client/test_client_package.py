@@ -38,6 +38,13 @@ def test_importing_the_types_loads_no_grpc_and_no_stub() -> None:
     loaded = modules_loaded_by("import agentstate.client\nfrom agentstate.client import types")
     assert "agentstate.client.types" in loaded
     assert [m for m in loaded if m.startswith(GRPC_OR_STUBS)] == []
+    # Nor do the settings, TLS ones included (grpc's types only under TYPE_CHECKING).
+    loaded = modules_loaded_by(
+        "from agentstate.client.settings import ClientSettings\n"
+        "ClientSettings.from_env({'AGENTSTATE_STATE_TLS_CA_FILE': '/ca.pem'})"
+    )
+    assert "agentstate.client.settings" in loaded
+    assert [m for m in loaded if m.startswith(GRPC_OR_STUBS)] == []
     # The check can fail: a client loads grpc and the stubs.
     loaded = modules_loaded_by("from agentstate.client import StateClient")
     assert {"grpc", "agentstate.state.v1.state_service_pb2_grpc"} <= set(loaded)
@@ -86,6 +93,12 @@ def test_client_settings_defaults_and_environment() -> None:
         "AGENTSTATE_STATE_ADDRESS": "127.0.0.1:50051",
         "AGENTSTATE_STATE_TIMEOUT_SECONDS": "10",
         "AGENTSTATE_STATE_MAX_MESSAGE_BYTES": "16777216",
+        "AGENTSTATE_STATE_TLS": "off",
+        "AGENTSTATE_STATE_TLS_CA_FILE": "empty",
+        "AGENTSTATE_STATE_TLS_CERT_FILE": "empty",
+        "AGENTSTATE_STATE_TLS_KEY_FILE": "empty",
+        "AGENTSTATE_STATE_TLS_SERVER_NAME": "empty",
+        "AGENTSTATE_STATE_TOKEN_FILE": "empty",
     }
     settings = ClientSettings.from_env(
         {
@@ -99,6 +112,15 @@ def test_client_settings_defaults_and_environment() -> None:
         state_address="unix:///run/state.sock", state_timeout_seconds=2.5
     )
     assert ClientSettings(state_timeout_seconds=5).state_timeout_seconds == 5.0
+    # Plaintext unless a TLS setting is set; the files make it TLS.
+    assert not settings.security().uses_tls
+    tls = ClientSettings.from_env({"AGENTSTATE_STATE_TLS_CA_FILE": "/etc/ca.pem"}).security()
+    assert tls.uses_tls and tls.ca_file == "/etc/ca.pem"
+    assert ClientSettings.from_env({"AGENTSTATE_STATE_TLS": "on"}).security().uses_tls
+    with pytest.raises(ConfigError, match="AGENTSTATE_STATE_TLS='yes' must be one of on, off"):
+        ClientSettings.from_env({"AGENTSTATE_STATE_TLS": "yes"})
+    with pytest.raises(ValueError, match="over TLS only"):
+        ClientSettings(state_token_file="/run/token").security()
     with pytest.raises(AttributeError):  # frozen
         settings.state_address = "elsewhere"  # type: ignore[misc]
     # The servers' ConfigError is this one: `except ConfigError` catches every setting.

@@ -320,3 +320,65 @@ def test_progress_events_and_model_failures_are_told_in_their_own_words() -> Non
     assert app._REASONS["MODEL_FAILED"][1].startswith("The model did not answer")
     assert "unreachable" not in app._REASONS["MODEL_FAILED"][1]
     assert app._REASONS["UNAUTHENTICATED"][1] != app.NOT_SIGNED_IN
+
+
+def test_the_list_shows_status_and_labels_and_searches_on_the_server(
+    state_process_address: str, agent_process_address: str
+) -> None:
+    """Issue 23: each conversation's status (kept by the state service) and labels; the
+    title search and the status filter are ListConversations filters, not the page's."""
+    import uuid
+
+    import grpc
+
+    from agentstate.dev.processes import ServiceProcess
+    from agentstate.state.v1 import state_service_pb2 as spb
+    from agentstate.state.v1 import state_service_pb2_grpc as spb_grpc
+
+    user = f"console-{uuid.uuid4()}"
+    with grpc.insecure_channel(state_process_address) as channel:
+        stub = spb_grpc.StateServiceStub(channel)
+        ids = {}
+        for title in ("orders: watch", "orders: strap", "hello"):
+            made = stub.CreateConversation(
+                spb.CreateConversationRequest(user_id=user, title=title, labels={"team": "shop"})
+            )
+            ids[title] = made.conversation.conversation_id
+        stub.AppendMessage(
+            spb.AppendMessageRequest(
+                user_id=user,
+                conversation_id=ids["orders: strap"],
+                message=spb.NewMessage(
+                    role=spb.MESSAGE_ROLE_ASSISTANT,
+                    blocks_json=b"[]",
+                    status=spb.MESSAGE_STATUS_AWAITING_CONFIRM,
+                ),
+            )
+        )
+    console = ServiceProcess(
+        "agentstate.console",
+        {
+            "CONSOLE_LISTEN_ADDRESS": "127.0.0.1:0",
+            "CONSOLE_AGENT_ADDRESS": agent_process_address,
+            "CONSOLE_STATE_ADDRESS": state_process_address,
+            "CONSOLE_DEV_USER": user,
+        },
+    )
+    try:
+        url = console.wait_ready()
+        status, everything = _get(url + "/api/conversations", {})
+        assert status == 200, everything
+        listed = {c["title"]: c for c in everything["conversations"]}
+        assert set(listed) == {"orders: watch", "orders: strap", "hello"}
+        assert listed["orders: strap"]["status"] == "AWAITING_CONFIRMATION"
+        assert listed["hello"]["status"] == "IDLE"
+        assert listed["hello"]["labels"] == {"team": "shop"}
+        _, found = _get(url + "/api/conversations?q=orders", {})
+        assert sorted(c["title"] for c in found["conversations"]) == [
+            "orders: strap",
+            "orders: watch",
+        ]
+        _, waiting = _get(url + "/api/conversations?q=orders&status=AWAITING_CONFIRMATION", {})
+        assert [c["title"] for c in waiting["conversations"]] == ["orders: strap"]
+    finally:
+        assert console.terminate() == 0, console.output

@@ -693,6 +693,12 @@ def test_the_list_has_timestamps_and_search_and_plurals_are_right(
 ) -> None:
     user = new_user("list")
     ids = [chat(console_url, user, STATUS_QUESTION)[0]["conversation_id"] for _ in range(3)]
+    # Two renamed (the rename a person makes): the search has titles to tell apart.
+    for cid, title in ((ids[1], "Watch order 手表"), (ids[2], "Watch strap")):
+        status, _ = api(
+            console_url, user, "POST", f"/api/conversations/{cid}/rename", {"title": title}
+        )
+        assert status == 200
     page = Page(browser, console_url, user, screenshots)
     page.open()
     page.wait(lambda: len(page.all("#conversations li")) == 3)
@@ -702,17 +708,20 @@ def test_the_list_has_timestamps_and_search_and_plurals_are_right(
         ".map((e) => e.textContent)"
     )
     assert len(set(stamps)) == 3 and all(":" in s for s in stamps), stamps
-    # Search runs in the console over every conversation (not only the loaded page).
-    page.find("#search").send_keys(ids[1])
+    # The search (a title prefix) runs on the state service, as the user types.
+    page.find("#search-title").send_keys("Watch")
+    page.wait(lambda: sorted(page.listed()) == sorted(ids[1:]))
+    page.find("#search-title").send_keys(" order")
     page.wait(lambda: page.listed() == [ids[1]])
-    status, found = api(console_url, user, "GET", "/api/conversations?q=" + ids[2])
+    status, found = api(console_url, user, "GET", "/api/conversations?q=Watch%20s")
     assert status == 200 and [c["conversation_id"] for c in found["conversations"]] == [ids[2]]
-    page.find("#search").clear()
-    page.find("#search").send_keys("没有这个标题")
+    page.find("#search-title").clear()
+    page.find("#search-title").send_keys("没有这个标题")
     page.wait(lambda: page.find("#no-match").is_displayed())
-    page.find("#search").clear()
-    page.find("#search").send_keys(" ")  # an input event; every row back
+    page.find("#search-title").clear()
+    page.find("#search-title").send_keys(" ")  # an input event; every row back
     page.wait(lambda: len(page.all("#conversations li")) == 3)
+    assert not page.find("#no-match").is_displayed()
     # One, then two: the count in words.
     page.find(f"#conversations li[data-conversation-id='{ids[0]}'] input").click()
     page.find("#delete-selected").click()

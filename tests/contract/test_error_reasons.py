@@ -20,6 +20,7 @@ from agentstate.state_service import domain as d
 from agentstate.state_service.storage.base import Feature, StateStore
 from agentstate.state_service.storage.memory.conversations import MemoryConversations
 from agentstate.state_service.storage.memory.leases import MemoryLeases
+from agentstate.state_service.storage.memory.lifecycle import MemoryLifecycle
 from agentstate.state_service.storage.memory.messages import MemoryMessages
 from agentstate.state_service.storage.memory.states import MemoryStates
 from agentstate.state_service.storage.postgres import PostgresStore
@@ -32,6 +33,8 @@ Stub: TypeAlias = "pb_grpc.StateServiceAsyncStub"
 # Sent before a handler runs (the shared request decoding, admission control), not by a
 # domain error.
 INTERCEPTOR_REASONS = {"MALFORMED_REQUEST", "OVERLOADED"}
+# PERMISSION_DENIED and CALLER_UNAUTHENTICATED are domain errors the caller interceptor
+# sends (state_service/callers.py); tests/state_service/test_transport_security.py reads them.
 
 
 def _documented() -> dict[str, str]:
@@ -97,7 +100,9 @@ async def test_a_delta_on_a_context_that_is_not_an_array(state_stub: Stub, user_
     assert got.version == 1 and b"not a list" in got.payload
 
 
-class _CoreOnlyStore(MemoryConversations, MemoryStates, MemoryMessages, MemoryLeases, StateStore):
+class _CoreOnlyStore(
+    MemoryConversations, MemoryStates, MemoryMessages, MemoryLeases, MemoryLifecycle, StateStore
+):
     """A backend with the core aggregates and no capabilities."""
 
 

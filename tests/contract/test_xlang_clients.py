@@ -283,3 +283,59 @@ async def test_go_reads_an_openai_agents_session(
     assert out["conversation_id"] == conversation_id
     assert out["items"] == written and out["seqs"] == [1, 2, 3] and out["revision"] == 3
     assert out["newest"] == written[-1]
+
+
+def test_a_go_caller_over_mtls_is_held_to_its_rule(
+    builds: dict[str, Future[Built]], tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """grpc-go (crypto/tls, TLS 1.2+, a client certificate) against a state service with
+    mTLS and a policy: the reporting rule lets it list and refuses it the state,
+    PERMISSION_DENIED with ErrorInfo reason PERMISSION_DENIED.
+
+    Not Java: Debian's grpc-java runs on its netty 4.1.48, built without ALPN ("JDK
+    provider does not support ALPN protocol"), and grpc-java needs ALPN for TLS; a
+    grpc-java from Maven (netty-tcnative or a current netty) connects as docs/security.md
+    shows."""
+    from tests.common.test_tls_everywhere import Services
+
+    client = built(builds, "go")
+    services = Services(tmp_path_factory.mktemp("tls"))
+    try:
+        state = services.start(
+            "agentstate.state_service",
+            {
+                "STATE_LISTEN_ADDRESS": "127.0.0.1:0",
+                "STATE_STORE": "memory",
+                "STATE_TLS_CERT_FILE": str(services.state_cert.cert),
+                "STATE_TLS_KEY_FILE": str(services.state_cert.key),
+                "STATE_TLS_CLIENT_CA_FILE": str(services.ca.file),
+                "STATE_POLICY_FILE": str(services.policy),
+            },
+        )
+        agent = grpc.ssl_channel_credentials(
+            root_certificates=services.ca.file.read_bytes(),
+            private_key=services.agent_client.key.read_bytes(),
+            certificate_chain=services.agent_client.cert.read_bytes(),
+        )
+        with grpc.secure_channel(state, agent) as channel:
+            made = spb_grpc.StateServiceStub(channel).CreateConversation(
+                spb.CreateConversationRequest(user_id="gina", title="t"), timeout=5
+            )
+        cid = made.conversation.conversation_id
+        seen = run_client(
+            client,
+            "tls_check",
+            state,
+            str(services.ca.file),
+            str(services.reporting.cert),
+            str(services.reporting.key),
+            "gina",
+            cid,
+        )
+    finally:
+        codes = services.stop()
+    assert codes == [0]
+    assert (seen["list"], seen["listed"]) == ("OK", [cid])
+    assert seen["get_state"] == "PermissionDenied"
+    assert seen["reason"] == "PERMISSION_DENIED"
+    assert "reporting (mtls) may not call GetState" in seen["details"]

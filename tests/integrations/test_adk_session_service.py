@@ -153,6 +153,29 @@ async def test_stale_session_is_refused(client: AsyncStateClient, user_id: str, 
     assert final is not None and [e.id for e in final.events] == ["e1", "e3", "e5"]
 
 
+async def test_redelivered_event_is_idempotent_as_in_memory(
+    client: AsyncStateClient, user_id: str, app: str
+) -> None:
+    """The issue's case: the same event id delivered twice was stored twice. Now an equal
+    re-delivery changes nothing on both services, from the session object that appended it
+    and from one loaded before it (a retry whose first answer was lost)."""
+    seen = []
+    for service in (AgentStateSessionService(client), InMemorySessionService()):
+        user = f"{user_id}-{type(service).__name__}"
+        await service.create_session(app_name=app, user_id=user, session_id="s", state={"n": 0})
+        first = await service.get_session(app_name=app, user_id=user, session_id="s")
+        behind = await service.get_session(app_name=app, user_id=user, session_id="s")
+        assert first is not None and behind is not None
+        event = _event(1, {"n": 1, "user:seen": 1})
+        await service.append_event(first, event.model_copy(deep=True))
+        await service.append_event(first, event.model_copy(deep=True))  # the same object
+        await service.append_event(behind, event.model_copy(deep=True))  # loaded before
+        stored = await service.get_session(app_name=app, user_id=user, session_id="s")
+        assert stored is not None
+        seen.append(([e.id for e in stored.events], stored.state))
+    assert seen[0] == seen[1] == (["e1"], {"n": 1, "user:seen": 1})
+
+
 async def test_temp_state_is_never_stored(client: AsyncStateClient, user_id: str, app: str) -> None:
     service = AgentStateSessionService(client)
     session = await service.create_session(
@@ -198,7 +221,8 @@ async def test_bad_input(client: AsyncStateClient, user_id: str, app: str) -> No
         await service.get_session(app_name=app, user_id="", session_id="s")
     with pytest.raises(ValueError, match="session id"):
         await service.create_session(app_name=app, user_id=user_id, session_id="x" * 300)
-    with pytest.raises(ValueError, match="user_id"):
+    # Across users is an operator's ability, which this service does not allow.
+    with pytest.raises(PermissionError, match="STATE_ALLOW_LIST_ALL_USERS"):
         await service.list_sessions(app_name=app)
     with pytest.raises(pydantic.ValidationError):
         GetSessionConfig(num_recent_events=-1)  # ADK's own check, before any call

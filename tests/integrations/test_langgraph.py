@@ -110,7 +110,9 @@ async def test_two_processes_racing_one_thread_one_is_refused_and_nothing_forks(
     state_process_address: str, tmp_path: Path
 ) -> None:
     """langgraph#8796's scenario: replica A is held mid-step (a paused or slow worker),
-    replica B runs the same thread, then A resumes and tries to save its step."""
+    replica B runs the same thread meanwhile. A's run holds the thread's run lease from its
+    first put to its last, so B is refused at its first put, before anything of it is
+    stored, and A's step lands."""
     thread = f"race-{uuid.uuid4()}"
 
     def start(name: str) -> subprocess.Popen[str]:
@@ -141,16 +143,17 @@ async def test_two_processes_racing_one_thread_one_is_refused_and_nothing_forks(
     first = start("a")
     await ready("a", first)  # A stored its input checkpoint and is inside its step
     second = start("b")
-    await ready("b", second)  # B read A's checkpoint, extended it, and is inside its step
+    await ready("b", second)  # B read A's checkpoint and is inside its step, unsaved
     (tmp_path / "go").touch()
     outcomes = {}
     for name, proc in (("a", first), ("b", second)):
         out, err = proc.communicate(timeout=60)
         assert proc.returncode == 0, err[-3000:]
         outcomes[name] = json.loads(out.strip().splitlines()[-1])
-    assert outcomes["b"]["outcome"] == "ok"
-    assert outcomes["a"]["outcome"] == "CheckpointConflict", outcomes["a"]
-    assert outcomes["a"]["stale_writer"] is True
+    assert outcomes["a"]["outcome"] == "ok", outcomes["a"]
+    assert outcomes["b"]["outcome"] == "CheckpointConflict", outcomes["b"]
+    assert outcomes["b"]["stale_writer"] is True
+    assert "another run holds it: nothing of this run was stored" in outcomes["b"]["message"]
 
     saver = AgentStateSaver(state_process_address)
     history = [t async for t in saver.alist(config(thread))]

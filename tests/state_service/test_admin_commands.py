@@ -8,6 +8,7 @@ and what they print on stdout is their answer alone.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import time
@@ -76,7 +77,14 @@ def test_admin_commands_work_against_the_running_services_embedded_database(
 
         time.sleep(1.5)  # the conversation is now older than the purge's cut-off
         purged = admin(embedded_env, "purge", "--older-than-days", "0.00001")
-        assert (purged.returncode, purged.stderr) == (0, ""), purged.stderr
+        assert purged.returncode == 0, purged.stderr
+        # Quiet, but a purge always leaves its audit line (docs/security.md#audit).
+        [audited] = [json.loads(line) for line in purged.stderr.splitlines()]
+        assert audited["logger"] == "agentstate.audit", audited
+        assert (audited["audit_rpc"], audited["audit_conversations_deleted"]) == (
+            "PurgeInactive",
+            1,
+        )
         assert purged.stdout.startswith("deleted 1 conversations untouched since ")
         # The running service's data: the conversation is gone from it.
         with pytest.raises(grpc.RpcError) as gone:
@@ -108,7 +116,9 @@ def test_admin_commands_without_a_running_service_start_and_stop_their_own(
 ) -> None:
     for args in (["migrate"], ["split-states"], ["purge", "--older-than-days", "30"]):
         done = admin(embedded_env, *args)
-        assert (done.returncode, done.stderr) == (0, ""), done.stderr
+        audit = [line for line in done.stderr.splitlines() if '"agentstate.audit"' in line]
+        assert (done.returncode, len(audit)) == (0, 1 if args[0] == "purge" else 0), done.stderr
+        assert done.stderr.splitlines() == audit, done.stderr
         assert len(done.stdout.splitlines()) == 1, done.stdout
         assert leftovers(embedded_env) == []
         assert not Path(embedded_env["STATE_EMBEDDED_PG_DIR"], "postmaster.pid").exists()

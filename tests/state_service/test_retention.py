@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from datetime import UTC, datetime, timedelta
 
 import psycopg
+import pytest
 
 from agentstate.state_service.config import StateServiceSettings
 from agentstate.state_service.domain import MessageRole, NewMessage
@@ -68,8 +70,12 @@ async def test_purge_deletes_inactive_and_keeps_running(store: StateStore, user_
 
 
 async def test_purge_command_and_sweeper(
-    postgres: object, state_services: StateServices, user_id: str
+    postgres: object,
+    state_services: StateServices,
+    user_id: str,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
+    caplog.set_level(logging.INFO, logger="agentstate.audit")
     dsn = create_database(postgres, "retention_test")  # type: ignore[arg-type]
     app = StateServiceApp(
         StateServiceSettings(
@@ -110,6 +116,15 @@ async def test_purge_command_and_sweeper(
                 {"id": old},
             )
             assert await cur.fetchone() == (0, 0)
+        # The sweep is in the audit trail: who, what, the counts.
+        swept = [
+            r
+            for r in caplog.records
+            if r.name == "agentstate.audit" and r.audit_conversations_deleted  # type: ignore[attr-defined]
+        ]
+        assert swept and swept[0].audit_rpc == "PurgeInactive"  # type: ignore[attr-defined]
+        assert swept[0].audit_caller == "retention sweep"  # type: ignore[attr-defined]
+        assert swept[0].audit_messages_deleted >= 0  # type: ignore[attr-defined]
     finally:
         await app.stop()
 
@@ -123,6 +138,7 @@ async def test_purge_command_and_sweeper(
     command = state_services.start(settings, "purge", "--older-than-days", "7")
     assert await asyncio.to_thread(command.wait, 60) == 0, command.output
     assert "deleted 1 conversations" in command.output
+    assert "audit: agentstate-state purge PurgeInactive" in command.output
     refused = state_services.start(settings, "purge")
     assert await asyncio.to_thread(refused.wait, 60) == 2
     assert "--older-than-days" in refused.output

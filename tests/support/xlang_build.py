@@ -55,7 +55,7 @@ JARS = [
 JAVA_SOURCES = paths.TESTS / "contract" / "java"
 JAVA_PROGRAMS = ["AgentClient", "RetryCheck"]  # tests/contract/java/NAME.java
 # tests/contract/go/NAME.go
-GO_PROGRAMS = ["state_client", "retry_check", "checkpoint_reader", "session_items"]
+GO_PROGRAMS = ["state_client", "retry_check", "checkpoint_reader", "session_items", "tls_check"]
 JAVA_TOOLS = ["protoc", "grpc_java_plugin", "javac", "java"]
 # Short-lived JVMs: the C1 compiler alone halves javac's time here (measured 8.5 s -> 4.7 s).
 FAST_JVM = ["-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC"]

@@ -22,17 +22,12 @@ to the caller.
 
 from __future__ import annotations
 
-import asyncio
 import hmac
-import json
 import logging
-import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any, Protocol
 
 import jwt
-from cryptography.hazmat.primitives import serialization
 
 from agentstate.agent_service import errors
 from agentstate.agent_service.config import MIN_PROXY_SECRET_CHARS, AgentServiceSettings
@@ -41,6 +36,7 @@ from agentstate.client.metadata import (
     PROXY_SECRET_METADATA_KEY,
     USER_ID_METADATA_KEY,
 )
+from agentstate.common import jwt_keys
 from agentstate.common.config import ConfigError
 
 log = logging.getLogger(__name__)
@@ -50,11 +46,14 @@ NO_CREDENTIALS = "UNAUTHENTICATED"  # the reason a missing identity always had
 TOKEN_EXPIRED = "TOKEN_EXPIRED"
 TOKEN_INVALID = "TOKEN_INVALID"
 PROXY_UNTRUSTED = "PROXY_UNTRUSTED"
+TOKEN_TOO_LARGE = "TOKEN_TOO_LARGE"
 
-# An unknown `kid` refetches the JWKS (the issuer rotated its keys), at most this often:
-# tokens with made-up kids must not turn the service into a load generator on the issuer.
-_MIN_REFETCH_SECONDS = 10.0
-_JWKS_TIMEOUT_SECONDS = 5.0
+# The largest access token accepted. The server takes metadata up to MAX_METADATA_BYTES,
+# so a larger token reaches this check and gets its ErrorInfo (gRPC's default limit would
+# refuse it first with a bare RESOURCE_EXHAUSTED).
+MAX_TOKEN_BYTES = 16 * 1024
+MAX_METADATA_BYTES = 64 * 1024
+
 
 Metadata = Sequence[tuple[str, str | bytes]]
 
@@ -62,8 +61,9 @@ Metadata = Sequence[tuple[str, str | bytes]]
 class Authenticator(Protocol):
     mode: str
 
-    async def user_id(self, metadata: Metadata) -> str:
-        """The calling end user; raises errors.Unauthenticated (or Unavailable)."""
+    async def user_id(self, metadata: Metadata, peer: str = "") -> str:
+        """The calling end user; raises errors.Unauthenticated (or Unavailable). `peer` is
+        the caller's address (gRPC's context.peer()), for the log."""
         ...
 
 
@@ -101,7 +101,7 @@ class DevHeaderAuth:
 
     mode = "dev-header"
 
-    async def user_id(self, metadata: Metadata) -> str:
+    async def user_id(self, metadata: Metadata, peer: str = "") -> str:
         header = _one(
             metadata,
             USER_ID_METADATA_KEY,
@@ -118,11 +118,16 @@ class ProxyAuth:
     def __init__(self, secret: str) -> None:
         self._secret = secret.encode()
 
-    async def user_id(self, metadata: Metadata) -> str:
+    async def user_id(self, metadata: Metadata, peer: str = "") -> str:
         sent = _values(metadata, PROXY_SECRET_METADATA_KEY)
         # Constant-time comparison: the secret must not leak through timing.
         if len(sent) != 1 or not hmac.compare_digest(sent[0].encode(), self._secret):
-            log.warning("refused a call that did not come through the authenticating proxy")
+            # The address says which pod got past the NetworkPolicy (never the secret sent).
+            log.warning(
+                "refused a call from %s that did not come through the authenticating proxy (%s)",
+                peer or "an unknown address",
+                "no agentstate-proxy-secret" if not sent else "a wrong agentstate-proxy-secret",
+            )
             raise errors.Unauthenticated(
                 "this service accepts calls only through its authenticating proxy; "
                 "send the request to the proxy's address",
@@ -136,93 +141,10 @@ class ProxyAuth:
         return valid_user_id(header, USER_ID_METADATA_KEY)
 
 
-class _KeySource(Protocol):
-    async def key_for(self, kid: str | None) -> Any: ...
-
-
-def _match(keys: jwt.PyJWKSet, kid: str | None) -> jwt.PyJWK | None:
-    if kid is None:
-        # A token without `kid` is only unambiguous against a set of one key.
-        return keys.keys[0] if len(keys.keys) == 1 else None
-    return next((key for key in keys.keys if key.key_id == kid), None)
-
-
-class _FileKeys:
-    """A JWKS JSON file or a PEM public key, read once at start-up."""
-
-    def __init__(self, path: str) -> None:
-        try:
-            text = Path(path).read_text()
-        except OSError as exc:
-            raise ConfigError(f"AGENT_JWT_KEY_FILE={path!r} cannot be read: {exc}") from None
-        self._pem: Any = None
-        self._jwks: jwt.PyJWKSet | None = None
-        try:
-            if text.lstrip().startswith("{"):
-                self._jwks = jwt.PyJWKSet.from_dict(json.loads(text))
-            else:
-                self._pem = serialization.load_pem_public_key(text.encode())
-        except (ValueError, jwt.PyJWKSetError, jwt.InvalidKeyError) as exc:
-            raise ConfigError(
-                f"AGENT_JWT_KEY_FILE={path!r} is neither a JWKS nor a PEM public key: {exc}"
-            ) from None
-
-    async def key_for(self, kid: str | None) -> Any:
-        if self._pem is not None:
-            return self._pem
-        assert self._jwks is not None
-        found = _match(self._jwks, kid)
-        if found is None:
-            raise _Refused("no key of AGENT_JWT_KEY_FILE has the token's kid")
-        return found.key
-
-
-class _RemoteKeys:
-    """The issuer's JWKS over HTTP(S): PyJWKClient keeps it for the cache lifetime; a kid
-    not in it refetches (key rotation), rate-limited."""
-
-    def __init__(self, url: str, cache_seconds: float) -> None:
-        self._client = jwt.PyJWKClient(
-            url, cache_jwk_set=True, lifespan=cache_seconds, timeout=_JWKS_TIMEOUT_SECONDS
-        )
-        self._last_refetch = -_MIN_REFETCH_SECONDS
-        self._lock = asyncio.Lock()
-
-    async def _jwk_set(self, refresh: bool) -> jwt.PyJWKSet:
-        try:
-            # urllib under the hood: off the event loop.
-            return await asyncio.to_thread(self._client.get_jwk_set, refresh)
-        except jwt.PyJWKClientConnectionError as exc:
-            log.warning("the JWKS at AGENT_JWT_JWKS_URL could not be fetched: %s", exc)
-            raise errors.Unavailable(
-                "the identity provider's signing keys cannot be fetched right now; retry later"
-            ) from None
-        except jwt.PyJWKClientError as exc:
-            log.warning("the JWKS at AGENT_JWT_JWKS_URL is unusable: %s", exc)
-            raise errors.Unavailable(
-                "the identity provider's signing keys cannot be used right now; retry later"
-            ) from None
-
-    async def key_for(self, kid: str | None) -> Any:
-        async with self._lock:  # one fetch at a time; the others use its result
-            found = _match(await self._jwk_set(refresh=False), kid)
-            now = time.monotonic()
-            if found is None and now - self._last_refetch >= _MIN_REFETCH_SECONDS:
-                self._last_refetch = now
-                found = _match(await self._jwk_set(refresh=True), kid)
-        if found is None:
-            raise _Refused("no key of the JWKS has the token's kid")
-        return found.key
-
-
-class _Refused(Exception):
-    """Why a token was refused: logged, never sent."""
-
-
 class JwtAuth:
     mode = "jwt"
 
-    def __init__(self, settings: AgentServiceSettings, keys: _KeySource) -> None:
+    def __init__(self, settings: AgentServiceSettings, keys: jwt_keys.KeySource) -> None:
         self._issuer = settings.jwt_issuer
         self._audience = settings.jwt_audience
         self._algorithms = list(settings.jwt_algorithms)
@@ -230,7 +152,7 @@ class JwtAuth:
         self._claim = settings.jwt_user_claim
         self._keys = keys
 
-    async def user_id(self, metadata: Metadata) -> str:
+    async def user_id(self, metadata: Metadata, peer: str = "") -> str:
         header = _one(
             metadata,
             AUTHORIZATION_METADATA_KEY,
@@ -242,13 +164,22 @@ class JwtAuth:
             raise errors.Unauthenticated(
                 "the authorization metadata must be `Bearer <token>`", reason=NO_CREDENTIALS
             )
+        if len(token.strip()) > MAX_TOKEN_BYTES:
+            # Refused here with a reason, before gRPC's own limit would refuse the whole
+            # metadata without one (the server accepts up to MAX_METADATA_BYTES).
+            raise errors.Unauthenticated(
+                f"the access token is {len(token.strip())} bytes, more than the "
+                f"{MAX_TOKEN_BYTES} this service accepts: ask the identity provider for a "
+                "smaller token (fewer claims or groups in it)",
+                reason=TOKEN_TOO_LARGE,
+            )
         try:
             claims = await self._verify(token.strip())
         except jwt.ExpiredSignatureError:
             raise errors.Unauthenticated(
                 "the access token has expired: get a new one and retry", reason=TOKEN_EXPIRED
             ) from None
-        except (jwt.InvalidTokenError, _Refused) as exc:
+        except (jwt.InvalidTokenError, jwt_keys.Refused) as exc:
             log.info("refused an access token: %s", exc)
             raise errors.Unauthenticated(
                 "the access token was refused: it is not a valid token for this service; "
@@ -265,23 +196,18 @@ class JwtAuth:
         return user
 
     async def _verify(self, token: str) -> dict[str, Any]:
-        header = jwt.get_unverified_header(token)
-        algorithm = header.get("alg")
-        # Before any key lookup: `none`, HS* and anything not configured never get that far.
-        if algorithm not in self._algorithms:
-            raise _Refused(f"algorithm {algorithm!r} is not in AGENT_JWT_ALGORITHMS")
-        kid = header.get("kid")
-        key = await self._keys.key_for(kid if isinstance(kid, str) else None)
-        claims: dict[str, Any] = jwt.decode(
-            token,
-            key=key,
-            algorithms=[algorithm],
-            audience=self._audience,
-            issuer=self._issuer,
-            leeway=self._leeway,
-            options={"require": ["exp", "iss", "aud", self._claim]},
-        )
-        return claims
+        try:
+            return await jwt_keys.verify(
+                token,
+                self._keys,
+                issuer=self._issuer,
+                audience=self._audience,
+                algorithms=self._algorithms,
+                leeway=self._leeway,
+                required_claim=self._claim,
+            )
+        except jwt_keys.KeysUnavailable as exc:
+            raise errors.Unavailable(str(exc)) from None
 
 
 def build_authenticator(settings: AgentServiceSettings) -> Authenticator:
@@ -311,16 +237,19 @@ def build_authenticator(settings: AgentServiceSettings) -> Authenticator:
         )
         if not value
     ]
-    if missing or bool(settings.jwt_jwks_url) == bool(settings.jwt_key_file):
+    if settings.jwt_jwks_url and settings.jwt_key_file:
+        raise ConfigError(
+            "AGENT_JWT_JWKS_URL and AGENT_JWT_KEY_FILE are both set; set only one of them "
+            "(the issuer's JWKS URL, or a file with its keys)"
+        )
+    if missing or not (settings.jwt_jwks_url or settings.jwt_key_file):
         raise ConfigError(
             "AGENT_AUTH_MODE=jwt (the default) needs AGENT_JWT_ISSUER, AGENT_JWT_AUDIENCE "
             "and one of AGENT_JWT_JWKS_URL or AGENT_JWT_KEY_FILE"
             + (f"; missing: {', '.join(missing)}" if missing else "")
             + "; for local development only, AGENT_AUTH_MODE=dev-header"
         )
-    keys: _KeySource
-    if settings.jwt_key_file:
-        keys = _FileKeys(settings.jwt_key_file)
-    else:
-        keys = _RemoteKeys(settings.jwt_jwks_url, settings.jwt_jwks_cache_seconds)
+    keys = jwt_keys.key_source(
+        settings.jwt_jwks_url, settings.jwt_key_file, settings.jwt_jwks_cache_seconds, "AGENT_JWT"
+    )
     return JwtAuth(settings, keys)

@@ -32,6 +32,7 @@ from agentstate.agent.v1 import agent_service_pb2 as pb
 from agentstate.agent.v1 import agent_service_pb2_grpc as pb_grpc
 from agentstate.agent_service.auth import NO_CREDENTIALS
 from agentstate.client.metadata import AUTHORIZATION_METADATA_KEY, USER_ID_METADATA_KEY
+from agentstate.client.tls import ChannelSecurity
 from agentstate.common import error_details
 from agentstate.common.config import ConfigError, EnvSettings
 
@@ -56,6 +57,33 @@ class CliSettings(EnvSettings):
         validation_alias="AGENTSTATE_TOKEN",
         description="an access token sent as `authorization: Bearer` instead of the user",
     )
+    tls_ca_file: str = Field(
+        default="",
+        validation_alias="AGENTSTATE_TLS_CA_FILE",
+        description="TLS to the agent service, its certificate checked against this PEM CA "
+        "bundle; empty: plaintext",
+    )
+    tls_cert_file: str = Field(
+        default="",
+        validation_alias="AGENTSTATE_TLS_CERT_FILE",
+        description="PEM client certificate, for an agent service with mTLS",
+    )
+    tls_key_file: str = Field(
+        default="",
+        validation_alias="AGENTSTATE_TLS_KEY_FILE",
+        description="PEM private key of AGENTSTATE_TLS_CERT_FILE",
+    )
+
+    def channel(self, address: str) -> grpc.Channel:
+        """A channel to the agent service at `address`, TLS when a TLS file is set;
+        ValueError naming a file that cannot be read."""
+        security = ChannelSecurity(
+            ca_file=self.tls_ca_file, cert_file=self.tls_cert_file, key_file=self.tls_key_file
+        )
+        credentials = security.credentials()
+        if credentials is None:
+            return grpc.insecure_channel(address)
+        return grpc.secure_channel(address, credentials)
 
 
 _STATUS_WORDS = {
@@ -380,7 +408,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     md = call_metadata(args.user)
-    with grpc.insecure_channel(args.address) as channel:
+    try:
+        opened = settings.channel(args.address)
+    except ValueError as exc:
+        print(f"agentstate-cli: AGENTSTATE_TLS_*: {exc}", file=sys.stderr)
+        return 2
+    with opened as channel:
         stub: Any = pb_grpc.AgentServiceStub(channel)
 
         def decide(card: pb.ConfirmEvent) -> bool:

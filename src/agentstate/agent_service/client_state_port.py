@@ -23,6 +23,7 @@ from agentstate.client import (
     AsyncStateClient,
     CardAlreadyHandled,
     CardPending,
+    ConversationSearch,
     NotFound,
     StateError,
 )
@@ -147,6 +148,27 @@ class ClientStatePort:
     ) -> Page[Conversation]:
         return await self.client.list_conversations(
             user_id, page_size=page_size, page_token=page_token
+        )
+
+    @_translated
+    async def search_conversations(
+        self,
+        user_id: str,
+        page_size: int,
+        page_token: str,
+        *,
+        title_prefix: str = "",
+        statuses: Sequence[str] = (),
+        label_selector: str = "",
+    ) -> ConversationSearch:
+        """The user's conversations filtered on the state service (issue 23)."""
+        return await self.client.search_conversations(
+            user_id,
+            page_size=page_size,
+            page_token=page_token,
+            title_prefix=title_prefix,
+            statuses=statuses,
+            label_selector=label_selector,
         )
 
     @_translated

@@ -249,6 +249,53 @@ class AgentServiceSettings(EnvSettings):
         json_schema_extra={"shown_default": "empty"},
     )
 
+    # ---- transport security (docs/security.md)
+    tls_cert_file: str = Field(
+        default="",
+        validation_alias="AGENT_TLS_CERT_FILE",
+        description="PEM certificate chain to serve TLS (1.2+) with, reloaded when the file "
+        "changes; empty: plaintext",
+    )
+    tls_key_file: str = Field(
+        default="",
+        validation_alias="AGENT_TLS_KEY_FILE",
+        description="PEM private key of AGENT_TLS_CERT_FILE",
+    )
+    tls_client_ca_file: str = Field(
+        default="",
+        validation_alias="AGENT_TLS_CLIENT_CA_FILE",
+        description="PEM CA bundle: every client (the proxy, the console) must present a "
+        "certificate it signed (mTLS); empty: no client certificates",
+    )
+    state_tls_ca_file: str = Field(
+        default="",
+        validation_alias="AGENT_STATE_TLS_CA_FILE",
+        description="TLS to the state service, its certificate checked against this PEM CA "
+        "bundle; empty (and no other AGENT_STATE_TLS_* set): plaintext (the sidecar)",
+    )
+    state_tls_cert_file: str = Field(
+        default="",
+        validation_alias="AGENT_STATE_TLS_CERT_FILE",
+        description="PEM client certificate the agent presents to a state service with mTLS",
+    )
+    state_tls_key_file: str = Field(
+        default="",
+        validation_alias="AGENT_STATE_TLS_KEY_FILE",
+        description="PEM private key of AGENT_STATE_TLS_CERT_FILE",
+    )
+    state_tls_server_name: str = Field(
+        default="",
+        validation_alias="AGENT_STATE_TLS_SERVER_NAME",
+        description="the name the state service's certificate must carry when it is not "
+        "the address's host",
+    )
+    state_token_file: str = Field(
+        default="",
+        validation_alias="AGENT_STATE_TOKEN_FILE",
+        description="file holding a service token sent to the state service as "
+        "authorization: Bearer (read again when it changes; needs TLS)",
+    )
+
     @model_validator(mode="after")
     def _consistent(self) -> Self:
         if not self.trim_at < self.compact_at <= 1.0:

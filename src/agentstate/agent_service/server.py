@@ -14,7 +14,7 @@ from grpc_health.v1 import health_pb2
 
 from agentstate.agent.v1 import agent_service_pb2 as pb
 from agentstate.agent.v1 import agent_service_pb2_grpc as pb_grpc
-from agentstate.agent_service.auth import build_authenticator
+from agentstate.agent_service.auth import MAX_METADATA_BYTES, build_authenticator
 from agentstate.agent_service.client_state_port import ClientStatePort
 from agentstate.agent_service.config import AgentServiceSettings
 from agentstate.agent_service.context.manager import ContextManager, ContextSettings
@@ -29,6 +29,7 @@ from agentstate.agent_service.tools.registry import Tool, ToolRegistry
 from agentstate.agent_service.tools.skills import load_skill_tool
 from agentstate.agent_service.turns import TurnRegistry
 from agentstate.client import service_config
+from agentstate.client.tls import ChannelSecurity
 from agentstate.common import telemetry
 from agentstate.common.config import ConfigError
 from agentstate.common.grpc_server import (
@@ -39,6 +40,7 @@ from agentstate.common.grpc_server import (
     set_serving,
 )
 from agentstate.common.listen import check_listen_address
+from agentstate.common.tls import server_tls
 
 log = logging.getLogger(__name__)
 
@@ -70,29 +72,52 @@ def build_tools(profile: Profile, extra: Sequence[Tool] = ()) -> ToolRegistry:
     return ToolRegistry([load_skill_tool(skills), *tools] if skills else tools)
 
 
-def state_channel(address: str, max_message_bytes: int) -> grpc.aio.Channel:
+def state_security(settings: AgentServiceSettings) -> ChannelSecurity:
+    """TLS to the state service as AGENT_STATE_TLS_* say (plaintext when none is set);
+    ConfigError naming the variables when they do not go together."""
+    try:
+        security = ChannelSecurity(
+            ca_file=settings.state_tls_ca_file,
+            cert_file=settings.state_tls_cert_file,
+            key_file=settings.state_tls_key_file,
+            server_name=settings.state_tls_server_name,
+            token_file=settings.state_token_file,
+        )
+        security.credentials()  # the files are read now: a missing one fails the start
+    except ValueError as exc:
+        raise ConfigError(f"AGENT_STATE_TLS_* / AGENT_STATE_TOKEN_FILE: {exc}") from None
+    return security
+
+
+def state_channel(
+    address: str, max_message_bytes: int, security: ChannelSecurity | None = None
+) -> grpc.aio.Channel:
     """The agent's channel to the state service: the sidecar (127.0.0.1:port, unix:///...)
     or central replicas behind a name (dns:///state.NAMESPACE.svc:port), over which the
-    service config's round_robin spreads the calls."""
-    return grpc.aio.insecure_channel(
-        address,
-        interceptors=telemetry.grpc_client_interceptors(),
-        options=[
-            ("grpc.max_receive_message_length", max_message_bytes),
-            ("grpc.max_send_message_length", max_message_bytes),
-            # The sidecar restarting is routine: reconnect quickly, not after gRPC's
-            # default backoff of up to two minutes.
-            ("grpc.initial_reconnect_backoff_ms", 100),
-            ("grpc.min_reconnect_backoff_ms", 100),
-            ("grpc.max_reconnect_backoff_ms", 2000),
-            # A dns:/// name is resolved again when a connection ends (a replica gone, or
-            # recycled by STATE_GRPC_MAX_CONNECTION_AGE_SECONDS): at most every 2 s, not
-            # gRPC's default 30 s, so new replicas are found soon after.
-            ("grpc.dns_min_time_between_resolutions_ms", 2000),
-            # Reads are retried on UNAVAILABLE; round_robin (agentstate/client/service_config.json).
-            *service_config.channel_options(),
-        ],
-    )
+    service config's round_robin spreads the calls; TLS when `security` says so."""
+    credentials = security.credentials() if security is not None else None
+    options = [
+        *(security.options() if security is not None else []),
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.max_send_message_length", max_message_bytes),
+        # The sidecar restarting is routine: reconnect quickly, not after gRPC's
+        # default backoff of up to two minutes.
+        ("grpc.initial_reconnect_backoff_ms", 100),
+        ("grpc.min_reconnect_backoff_ms", 100),
+        ("grpc.max_reconnect_backoff_ms", 2000),
+        # A dns:/// name is resolved again when a connection ends (a replica gone, or
+        # recycled by STATE_GRPC_MAX_CONNECTION_AGE_SECONDS): at most every 2 s, not
+        # gRPC's default 30 s, so new replicas are found soon after.
+        ("grpc.dns_min_time_between_resolutions_ms", 2000),
+        # Reads are retried on UNAVAILABLE; round_robin (agentstate/client/service_config.json).
+        *service_config.channel_options(),
+    ]
+    interceptors = telemetry.grpc_client_interceptors()
+    if credentials is not None:
+        return grpc.aio.secure_channel(
+            address, credentials, options=options, interceptors=interceptors
+        )
+    return grpc.aio.insecure_channel(address, options=options, interceptors=interceptors)
 
 
 class AgentServiceApp:
@@ -123,8 +148,12 @@ class AgentServiceApp:
         tools = build_tools(profile, self._extra_tools)  # a bad profile fails before any I/O
         check_listen_address(settings.listen_address, LISTEN_SETTING)  # so does a port in use
         auth = build_authenticator(settings)  # so does incomplete authentication
+        tls = server_tls(
+            "AGENT", settings.tls_cert_file, settings.tls_key_file, settings.tls_client_ca_file
+        )
+        security = state_security(settings)  # and TLS files that do not go together
         limit = settings.grpc_max_message_bytes
-        self._channel = state_channel(settings.state_address, limit)
+        self._channel = state_channel(settings.state_address, limit, security)
         state = ClientStatePort.on_channel(
             self._channel, timeout_seconds=settings.state_timeout_seconds
         )
@@ -163,11 +192,13 @@ class AgentServiceApp:
             system_prompt=profile.system_prompt,
         )
         server = create_server(
-            max_message_bytes=limit, interceptors=telemetry.grpc_server_interceptors()
+            max_message_bytes=limit,
+            interceptors=telemetry.grpc_server_interceptors(),
+            max_metadata_bytes=MAX_METADATA_BYTES,
         )
         pb_grpc.add_AgentServiceServicer_to_server(AgentServicer(runner, state, auth), server)
         self._health = add_health_and_reflection(server, [SERVICE_NAME])
-        address = bind(server, settings.listen_address, LISTEN_SETTING)
+        address = bind(server, settings.listen_address, LISTEN_SETTING, tls)
         await server.start()
         self._server = server
         await self._health.set(LIVENESS_SERVICE, health_pb2.HealthCheckResponse.SERVING)

@@ -191,12 +191,17 @@ def _timestamp(value: datetime) -> Timestamp:
 
 
 def conversation_to_pb(conversation: Conversation) -> pb.Conversation:
-    return pb.Conversation(
+    message = pb.Conversation(
         conversation_id=conversation.conversation_id,
         title=conversation.title,
         create_time=_timestamp(conversation.create_time),
         update_time=_timestamp(conversation.update_time),
+        status=spb.ConversationStatus.Value(f"CONVERSATION_STATUS_{conversation.status}"),
+        labels=dict(conversation.labels),
     )
+    if conversation.last_turn_time is not None:
+        message.last_turn_time.CopyFrom(_timestamp(conversation.last_turn_time))
+    return message
 
 
 def record_to_pb(record: MessageRecord) -> pb.MessageRecord:
@@ -251,7 +256,9 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
 
     async def _user(self, context: Context) -> str:
         """The calling end user: the first thing every RPC does (agent_service/auth.py)."""
-        return await self._auth.user_id(tuple(context.invocation_metadata() or ()))
+        return await self._auth.user_id(
+            tuple(context.invocation_metadata() or ()), peer=context.peer()
+        )
 
     async def _stream_turn(
         self, context: Context, run: Callable[[str, Emit], Awaitable[None]]
@@ -327,7 +334,20 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
         self, request: pb.ListConversationsRequest, context: Context
     ) -> pb.ListConversationsResponse:
         user_id = await self._user(context)
-        page = await self._state.list_conversations(user_id, request.page_size, request.page_token)
+        statuses = [
+            spb.ConversationStatus.Name(s).removeprefix("CONVERSATION_STATUS_")
+            if s in spb.ConversationStatus.values()
+            else "UNSPECIFIED"
+            for s in request.statuses
+        ]
+        page = await self._state.search_conversations(
+            user_id,
+            request.page_size,
+            request.page_token,
+            title_prefix=request.title_prefix,
+            statuses=statuses,
+            label_selector=request.label_selector,
+        )
         return pb.ListConversationsResponse(
             items=[conversation_to_pb(c) for c in page.items],
             conversations=[legacy_conversation(c, user_id) for c in page.items],

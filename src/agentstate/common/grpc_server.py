@@ -15,6 +15,7 @@ from agentstate.common.admission import Admission, AdmissionInterceptor
 from agentstate.common.listen import cannot_listen
 from agentstate.common.reflection import enable_documented_reflection
 from agentstate.common.request_decoding import DecodeErrorsAsInvalidArgument
+from agentstate.common.tls import ServerTls, server_credentials
 
 # The asyncio health servicer; grpcio-health-checking ships no type hints for it.
 AsyncHealthServicer: Any = health.aio.HealthServicer  # type: ignore[attr-defined]
@@ -29,6 +30,7 @@ def create_server(
     max_connection_age_seconds: float = 0.0,
     admission: Admission | None = None,
     reuse_port: bool = False,
+    max_metadata_bytes: int = 0,
 ) -> grpc.aio.Server:
     """`max_connection_age_seconds` > 0: each client connection is closed (GOAWAY, in-flight
     calls finish) after that long, so clients of several replicas re-resolve the name and
@@ -37,12 +39,20 @@ def create_server(
     `admission`: calls beyond its limits are refused (agentstate.common.admission).
     `reuse_port`: SO_REUSEPORT, so that worker processes (agentstate.common.workers) bind
     one port and the kernel spreads the connections over them; off otherwise, so that a
-    second server on a port in use fails instead of silently sharing it."""
+    second server on a port in use fails instead of silently sharing it.
+    `max_metadata_bytes` > 0: request metadata up to that size reaches the handlers (the
+    agent's authentication refuses an oversized token itself, with a reason)."""
     age: list[tuple[str, int]] = []
     if max_connection_age_seconds > 0:
         age = [
             ("grpc.max_connection_age_ms", int(max_connection_age_seconds * 1000)),
             ("grpc.max_connection_age_grace_ms", 10_000),
+        ]
+    metadata: list[tuple[str, int]] = []
+    if max_metadata_bytes > 0:
+        metadata = [
+            ("grpc.max_metadata_size", max_metadata_bytes),
+            ("grpc.absolute_max_metadata_size", max_metadata_bytes),
         ]
     # Innermost: undecodable requests are INVALID_ARGUMENT before any servicer runs.
     # Admission sits just outside it, after everything that looks at a call's metadata
@@ -55,15 +65,23 @@ def create_server(
             ("grpc.max_send_message_length", max_message_bytes),
             ("grpc.so_reuseport", 1 if reuse_port else 0),
             *age,
+            *metadata,
         ],
     )
 
 
-def bind(server: grpc.aio.Server, address: str, setting: str = "") -> str:
+def bind(
+    server: grpc.aio.Server, address: str, setting: str = "", tls: ServerTls | None = None
+) -> str:
     """Listen on host:port (port 0 picks a free one) or unix:///path; return the real address.
-    ConfigError naming `setting` (the variable that holds the address) when it cannot."""
+    ConfigError naming `setting` (the variable that holds the address) when it cannot.
+    `tls`: serve TLS (mTLS with a client CA), the files reloaded when they change."""
+    credentials = server_credentials(tls) if tls is not None else None
     try:
-        port = server.add_insecure_port(address)
+        if credentials is not None:
+            port = server.add_secure_port(address, credentials)
+        else:
+            port = server.add_insecure_port(address)
     except RuntimeError:  # "Failed to bind": gRPC does not say why (its log line does)
         raise cannot_listen(address, setting, "gRPC could not bind it") from None
     if address.startswith("unix:"):

@@ -1,7 +1,8 @@
 """`agentstate-console`: run the web console.
 
 Settings come from environment variables (console/config.py and docs/reference/settings.md). It logs
-"listening on http://HOST:PORT" once the socket is bound (port 0 picks one).
+"listening on http://HOST:PORT" (https with CONSOLE_TLS_CERT_FILE) once the socket is bound
+(port 0 picks one).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import uvicorn
 from agentstate.common import telemetry
 from agentstate.common.config import ConfigError
 from agentstate.common.listen import cannot_listen, reason_of
+from agentstate.common.tls import https_context, server_tls
 from agentstate.console.app import create_app
 from agentstate.console.config import ConsoleSettings
 
@@ -56,14 +58,22 @@ async def serve(settings: ConsoleSettings) -> None:
     sock.listen(128)
     bound_host, bound_port = sock.getsockname()[:2]
 
+    tls = server_tls(
+        "CONSOLE", settings.tls_cert_file, settings.tls_key_file, settings.tls_client_ca_file
+    )
+    context = https_context(tls) if tls is not None else None
+    scheme = "https" if context is not None else "http"
+
     def ready() -> None:
-        print(f"agentstate-console listening on http://{bound_host}:{bound_port}", flush=True)
+        print(f"agentstate-console listening on {scheme}://{bound_host}:{bound_port}", flush=True)
 
     config = uvicorn.Config(
         create_app(settings, ready),
         log_config=None,
         access_log=False,
         timeout_graceful_shutdown=2,
+        # One context for the process; it swaps in renewed files itself (common/tls.py).
+        ssl_context_factory=(lambda *_: context) if context is not None else None,
     )
     await _Server(config).serve(sockets=[sock])
 

@@ -39,6 +39,7 @@ from agentstate.agent.v1 import agent_service_pb2_grpc as pb_grpc
 from agentstate.client import StateError
 from agentstate.client.metadata import PROXY_SECRET_METADATA_KEY, USER_ID_METADATA_KEY
 from agentstate.client.service_config import channel_options
+from agentstate.client.tls import ChannelSecurity
 from agentstate.console.config import ConsoleSettings
 from agentstate.console.present import (
     event_view,
@@ -48,6 +49,15 @@ from agentstate.console.present import (
     unanswered,
 )
 from agentstate.console.state_reads import StateReader
+
+# The conversation statuses, by name and number, read from the agent's contract (the
+# console uses no state-service stub).
+_STATUS = pb.Conversation.DESCRIPTOR.fields_by_name["status"].enum_type
+assert _STATUS is not None
+STATUS_NUMBERS: dict[str, Any] = {
+    v.name.removeprefix("CONVERSATION_STATUS_"): v.number for v in _STATUS.values
+}
+STATUS_NAMES = {number: name for name, number in STATUS_NUMBERS.items()}
 
 STATIC = Path(__file__).parent / "static"
 _ID = re.compile(r"^[0-9]{1,20}$")
@@ -96,16 +106,14 @@ NEWEST_FIRST_MAX_RECORDS = 5000
 LIVE_POLL_SECONDS = 0.25
 
 
-# Search reads at most this many conversations (the newest).
-SEARCH_MAX_CONVERSATIONS = 5000
-
-
 def _conversation_json(c: Any) -> dict[str, Any]:
     return {
         "conversation_id": c.conversation_id,
         "title": c.title,
         "create_time": c.create_time.ToDatetime().isoformat() + "Z",
         "update_time": c.update_time.ToDatetime().isoformat() + "Z",
+        "status": STATUS_NAMES.get(c.status, "UNSPECIFIED"),
+        "labels": dict(c.labels),
     }
 
 
@@ -170,12 +178,28 @@ class Console:
         self.agent: Any = None
         self.state: StateReader | None = None
 
-    async def open(self) -> None:
-        self._channel = grpc.aio.insecure_channel(
-            self.settings.agent_address, options=channel_options()
+    def security(self) -> ChannelSecurity:
+        """TLS to both services as CONSOLE_GRPC_TLS_* say (plaintext when none is set)."""
+        s = self.settings
+        return ChannelSecurity(
+            ca_file=s.grpc_tls_ca_file, cert_file=s.grpc_tls_cert_file, key_file=s.grpc_tls_key_file
         )
+
+    async def open(self) -> None:
+        security = self.security()
+        credentials = security.credentials()
+        if credentials is not None:
+            self._channel = grpc.aio.secure_channel(
+                self.settings.agent_address, credentials, options=channel_options()
+            )
+        else:
+            self._channel = grpc.aio.insecure_channel(
+                self.settings.agent_address, options=channel_options()
+            )
         self.agent = pb_grpc.AgentServiceStub(self._channel)
-        self.state = StateReader(self.settings.state_address, self.settings.rpc_timeout_seconds)
+        self.state = StateReader(
+            self.settings.state_address, self.settings.rpc_timeout_seconds, security
+        )
 
     async def close(self) -> None:
         if self._channel is not None:
@@ -261,42 +285,29 @@ def create_app(settings: ConsoleSettings, on_ready: Callable[[], None] | None = 
 
         return await handle(request, run)
 
-    async def search(request: Request, words: list[str]) -> Response:
-        """Conversations whose title (or id) holds every word, newest first: read here,
-        page by page (the agent's listing has no filter), up to SEARCH_MAX_CONVERSATIONS."""
-        token, found, seen = "", [], 0
-        while True:
-            page = await console.agent.ListConversations(
-                pb.ListConversationsRequest(page_size=500, page_token=token),
-                metadata=console.metadata(request),
-                timeout=console.timeout,
-            )
-            for c in page.conversations:
-                hay = f"{c.title} #{c.conversation_id}".casefold()
-                if all(w in hay for w in words):
-                    found.append(_conversation_json(c))
-            seen += len(page.conversations)
-            token = page.next_page_token
-            if not token or seen >= SEARCH_MAX_CONVERSATIONS:
-                return JSONResponse(
-                    {"conversations": found, "next_page_token": "", "searched": seen}
-                )
-
     async def conversations(request: Request) -> Response:
         async def run() -> Response:
-            words = request.query_params.get("q", "").casefold().split()
-            if words:
-                return await search(request, words)
+            query = request.query_params
+            statuses = [
+                STATUS_NUMBERS[name]
+                for name in query.get("status", "").split(",")
+                if name in STATUS_NUMBERS and name != "UNSPECIFIED"
+            ]
             page = await console.agent.ListConversations(
                 pb.ListConversationsRequest(
-                    page_size=20, page_token=request.query_params.get("page_token", "")
+                    page_size=20,
+                    page_token=query.get("page_token", ""),
+                    # The search runs on the state service (issue 23).
+                    title_prefix=query.get("q", ""),
+                    statuses=statuses,
+                    label_selector=query.get("labels", ""),
                 ),
                 metadata=console.metadata(request),
                 timeout=console.timeout,
             )
             return JSONResponse(
                 {
-                    "conversations": [_conversation_json(c) for c in page.conversations],
+                    "conversations": [_conversation_json(c) for c in page.items],
                     "next_page_token": page.next_page_token,
                 }
             )

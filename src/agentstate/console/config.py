@@ -72,11 +72,59 @@ class ConsoleSettings(EnvSettings):
         description="message records per history page",
     )
 
+    # ---- transport security (docs/security.md)
+    tls_cert_file: str = Field(
+        default="",
+        validation_alias="CONSOLE_TLS_CERT_FILE",
+        description="PEM certificate chain to serve HTTPS (TLS 1.2+) with, reloaded when "
+        "the file changes; empty: HTTP",
+    )
+    tls_key_file: str = Field(
+        default="",
+        validation_alias="CONSOLE_TLS_KEY_FILE",
+        description="PEM private key of CONSOLE_TLS_CERT_FILE",
+    )
+    tls_client_ca_file: str = Field(
+        default="",
+        validation_alias="CONSOLE_TLS_CLIENT_CA_FILE",
+        description="PEM CA bundle: every browser or proxy must present a certificate it "
+        "signed (mTLS); empty: no client certificates",
+    )
+    grpc_tls_ca_file: str = Field(
+        default="",
+        validation_alias="CONSOLE_GRPC_TLS_CA_FILE",
+        description="TLS to the agent and state services, their certificates checked "
+        "against this PEM CA bundle; empty: plaintext",
+    )
+    grpc_tls_cert_file: str = Field(
+        default="",
+        validation_alias="CONSOLE_GRPC_TLS_CERT_FILE",
+        description="PEM client certificate the console presents to services with mTLS",
+    )
+    grpc_tls_key_file: str = Field(
+        default="",
+        validation_alias="CONSOLE_GRPC_TLS_KEY_FILE",
+        description="PEM private key of CONSOLE_GRPC_TLS_CERT_FILE",
+    )
+
     @model_validator(mode="after")
     def _someone(self) -> Self:
         if not self.user_header and not self.dev_user:
             raise ValueError(
                 "set CONSOLE_USER_HEADER (behind an authenticating proxy) or CONSOLE_DEV_USER"
+            )
+        for prefix, cert, key in (
+            ("CONSOLE_TLS", self.tls_cert_file, self.tls_key_file),
+            ("CONSOLE_GRPC_TLS", self.grpc_tls_cert_file, self.grpc_tls_key_file),
+        ):
+            if bool(cert) != bool(key):
+                raise ValueError(
+                    f"{prefix}_CERT_FILE and {prefix}_KEY_FILE go together: set both, or neither"
+                )
+        if self.tls_client_ca_file and not self.tls_cert_file:
+            raise ValueError(
+                "CONSOLE_TLS_CLIENT_CA_FILE needs CONSOLE_TLS_CERT_FILE and CONSOLE_TLS_KEY_FILE "
+                "(client certificates are asked for over HTTPS only)"
             )
         return self
 

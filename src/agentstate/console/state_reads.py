@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from agentstate.client import AsyncStateClient
+from agentstate.client import AsyncStateClient, ChannelSecurity
 from agentstate.client.types import MessageStatus
 from agentstate.console.frameworks import framework_session
 
@@ -103,8 +103,10 @@ class StateReader:
     """Read-only calls to the state service (through the public client), scoped to one
     user each."""
 
-    def __init__(self, address: str, timeout: float) -> None:
-        self._client = AsyncStateClient.connect(address, timeout_seconds=timeout)
+    def __init__(
+        self, address: str, timeout: float, security: ChannelSecurity | None = None
+    ) -> None:
+        self._client = AsyncStateClient.connect(address, timeout_seconds=timeout, security=security)
 
     async def close(self) -> None:
         await self._client.close()

@@ -5,6 +5,9 @@
     agentstate-state purge --older-than-days N   # one retention sweep, then exit
     agentstate-state split-states [--batch-size N]   # move states stored whole into rows
                                                      # (migration 11), online, in batches
+    agentstate-state health [--ca-file F] [--server-name N]   # exit 0 when it serves
+                                                     # (an exec probe for a TLS port)
+    agentstate-state erase-user USER   # remove every row of USER, print the receipt
 
 Settings come from environment variables: see state_service/config.py and
 docs/reference/settings.md.
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 import sys
 from collections.abc import Awaitable, Callable
@@ -22,8 +26,14 @@ from datetime import UTC, datetime, timedelta
 from agentstate.common import telemetry, workers
 from agentstate.common.config import ConfigError
 from agentstate.common.embedded_postgres import EmbeddedPostgres, EmbeddedPostgresError
-from agentstate.state_service.config import StateServiceSettings
-from agentstate.state_service.domain import StoreUnavailable
+from agentstate.state_service.config import StateServiceSettings, erase_settings
+from agentstate.state_service.domain import (
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    StoreUnavailable,
+    validate_user_id,
+)
 from agentstate.state_service.server import (
     LISTEN_SETTING,
     open_store,
@@ -31,6 +41,7 @@ from agentstate.state_service.server import (
     purge,
     serve,
 )
+from agentstate.state_service.servicer.lifecycle import erase_user
 from agentstate.state_service.storage.postgres import PostgresStore
 
 
@@ -74,8 +85,13 @@ def main(argv: list[str] | None = None) -> int:
         "command",
         nargs="?",
         default="serve",
-        choices=["serve", "migrate", "purge", "split-states"],
+        choices=["serve", "migrate", "purge", "split-states", "health", "erase-user"],
     )
+    parser.add_argument("--ca-file", default="", help="health: the CA of a TLS service")
+    parser.add_argument(
+        "--server-name", default="", help="health: the name in the service's certificate"
+    )
+    parser.add_argument("user", nargs="?", help="erase-user: the user id to erase")
     parser.add_argument(
         "--older-than-days",
         type=float,
@@ -90,10 +106,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "purge" and (args.older_than_days is None or args.older_than_days <= 0):
         parser.error("purge needs --older-than-days with a positive number")
+    if args.command == "health":
+        return _health(args.ca_file, args.server_name)
+    if (args.command == "erase-user") != (args.user is not None):
+        parser.error("erase-user needs a USER (and only erase-user takes one)")
     try:
         # An admin command's output is its answer: its diagnostics only when asked for.
         admin = args.command != "serve"
         telemetry.configure_logging("agentstate-state", quiet=admin)
+        # The audit trail is kept even by a quiet admin command (its purge, say).
+        logging.getLogger("agentstate.audit").setLevel(logging.INFO)
         settings = StateServiceSettings.from_env()
         telemetry.configure_from_env("agentstate-state")
         if args.command == "migrate":
@@ -113,13 +135,28 @@ def main(argv: list[str] | None = None) -> int:
             before = datetime.now(UTC) - timedelta(days=args.older_than_days)
 
             async def purged(store: PostgresStore) -> None:
-                counts = await purge(store, before)
+                counts = await purge(store, before, by="agentstate-state purge")
                 print(
                     f"deleted {counts.conversations} conversations untouched since "
                     f"{before.isoformat()} ({counts.messages} messages, {counts.states} states)"
                 )
 
             asyncio.run(_with_store(settings, purged))
+        elif args.command == "erase-user":
+            user_id = validate_user_id(args.user)
+            # The audit line is written even when the command's diagnostics are quiet.
+            logging.getLogger("agentstate.audit").setLevel(logging.INFO)
+
+            async def erased(store: PostgresStore) -> None:
+                receipt = await erase_user(store, user_id, erase_settings(settings))
+                print(f"erased: receipt {receipt.erasure_id}")
+                print(f"started {receipt.start_time.isoformat()}")
+                if receipt.end_time is not None:
+                    print(f"ended {receipt.end_time.isoformat()}")
+                for kind, count in receipt.counts.items():
+                    print(f"{kind} {count}")
+
+            asyncio.run(_with_store(settings, erased))
         elif settings.workers > 1 and workers.worker_index() is None:
             # The supervisor: the workers are this command again, one process each.
             return workers.supervise(
@@ -134,9 +171,25 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, EmbeddedPostgresError, StoreUnavailable) as exc:
         print(f"agentstate-state: {exc}", file=sys.stderr)
         return 2
+    except (NotFound, FailedPrecondition, InvalidArgument) as exc:  # erase-user's refusals
+        print(f"agentstate-state: {exc}", file=sys.stderr)
+        return 2
     finally:
         telemetry.shutdown()
     return 0
+
+
+def _health(ca_file: str, server_name: str) -> int:
+    """No logging or telemetry set-up: a probe runs every few seconds."""
+    from agentstate.state_service.health_probe import check
+
+    try:
+        serving, seen = check(StateServiceSettings.from_env(), ca_file, server_name)
+    except ConfigError as exc:
+        print(f"agentstate-state: {exc}", file=sys.stderr)
+        return 2
+    print(seen)
+    return 0 if serving else 1
 
 
 if __name__ == "__main__":

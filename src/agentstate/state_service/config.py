@@ -8,6 +8,7 @@ from typing import Annotated, Literal, Self
 from pydantic import BeforeValidator, Field, model_validator
 
 from agentstate.common.config import EnvSettings, casefold_choice, default_data_dir
+from agentstate.state_service.storage.base.lifecycle import EraseSettings
 
 MIB = 1024 * 1024
 
@@ -174,7 +175,93 @@ class StateServiceSettings(EnvSettings):
         default=3600.0,
         validation_alias="STATE_RETENTION_INTERVAL_SECONDS",
         ge=0.1,
-        description="how often the retention sweep runs",
+        description="how often the retention sweep runs (it also deletes conversations past "
+        "their own time to live)",
+    )
+    allow_list_all_users: OnOff = Field(
+        default="off",
+        validation_alias="STATE_ALLOW_LIST_ALL_USERS",
+        description="on: ListConversations with all_users lists every user's conversations "
+        "(an operator's ability); off: PERMISSION_DENIED",
+    )
+    erase_batch_conversations: int = Field(
+        default=100,
+        validation_alias="STATE_ERASE_BATCH_CONVERSATIONS",
+        ge=1,
+        le=10_000,
+        description="EraseUser: conversations (with everything they own) per transaction",
+    )
+    erase_pause_seconds: float = Field(
+        default=0.005,
+        validation_alias="STATE_ERASE_PAUSE_SECONDS",
+        ge=0,
+        description="EraseUser: pause between batches, so other users' calls keep the database",
+    )
+    erase_stop_grace_seconds: float = Field(
+        default=5.0,
+        validation_alias="STATE_ERASE_STOP_GRACE_SECONDS",
+        ge=0,
+        description="EraseUser: how long the user's running turns get to end after being asked "
+        "to stop; a turn still running is erased anyway (its next write is NOT_FOUND)",
+    )
+    erase_stale_seconds: float = Field(
+        default=30.0,
+        validation_alias="STATE_ERASE_STALE_SECONDS",
+        ge=1,
+        description="EraseUser: a running erase silent this long was interrupted, and the next "
+        "EraseUser of the user resumes it",
+    )
+
+    # ---- transport security and callers (docs/security.md)
+    tls_cert_file: str = Field(
+        default="",
+        validation_alias="STATE_TLS_CERT_FILE",
+        description="PEM certificate chain to serve TLS (1.2+) with, reloaded when the file "
+        "changes; empty: plaintext (a sidecar on loopback or a unix socket)",
+    )
+    tls_key_file: str = Field(
+        default="",
+        validation_alias="STATE_TLS_KEY_FILE",
+        description="PEM private key of STATE_TLS_CERT_FILE",
+    )
+    tls_client_ca_file: str = Field(
+        default="",
+        validation_alias="STATE_TLS_CLIENT_CA_FILE",
+        description="PEM CA bundle: every client must present a certificate it signed "
+        "(mTLS; the certificate is the caller's identity); empty: no client certificates",
+    )
+    policy_file: str = Field(
+        default="",
+        validation_alias="STATE_POLICY_FILE",
+        description="JSON policy saying which caller may call which RPCs for which users "
+        "(docs/security.md); everything else is PERMISSION_DENIED; empty: every caller may "
+        "do everything (the sidecar)",
+    )
+    token_issuer: str = Field(
+        default="",
+        validation_alias="STATE_TOKEN_ISSUER",
+        description="service tokens: the required `iss` of the bearer JWTs callers may send "
+        "instead of a client certificate; empty: no tokens accepted",
+    )
+    token_audience: str = Field(
+        default="",
+        validation_alias="STATE_TOKEN_AUDIENCE",
+        description="service tokens: the `aud` they must carry",
+    )
+    token_jwks_url: str = Field(
+        default="",
+        validation_alias="STATE_TOKEN_JWKS_URL",
+        description="service tokens: the issuer's JWKS URL; or STATE_TOKEN_KEY_FILE",
+    )
+    token_key_file: str = Field(
+        default="",
+        validation_alias="STATE_TOKEN_KEY_FILE",
+        description="service tokens: a JWKS JSON file or PEM public key; or STATE_TOKEN_JWKS_URL",
+    )
+    token_caller_claim: str = Field(
+        default="sub",
+        validation_alias="STATE_TOKEN_CALLER_CLAIM",
+        description="service tokens: the claim naming the caller (what the policy matches)",
     )
 
     @model_validator(mode="after")
@@ -208,3 +295,12 @@ class StateServiceSettings(EnvSettings):
                 "set STATE_STORE=postgres to use that database, or unset DATABASE_URL"
             )
         return self
+
+
+def erase_settings(settings: StateServiceSettings) -> EraseSettings:
+    return EraseSettings(
+        batch_conversations=settings.erase_batch_conversations,
+        pause_seconds=settings.erase_pause_seconds,
+        stop_grace_seconds=settings.erase_stop_grace_seconds,
+        stale_seconds=settings.erase_stale_seconds,
+    )

@@ -10,7 +10,7 @@ from typing import Any
 
 import grpc
 
-from agentstate.common import telemetry, workers
+from agentstate.common import jwt_keys, telemetry, workers
 from agentstate.common.admission import Admission, AdmissionLimits
 from agentstate.common.config import ConfigError
 from agentstate.common.embedded_postgres import EmbeddedPostgres
@@ -24,10 +24,13 @@ from agentstate.common.grpc_server import (
 from agentstate.common.listen import check_listen_address
 from agentstate.common.pg_pool import WatchSettings
 from agentstate.common.state_metrics import PURGED
+from agentstate.common.tls import server_tls
 from agentstate.state.v1 import state_service_pb2 as pb
 from agentstate.state.v1 import state_service_pb2_grpc as pb_grpc
-from agentstate.state_service.config import StateServiceSettings
+from agentstate.state_service.callers import CallerInterceptor, TokenVerifier, audit_operation
+from agentstate.state_service.config import StateServiceSettings, erase_settings
 from agentstate.state_service.domain import DeleteCounts, StateServiceError
+from agentstate.state_service.policy import load_policy
 from agentstate.state_service.servicer import StateServicer
 from agentstate.state_service.storage.base import StateStore
 from agentstate.state_service.storage.memory import MemoryStore
@@ -51,6 +54,11 @@ class StateServiceApp:
         self._health: Any = None
         self._sweeper: asyncio.Task[None] | None = None
         self.admission = admission_of(settings)
+        # Checked before a database is started: a bad policy or TLS setting exits at once.
+        self.tls = server_tls(
+            "STATE", settings.tls_cert_file, settings.tls_key_file, settings.tls_client_ca_file
+        )
+        self.callers = caller_interceptor(settings)
         # A supervised worker shares its port with the others (agentstate.common.workers).
         self.worker = workers.worker_index()
 
@@ -63,15 +71,23 @@ class StateServiceApp:
         server = create_server(
             max_message_bytes=self.settings.grpc_max_message_bytes,
             max_connection_age_seconds=self.settings.grpc_max_connection_age_seconds,
-            interceptors=telemetry.grpc_server_interceptors(),
+            # Callers are identified, checked and audited inside the tracing (the audit
+            # event lands on the call's span) and before admission (a refusal takes no slot).
+            interceptors=[*telemetry.grpc_server_interceptors(), self.callers],
             admission=self.admission,
             reuse_port=self.worker is not None,
         )
         pb_grpc.add_StateServiceServicer_to_server(
-            StateServicer(self.store, max_payload_bytes=self.settings.max_payload_bytes), server
+            StateServicer(
+                self.store,
+                max_payload_bytes=self.settings.max_payload_bytes,
+                allow_list_all_users=self.settings.allow_list_all_users == "on",
+                erase=erase_settings(self.settings),
+            ),
+            server,
         )
         self._health = add_health_and_reflection(server, [SERVICE_NAME])
-        address = bind(server, self.settings.listen_address, LISTEN_SETTING)
+        address = bind(server, self.settings.listen_address, LISTEN_SETTING, self.tls)
         await server.start()
         self._server = server
         await set_serving(self._health, [SERVICE_NAME])
@@ -80,8 +96,9 @@ class StateServiceApp:
             self.store.guard.add_listener(self._database_changed)
             if not self.store.guard.available:  # it went away while we were starting
                 await self._database_changed(False, "unreachable")
-        # One retention sweeper per replica: the first worker's.
-        if self.settings.retention_days > 0 and not self.worker:
+        # One retention sweeper per replica: the first worker's. It runs without
+        # STATE_RETENTION_DAYS too: conversations may have their own time to live.
+        if not self.worker:
             self._sweeper = asyncio.create_task(self._sweep_forever(self.store))
         if self.worker is None:
             log.info("state service listening on %s (store: %s)", address, self.settings.store)
@@ -94,12 +111,16 @@ class StateServiceApp:
         await set_serving(self._health, [SERVICE_NAME], serving=available)
 
     async def _sweep_forever(self, store: StateStore) -> None:
-        """Retention: every interval, delete conversations untouched for retention_days."""
+        """Retention: every interval, delete conversations untouched for retention_days
+        (when set) and those past their own time to live."""
         keep = timedelta(days=self.settings.retention_days)
         while True:
             await asyncio.sleep(self.settings.retention_interval_seconds)
             try:
-                await purge(store, datetime.now(UTC) - keep)
+                await purge(
+                    store,
+                    datetime.now(UTC) - keep if self.settings.retention_days > 0 else None,
+                )
             except StateServiceError as exc:  # the database may be briefly away: next round
                 log.warning("retention sweep failed: %s", exc)
 
@@ -148,6 +169,37 @@ class StateServiceApp:
                 await asyncio.to_thread(self._embedded.stop)
             raise
         return store
+
+
+def caller_interceptor(settings: StateServiceSettings) -> CallerInterceptor:
+    """Identity, policy and audit as the settings ask (docs/security.md); ConfigError
+    for a policy that cannot be read or that no caller could satisfy."""
+    policy = None
+    if settings.policy_file:
+        rpcs = [m.name for m in pb.DESCRIPTOR.services_by_name["StateService"].methods]
+        policy = load_policy(settings.policy_file, rpcs)
+        if not (settings.tls_client_ca_file or settings.token_issuer):
+            raise ConfigError(
+                "STATE_POLICY_FILE is set but callers have no way to identify themselves: "
+                "set STATE_TLS_CLIENT_CA_FILE (client certificates) or STATE_TOKEN_ISSUER "
+                "(service tokens), or both"
+            )
+    tokens = None
+    if settings.token_issuer:
+        if not settings.token_audience or bool(settings.token_jwks_url) == bool(
+            settings.token_key_file
+        ):
+            raise ConfigError(
+                "STATE_TOKEN_ISSUER needs STATE_TOKEN_AUDIENCE and exactly one of "
+                "STATE_TOKEN_JWKS_URL or STATE_TOKEN_KEY_FILE"
+            )
+        keys = jwt_keys.key_source(
+            settings.token_jwks_url, settings.token_key_file, 300.0, "STATE_TOKEN"
+        )
+        tokens = TokenVerifier(
+            keys, settings.token_issuer, settings.token_audience, settings.token_caller_claim
+        )
+    return CallerInterceptor(policy, tokens)
 
 
 def admission_of(settings: StateServiceSettings) -> Admission | None:
@@ -212,21 +264,51 @@ async def serve(settings: StateServiceSettings) -> None:
     await app.stop()
 
 
-async def purge(store: StateStore, before: datetime) -> DeleteCounts:
-    """Run one retention sweep and account for it."""
-    counts = await store.purge_inactive(before=before)
+RETENTION_SWEEP = "retention sweep"
+
+
+async def purge(
+    store: StateStore, before: datetime | None, by: str = RETENTION_SWEEP
+) -> DeleteCounts:
+    """Run one retention sweep and account for it (metrics, and the audit trail: `by` is
+    who ran it): conversations untouched since `before` (None: none of that kind), then
+    those past their own time to live."""
+    inactive = DeleteCounts(0, 0, 0)
+    if before is not None:
+        inactive = await store.purge_inactive(before=before)
+    expired = await store.purge_expired()
+    if expired.conversations:
+        log.info(
+            "retention: deleted %d conversations past their time to live (%d messages, %d states)",
+            expired.conversations,
+            expired.messages,
+            expired.states,
+        )
+    counts = inactive + expired
+    if by == RETENTION_SWEEP and not counts.conversations:
+        return counts  # the sweep runs every interval: only one that deleted is audited
+    audit_operation(
+        by,
+        "PurgeInactive",
+        {
+            "conversations_deleted": counts.conversations,
+            "messages_deleted": counts.messages,
+            "states_deleted": counts.states,
+        },
+        before=before.isoformat() if before is not None else "",
+    )
     for kind, value in (
         ("conversations", counts.conversations),
         ("messages", counts.messages),
         ("states", counts.states),
     ):
         PURGED.add(value, {"kind": kind})
-    if counts.conversations:
+    if inactive.conversations and before is not None:
         log.info(
             "retention: deleted %d conversations untouched since %s (%d messages, %d states)",
-            counts.conversations,
+            inactive.conversations,
             before.isoformat(),
-            counts.messages,
-            counts.states,
+            inactive.messages,
+            inactive.states,
         )
     return counts

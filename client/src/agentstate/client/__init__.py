@@ -37,14 +37,19 @@ _EXPORTS: dict[str, str] = {
     "MessageStatusMismatch": "agentstate.client.errors",
     "ContextNotArray": "agentstate.client.errors",
     "NotSupported": "agentstate.client.errors",
+    "ErasureRunning": "agentstate.client.errors",
+    "UserBeingErased": "agentstate.client.errors",
+    "PermissionDenied": "agentstate.client.errors",
     "NotFound": "agentstate.client.errors",
     "PayloadTooLarge": "agentstate.client.errors",
+    "Unauthenticated": "agentstate.client.errors",
     "ResourceExhausted": "agentstate.client.errors",
     "StateError": "agentstate.client.errors",
     "TargetHasCheckpoints": "agentstate.client.errors",
     "Unavailable": "agentstate.client.errors",
     "VersionConflict": "agentstate.client.errors",
     "ClientSettings": "agentstate.client.settings",
+    "ChannelSecurity": "agentstate.client.tls",
     "StateClient": "agentstate.client.sync",
     "AcquiredLease": "agentstate.client.types",
     "AppendedEvent": "agentstate.client.types",
@@ -57,6 +62,8 @@ _EXPORTS: dict[str, str] = {
     "Compaction": "agentstate.client.types",
     "CompactionNote": "agentstate.client.types",
     "Conversation": "agentstate.client.types",
+    "ConversationSearch": "agentstate.client.types",
+    "ErasureReceipt": "agentstate.client.types",
     "Deleted": "agentstate.client.types",
     "Item": "agentstate.client.types",
     "ItemsPage": "agentstate.client.types",
@@ -106,6 +113,9 @@ if TYPE_CHECKING:
         DeadlineExceeded as DeadlineExceeded,
     )
     from agentstate.client.errors import (
+        ErasureRunning as ErasureRunning,
+    )
+    from agentstate.client.errors import (
         FailedPrecondition as FailedPrecondition,
     )
     from agentstate.client.errors import (
@@ -136,6 +146,9 @@ if TYPE_CHECKING:
         PayloadTooLarge as PayloadTooLarge,
     )
     from agentstate.client.errors import (
+        PermissionDenied as PermissionDenied,
+    )
+    from agentstate.client.errors import (
         ResourceExhausted as ResourceExhausted,
     )
     from agentstate.client.errors import (
@@ -145,7 +158,13 @@ if TYPE_CHECKING:
         TargetHasCheckpoints as TargetHasCheckpoints,
     )
     from agentstate.client.errors import (
+        Unauthenticated as Unauthenticated,
+    )
+    from agentstate.client.errors import (
         Unavailable as Unavailable,
+    )
+    from agentstate.client.errors import (
+        UserBeingErased as UserBeingErased,
     )
     from agentstate.client.errors import (
         VersionConflict as VersionConflict,
@@ -155,6 +174,9 @@ if TYPE_CHECKING:
     )
     from agentstate.client.sync import (
         StateClient as StateClient,
+    )
+    from agentstate.client.tls import (
+        ChannelSecurity as ChannelSecurity,
     )
     from agentstate.client.types import (
         AcquiredLease as AcquiredLease,
@@ -190,7 +212,13 @@ if TYPE_CHECKING:
         Conversation as Conversation,
     )
     from agentstate.client.types import (
+        ConversationSearch as ConversationSearch,
+    )
+    from agentstate.client.types import (
         Deleted as Deleted,
+    )
+    from agentstate.client.types import (
+        ErasureReceipt as ErasureReceipt,
     )
     from agentstate.client.types import (
         Item as Item,

@@ -23,7 +23,7 @@ import grpc
 
 from agentstate.client import convert as ops
 from agentstate.client import pushback
-from agentstate.client.channel import close_async_channel, open_async_channel
+from agentstate.client.channel import AsyncChannels
 from agentstate.client.convert import Payload
 from agentstate.client.errors import NotFound, from_rpc_error
 from agentstate.client.settings import DEFAULT_TIMEOUT_SECONDS, ClientSettings
@@ -37,7 +37,9 @@ from agentstate.client.types import (
     Compaction,
     CompactionNote,
     Conversation,
+    ConversationSearch,
     Deleted,
+    ErasureReceipt,
     ItemsPage,
     LeaseInfo,
     MessageRecord,
@@ -61,6 +63,7 @@ from agentstate.state.v1 import state_service_pb2_grpc as pb_grpc
 
 if TYPE_CHECKING:
     from agentstate.client.channel import AsyncInterceptor
+    from agentstate.client.tls import ChannelSecurity
 
 R = TypeVar("R")
 
@@ -71,13 +74,19 @@ class AsyncStateClient:
 
     def __init__(
         self,
-        channel: grpc.aio.Channel,
+        channel: grpc.aio.Channel | AsyncChannels,
         *,
         timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
         owns_channel: bool = False,
     ) -> None:
-        self._channel = channel
-        self._stub: Any = pb_grpc.StateServiceStub(channel)
+        # connect() and from_settings() give AsyncChannels, which open a channel per event
+        # loop on first use (asyncio: so that the client works across asyncio.run calls and
+        # may be built outside any running loop).
+        self._channels = (
+            channel if isinstance(channel, AsyncChannels) else AsyncChannels.of(channel)
+        )
+        self._stub_channel: grpc.aio.Channel | None = None
+        self._stub: Any = None
         self._timeout = timeout_seconds
         self._owns_channel = owns_channel
 
@@ -89,30 +98,37 @@ class AsyncStateClient:
         timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
         max_message_bytes: int = ClientSettings().max_message_bytes,
         interceptors: Sequence[AsyncInterceptor] | None = None,
+        security: ChannelSecurity | None = None,
     ) -> Self:
         """A client on a new channel to `address` ("host:port" or "unix:///path.sock"),
-        through `interceptors` when given."""
-        channel = open_async_channel(address, max_message_bytes, interceptors)
-        return cls(channel, timeout_seconds=timeout_seconds, owns_channel=True)
+        through `interceptors` when given; TLS, a client certificate and a service token
+        as `security` says (agentstate.client.tls; default plaintext)."""
+        channels = AsyncChannels(address, max_message_bytes, interceptors, security=security)
+        return cls(channels, timeout_seconds=timeout_seconds, owns_channel=True)
 
     @classmethod
-    def from_settings(cls, settings: ClientSettings | None = None) -> Self:
-        """A client from ClientSettings (default: read from the environment)."""
+    def from_settings(
+        cls, settings: ClientSettings | None = None, security: ChannelSecurity | None = None
+    ) -> Self:
+        """A client from ClientSettings (default: read from the environment); `security`,
+        when given, instead of the one the settings describe."""
         settings = settings if settings is not None else ClientSettings.from_env()
         return cls.connect(
             settings.state_address,
             timeout_seconds=settings.state_timeout_seconds,
             max_message_bytes=settings.max_message_bytes,
+            security=security if security is not None else settings.security(),
         )
 
     @property
     def channel(self) -> grpc.aio.Channel:
-        return self._channel
+        return self._channels.current()
 
     async def close(self) -> None:
         """Close the channel if this client opened it."""
         if self._owns_channel:
-            await close_async_channel(self._channel)
+            await self._channels.close()
+        self._stub_channel = self._stub = None
 
     async def __aenter__(self) -> Self:
         return self
@@ -126,6 +142,9 @@ class AsyncStateClient:
         await self.close()
 
     async def _call(self, op: ops.Op[R], timeout: float | None) -> R:
+        channel = self._channels.current()
+        if channel is not self._stub_channel:
+            self._stub_channel, self._stub = channel, pb_grpc.StateServiceStub(channel)
         method = getattr(self._stub, op.method)
         budget = self._timeout if timeout is None else timeout
         deadline = time.monotonic() + budget
@@ -204,10 +223,22 @@ class AsyncStateClient:
         )
 
     async def create_conversation(
-        self, user_id: str, title: str = "", *, external_key: str = "", timeout: float | None = None
+        self,
+        user_id: str,
+        title: str = "",
+        *,
+        external_key: str = "",
+        labels: Mapping[str, str] | None = None,
+        ttl_seconds: int | None = None,
+        ttl_renewed_by_writes: bool = False,
+        timeout: float | None = None,
     ) -> Conversation:
-        """A new conversation; AlreadyExists when `external_key` is another one's."""
-        return await self._call(ops.create_conversation(user_id, title, external_key), timeout)
+        """A new conversation; AlreadyExists when `external_key` is another one's. `labels`
+        and a time to live (`ttl_seconds`, fixed or renewed by each write) are optional."""
+        op = ops.create_conversation(
+            user_id, title, external_key, labels, ops.ttl_of(ttl_seconds, ttl_renewed_by_writes)
+        )
+        return await self._call(op, timeout)
 
     async def resolve_conversation(
         self,
@@ -216,12 +247,19 @@ class AsyncStateClient:
         *,
         create: bool = True,
         title: str = "",
+        labels: Mapping[str, str] | None = None,
+        ttl_seconds: int | None = None,
+        ttl_renewed_by_writes: bool = False,
         timeout: float | None = None,
     ) -> ResolvedConversation:
         """The user's conversation with external key `key`, created when absent and `create`
         (concurrent callers get the same one; `created` is true for one). NotFound when
-        absent and not `create`; InvalidArgument for an empty key, over 256 chars or NUL."""
-        return await self._call(ops.resolve_conversation(user_id, key, create, title), timeout)
+        absent and not `create`; InvalidArgument for an empty key, over 256 chars or NUL.
+        `labels` and the time to live are those of a conversation this call creates."""
+        op = ops.resolve_conversation(
+            user_id, key, create, title, labels, ops.ttl_of(ttl_seconds, ttl_renewed_by_writes)
+        )
+        return await self._call(op, timeout)
 
     async def get_conversation(
         self, user_id: str, conversation_id: str, *, timeout: float | None = None
@@ -238,6 +276,77 @@ class AsyncStateClient:
     ) -> Page[Conversation]:
         """Newest first; page_size 0 means 50."""
         return await self._call(ops.list_conversations(user_id, page_size, page_token), timeout)
+
+    async def search_conversations(
+        self,
+        user_id: str = "",
+        *,
+        page_size: int = 0,
+        page_token: str = "",
+        key_prefix: str = "",
+        label_selector: str = "",
+        statuses: Sequence[str] = (),
+        updated_after: datetime | None = None,
+        updated_before: datetime | None = None,
+        title_prefix: str = "",
+        include_total: bool = False,
+        all_users: bool = False,
+        include_state_key: str = "",
+        timeout: float | None = None,
+    ) -> ConversationSearch:
+        """ListConversations with its filters, newest first. `all_users`: every user's
+        (an operator's ability the service must allow; PermissionDenied otherwise)."""
+        op = ops.search_conversations(
+            user_id,
+            page_size=page_size,
+            page_token=page_token,
+            key_prefix=key_prefix,
+            label_selector=label_selector,
+            statuses=statuses,
+            updated_after=updated_after,
+            updated_before=updated_before,
+            title_prefix=title_prefix,
+            include_total=include_total,
+            all_users=all_users,
+            include_state_key=include_state_key,
+        )
+        return await self._call(op, timeout)
+
+    async def update_conversation(
+        self,
+        user_id: str,
+        conversation_id: str,
+        *,
+        set_labels: Mapping[str, str] | None = None,
+        remove_labels: Sequence[str] = (),
+        ttl_seconds: int | None = None,
+        ttl_renewed_by_writes: bool = False,
+        clear_ttl: bool = False,
+        timeout: float | None = None,
+    ) -> Conversation:
+        """Change labels and the time to live (counted from now)."""
+        op = ops.update_conversation(
+            user_id,
+            conversation_id,
+            set_labels=set_labels or {},
+            remove_labels=remove_labels,
+            ttl_seconds=ttl_seconds,
+            ttl_renewed_by_writes=ttl_renewed_by_writes,
+            clear_ttl=clear_ttl,
+        )
+        return await self._call(op, timeout)
+
+    async def erase_user(self, user_id: str, *, timeout: float | None = None) -> ErasureReceipt:
+        """Remove every row of the user; the receipt (see EraseUser in the contract). It
+        takes seconds for thousands of conversations: give a `timeout` to match. A call
+        cut short leaves the erase RUNNING; calling again after STATE_ERASE_STALE_SECONDS
+        resumes it (before that: ErasureRunning)."""
+        return await self._call(ops.erase_user(user_id), timeout)
+
+    async def get_erasure_receipt(
+        self, erasure_id: str, *, timeout: float | None = None
+    ) -> ErasureReceipt:
+        return await self._call(ops.get_erasure_receipt(erasure_id), timeout)
 
     async def rename_conversation(
         self, user_id: str, conversation_id: str, title: str, *, timeout: float | None = None

@@ -124,6 +124,14 @@ class ContextNotArray(FailedPrecondition):
     """A delta save on a state whose "context" is not an array: send the whole state."""
 
 
+class ErasureRunning(FailedPrecondition):
+    """erase_user while another call's erase of the same user is alive."""
+
+
+class UserBeingErased(FailedPrecondition):
+    """A write that would add a row for a user whose erase runs: retry after it."""
+
+
 class NotSupported(StateError):
     """UNIMPLEMENTED: the service's store does not keep what this call needs (for example
     checkpoints or items on a store without that capability)."""
@@ -153,6 +161,17 @@ class DeadlineExceeded(StateError):
     """DEADLINE_EXCEEDED: no answer within the call's deadline (it may still have applied)."""
 
 
+class PermissionDenied(StateError):
+    """PERMISSION_DENIED: the state service's policy does not let this caller make this
+    call, or the call uses an operator's ability the service does not allow (listing
+    across users, STATE_ALLOW_LIST_ALL_USERS); nothing was changed (docs/security.md)."""
+
+
+class Unauthenticated(StateError):
+    """UNAUTHENTICATED: the state service needs the caller to identify itself (a client
+    certificate or a service token), or refused the token sent."""
+
+
 class InternalError(StateError):
     """INTERNAL, UNKNOWN and any other status: nothing the caller can fix."""
 
@@ -171,12 +190,16 @@ _BY_REASON: dict[str, type[StateError]] = {
     "CARD_ALREADY_HANDLED": CardAlreadyHandled,
     "MESSAGE_STATUS_MISMATCH": MessageStatusMismatch,
     "CONTEXT_NOT_ARRAY": ContextNotArray,
+    "ERASURE_RUNNING": ErasureRunning,
+    "USER_BEING_ERASED": UserBeingErased,
     "NOT_SUPPORTED": NotSupported,
     "FAILED_PRECONDITION": FailedPrecondition,
     "PAYLOAD_TOO_LARGE": PayloadTooLarge,
     "LIMIT_REACHED": LimitReached,
     "STORE_UNAVAILABLE": Unavailable,
     "STORE_ERROR": InternalError,
+    "PERMISSION_DENIED": PermissionDenied,
+    "CALLER_UNAUTHENTICATED": Unauthenticated,
 }
 _BY_CODE: dict[grpc.StatusCode, type[StateError]] = {
     grpc.StatusCode.INVALID_ARGUMENT: InvalidArgument,
@@ -188,6 +211,8 @@ _BY_CODE: dict[grpc.StatusCode, type[StateError]] = {
     grpc.StatusCode.UNAVAILABLE: Unavailable,
     grpc.StatusCode.DEADLINE_EXCEEDED: DeadlineExceeded,
     grpc.StatusCode.UNIMPLEMENTED: NotSupported,
+    grpc.StatusCode.PERMISSION_DENIED: PermissionDenied,
+    grpc.StatusCode.UNAUTHENTICATED: Unauthenticated,
 }
 
 

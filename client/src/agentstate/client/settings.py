@@ -13,7 +13,11 @@ import math
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, field, fields
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
+
+if TYPE_CHECKING:
+    # Only for the annotation: loading the settings must not import grpc (a test checks).
+    from agentstate.client.tls import ChannelSecurity
 
 DEFAULT_ADDRESS = "127.0.0.1:50051"
 DEFAULT_TIMEOUT_SECONDS = 10.0
@@ -50,6 +54,10 @@ def _integer_from(bound: int) -> Callable[[Any], str | None]:
     return lambda value: None if value >= bound else f"must be at least {bound}"
 
 
+def _on_off(value: Any) -> str | None:
+    return None if value in ("on", "off") else "must be one of on, off"
+
+
 @dataclass(frozen=True, kw_only=True)
 class ClientSettings:
     """`ClientSettings.from_env()` reads the AGENTSTATE_* variables; keyword arguments
@@ -72,6 +80,51 @@ class ClientSettings:
         "gRPC message size limit of the client's channel, both directions",
         check=_integer_from(1024),
     )
+    state_tls: str = _setting(
+        "off",
+        "AGENTSTATE_STATE_TLS",
+        "on: TLS to the state service, checked against the system's CAs unless "
+        "AGENTSTATE_STATE_TLS_CA_FILE is set (any AGENTSTATE_STATE_TLS_* file also turns it on)",
+        check=_on_off,
+    )
+    state_tls_ca_file: str = _setting(
+        "",
+        "AGENTSTATE_STATE_TLS_CA_FILE",
+        "PEM CA bundle the state service's certificate must chain to",
+    )
+    state_tls_cert_file: str = _setting(
+        "",
+        "AGENTSTATE_STATE_TLS_CERT_FILE",
+        "PEM client certificate, for a state service with mTLS",
+    )
+    state_tls_key_file: str = _setting(
+        "", "AGENTSTATE_STATE_TLS_KEY_FILE", "PEM private key of AGENTSTATE_STATE_TLS_CERT_FILE"
+    )
+    state_tls_server_name: str = _setting(
+        "",
+        "AGENTSTATE_STATE_TLS_SERVER_NAME",
+        "the name the state service's certificate must carry, when it is not the address's host",
+    )
+    state_token_file: str = _setting(
+        "",
+        "AGENTSTATE_STATE_TOKEN_FILE",
+        "file holding a service token sent as authorization: Bearer (read again when it "
+        "changes; needs TLS)",
+    )
+
+    def security(self) -> ChannelSecurity:
+        """The channel security these settings describe (plaintext unless a TLS setting
+        is set); ValueError when they do not go together."""
+        from agentstate.client.tls import ChannelSecurity
+
+        return ChannelSecurity(
+            tls=self.state_tls == "on",
+            ca_file=self.state_tls_ca_file,
+            cert_file=self.state_tls_cert_file,
+            key_file=self.state_tls_key_file,
+            server_name=self.state_tls_server_name,
+            token_file=self.state_token_file,
+        )
 
     def __post_init__(self) -> None:
         problems = []
@@ -109,7 +162,8 @@ class ClientSettings:
             complaint = setting.check(value)
             if complaint is not None:
                 # A bad bound shows the number as given; anything else is quoted.
-                shown = raw if math.isfinite(value) else repr(raw)
+                number = isinstance(value, int | float)
+                shown = raw if number and math.isfinite(value) else repr(raw)
                 problems.append(f"{setting.variable}={shown} {complaint}")
                 continue
             values[f.name] = value
@@ -131,7 +185,7 @@ class ClientSettings:
             assert default is not MISSING
             if isinstance(default, float) and default.is_integer():
                 default = int(default)
-            shown[f.metadata["setting"].variable] = str(default)
+            shown[f.metadata["setting"].variable] = str(default) if default != "" else "empty"
         return shown
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
@@ -158,6 +159,35 @@ class Conversation:
     update_time: datetime
     user_id: str = ""
     external_key: str = ""  # "" = none (see resolve_conversation)
+    labels: Mapping[str, str] = field(default_factory=dict)
+    status: str = "IDLE"  # IDLE, RUNNING, AWAITING_CONFIRMATION or FAILED
+    last_turn_time: datetime | None = None
+    ttl_seconds: int = 0  # 0: no time to live
+    ttl_renewed_by_writes: bool = False
+    expire_time: datetime | None = None
+
+
+@dataclass(frozen=True)
+class ConversationSearch:
+    """A page of ListConversations with filters: the conversations, the next page's
+    token ("" on the last), the number of matches (with include_total, else 0) and, with
+    include_state_key, each listed conversation's state under that key."""
+
+    items: list[Conversation]
+    next_page_token: str
+    total_count: int = 0
+    states: Mapping[str, bytes] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ErasureReceipt:
+    """That an erasure happened: no user content, no user id."""
+
+    erasure_id: str
+    done: bool
+    counts: Mapping[str, int]
+    start_time: datetime
+    end_time: datetime | None
 
 
 @dataclass(frozen=True)

@@ -86,6 +86,7 @@ const ui = {
   taskId: "",
   abort: null,        // the running stream's AbortController
   nextConversations: "",
+  conversationsSeq: 0, // the newest list load (older answers are dropped)
   nextMessages: "",
   titles: {},
   pollTimer: null,
@@ -122,12 +123,24 @@ function notice(text, kind) {
 
 // ---------------------------------------------------------------- conversations
 
+const STATUS_TEXT = {
+  RUNNING: "running", AWAITING_CONFIRMATION: "card", FAILED: "failed", IDLE: "",
+};
+
 async function loadConversations(more) {
   const token = more ? ui.nextConversations : "";
-  const q = $("#search").value.trim();
-  // A search is the console's, over every conversation (not only the pages loaded).
-  const query = q ? `?q=${encodeURIComponent(q)}` : (token ? `?page_token=${encodeURIComponent(token)}` : "");
-  const data = await api("GET", "/api/conversations" + query);
+  // The search runs on the server (ListConversations filters): a title prefix and a
+  // status, paged like the whole list.
+  const query = new URLSearchParams();
+  if (token) query.set("page_token", token);
+  const q = $("#search-title").value.trim();
+  if (q) query.set("q", q);
+  const status = $("#search-status").value;
+  if (status) query.set("status", status);
+  // A slower, older answer (typing on) must not replace a newer one.
+  const seq = ++ui.conversationsSeq;
+  const data = await api("GET", "/api/conversations" + (query.size ? `?${query}` : ""));
+  if (seq !== ui.conversationsSeq) return;
   const list = $("#conversations");
   if (!more) list.replaceChildren();
   for (const c of data.conversations) {
@@ -153,7 +166,14 @@ async function loadConversations(more) {
     const del = el("button", "delete danger", "✕");
     del.title = "Delete";
     del.addEventListener("click", () => deleteConversations([c.conversation_id]));
-    li.append(box, title, rename, del);
+    const extras = Object.entries(c.labels || {}).map(([k, v]) =>
+      el("span", "label", v ? `${k}=${v}` : k));
+    if (STATUS_TEXT[c.status]) {  // idle conversations carry no badge
+      const badge = el("span", `status ${c.status}`, STATUS_TEXT[c.status]);
+      badge.title = "Status, kept by the state service";
+      extras.push(badge);
+    }
+    li.append(box, title, ...extras, rename, del);
     list.append(li);
   }
   ui.nextConversations = data.next_page_token;
@@ -166,7 +186,8 @@ async function loadConversations(more) {
 // The list shows what the search found; "none" says so.
 function filterConversations() {
   const none = $("#no-match");
-  if (none) none.hidden = !($("#search").value.trim() && !document.querySelector("#conversations li"));
+  const searching = $("#search-title").value.trim() || $("#search-status").value;
+  if (none) none.hidden = !(searching && !document.querySelector("#conversations li"));
 }
 
 let searchTimer = null;
@@ -901,8 +922,10 @@ async function start() {
     if (await firstLoad()) { $("#load-error").hidden = true; await route(); }
   });
   $("#new-chat").addEventListener("click", () => go(""));
-  $("#search").addEventListener("input", searchChanged);
+  $("#search-title").addEventListener("input", searchChanged);
   $("#more-conversations").addEventListener("click", () => loadConversations(true).catch((e) => notice(e.message)));
+  $("#search").addEventListener("submit", (e) => { e.preventDefault(); loadConversations(false).catch((err) => notice(err.message)); });
+  $("#search-status").addEventListener("change", () => loadConversations(false).catch((e) => notice(e.message)));
   $("#more-messages").addEventListener("click", () => loadHistory(true).catch((e) => notice(e.message)));
   $("#delete-selected").addEventListener("click", () => deleteConversations(selectedIds()));
   composer.addEventListener("submit", (e) => { e.preventDefault(); send($("#question").value); });

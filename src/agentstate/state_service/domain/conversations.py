@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import datetime
 
 from agentstate.state_service.domain.errors import InvalidArgument
+from agentstate.state_service.domain.lifecycle import ConversationStatus, TimeToLive
 from agentstate.state_service.domain.rules import check_no_nul
 
 DEFAULT_TITLE = "New conversation"
@@ -28,6 +30,11 @@ class Conversation:
     create_time: datetime
     update_time: datetime
     external_key: str = ""  # caller-chosen, unique per user; "" = none
+    labels: Mapping[str, str] = field(default_factory=dict)
+    ttl: TimeToLive | None = None
+    expire_time: datetime | None = None
+    status: ConversationStatus = ConversationStatus.IDLE
+    last_turn_time: datetime | None = None
 
 
 @dataclass(frozen=True)

@@ -65,6 +65,20 @@ class AlreadyExists(StateServiceError):
     reason: ClassVar[str] = "ALREADY_EXISTS"
 
 
+class PermissionDenied(StateServiceError):
+    """The state service's policy does not let this caller make this call, or the call
+    uses an operator's ability the service does not allow (listing across users)."""
+
+    reason: ClassVar[str] = "PERMISSION_DENIED"
+
+
+class CallerUnauthenticated(StateServiceError):
+    """The caller did not prove who it is (no client certificate or service token where
+    the policy needs one, or a token that is not valid)."""
+
+    reason: ClassVar[str] = "CALLER_UNAUTHENTICATED"
+
+
 class StoreError(StateServiceError):
     """The database failed the operation for a reason the caller cannot fix."""
 

@@ -12,6 +12,7 @@ from agentstate.state_service.servicer.checkpoints import CheckpointRpcs
 from agentstate.state_service.servicer.conversations import ConversationRpcs
 from agentstate.state_service.servicer.items import ItemRpcs
 from agentstate.state_service.servicer.leases import LeaseRpcs
+from agentstate.state_service.servicer.lifecycle import LifecycleRpcs
 from agentstate.state_service.servicer.messages import MessageRpcs
 from agentstate.state_service.servicer.states import StateRpcs
 from agentstate.state_service.servicer.translate import (
@@ -35,6 +36,7 @@ class StateServicer(
     LeaseRpcs,
     CheckpointRpcs,
     ItemRpcs,
+    LifecycleRpcs,
     pb_grpc.StateServiceServicer,
 ):
     """Every StateService RPC; those of a capability the store lacks answer UNIMPLEMENTED."""

@@ -9,18 +9,33 @@ import grpc
 from agentstate.state.v1 import state_service_pb2 as pb
 from agentstate.state_service import domain as d
 from agentstate.state_service.servicer.base import ServicerBase
+from agentstate.state_service.servicer.lifecycle_pb import (
+    STATUS_TO_PB,
+    labels_of,
+    ttl_of,
+    ttl_to_pb,
+)
 from agentstate.state_service.servicer.translate import grpc_errors, timestamp
 
 
 def conversation_to_pb(conversation: d.Conversation) -> pb.Conversation:
-    return pb.Conversation(
+    message = pb.Conversation(
         conversation_id=str(conversation.conversation_id),
         user_id=conversation.user_id,
         title=conversation.title,
         create_time=timestamp(conversation.create_time),
         update_time=timestamp(conversation.update_time),
         external_key=conversation.external_key,
+        labels=dict(conversation.labels),
+        status=STATUS_TO_PB[conversation.status],
     )
+    if conversation.last_turn_time is not None:
+        message.last_turn_time.CopyFrom(timestamp(conversation.last_turn_time))
+    if conversation.ttl is not None:
+        message.ttl.CopyFrom(ttl_to_pb(conversation.ttl))
+    if conversation.expire_time is not None:
+        message.expire_time.CopyFrom(timestamp(conversation.expire_time))
+    return message
 
 
 class ConversationRpcs(ServicerBase):
@@ -34,6 +49,8 @@ class ConversationRpcs(ServicerBase):
             external_key=(
                 d.validate_external_key(request.external_key) if request.external_key else ""
             ),
+            labels=labels_of(request.labels),
+            ttl=ttl_of(request, "ttl"),
         )
         return pb.CreateConversationResponse(conversation=conversation_to_pb(conversation))
 
@@ -46,6 +63,8 @@ class ConversationRpcs(ServicerBase):
             external_key=d.validate_external_key(request.external_key),
             create_if_missing=request.create_if_missing,
             title=d.normalize_title(request.title, default=d.DEFAULT_TITLE),
+            labels=labels_of(request.labels),
+            ttl=ttl_of(request, "ttl"),
         )
         return pb.ResolveConversationResponse(
             conversation=conversation_to_pb(resolved.conversation), created=resolved.created
@@ -60,20 +79,6 @@ class ConversationRpcs(ServicerBase):
             conversation_id=d.parse_id(request.conversation_id, "conversation_id"),
         )
         return pb.GetConversationResponse(conversation=conversation_to_pb(conversation))
-
-    @grpc_errors
-    async def ListConversations(
-        self, request: pb.ListConversationsRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> pb.ListConversationsResponse:
-        page = await self._store.list_conversations(
-            user_id=d.validate_user_id(request.user_id),
-            page_size=d.page_size(request.page_size, default=50, maximum=500),
-            before_id=d.parse_page_token(request.page_token),
-        )
-        return pb.ListConversationsResponse(
-            conversations=[conversation_to_pb(c) for c in page.items],
-            next_page_token=page.next_page_token,
-        )
 
     @grpc_errors
     async def RenameConversation(

@@ -8,7 +8,7 @@ import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import grpc
@@ -44,6 +44,8 @@ STATUS_CODES: dict[type, grpc.StatusCode] = {
     d.FailedPrecondition: grpc.StatusCode.FAILED_PRECONDITION,
     d.AlreadyExists: grpc.StatusCode.ALREADY_EXISTS,
     d.StoreUnavailable: grpc.StatusCode.UNAVAILABLE,
+    d.PermissionDenied: grpc.StatusCode.PERMISSION_DENIED,
+    d.CallerUnauthenticated: grpc.StatusCode.UNAUTHENTICATED,
     d.NotSupported: grpc.StatusCode.UNIMPLEMENTED,
     d.StoreError: grpc.StatusCode.INTERNAL,
 }
@@ -150,3 +152,7 @@ def timestamp(value: datetime) -> Timestamp:
     ts = Timestamp()
     ts.FromDatetime(value)
     return ts
+
+
+def datetime_of(ts: Timestamp) -> datetime:
+    return ts.ToDatetime(tzinfo=UTC)

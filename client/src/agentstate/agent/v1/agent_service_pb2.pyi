@@ -735,21 +735,39 @@ class ListConversationsRequest(_message.Message):
 
     PAGE_SIZE_FIELD_NUMBER: _builtins.int
     PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    TITLE_PREFIX_FIELD_NUMBER: _builtins.int
+    STATUSES_FIELD_NUMBER: _builtins.int
+    LABEL_SELECTOR_FIELD_NUMBER: _builtins.int
     page_size: _builtins.int
     """0 means 50; above 500 means 500 (every page size and `turns` is capped
     at its maximum, never refused); negative is INVALID_ARGUMENT.
     """
     page_token: _builtins.str
     """From a previous response; empty for the first page."""
+    title_prefix: _builtins.str
+    """Only conversations whose title starts with this (the server searches;
+    a page token is valid only with the filters it came with).
+    """
+    label_selector: _builtins.str
+    """A label selector as the state service's (`team=shop,!archived`);
+    INVALID_ARGUMENT when it does not parse.
+    """
+    @_builtins.property
+    def statuses(self) -> _containers.RepeatedScalarFieldContainer[_state_service_pb2.ConversationStatus.ValueType]:
+        """Only conversations in one of these statuses; empty: any."""
+
     def __init__(
         self,
         *,
         page_size: _builtins.int = ...,
         page_token: _builtins.str = ...,
+        title_prefix: _builtins.str = ...,
+        statuses: _abc.Iterable[_state_service_pb2.ConversationStatus.ValueType] | None = ...,
+        label_selector: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["page_size", b"page_size", "page_token", b"page_token"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["label_selector", b"label_selector", "page_size", b"page_size", "page_token", b"page_token", "statuses", b"statuses", "title_prefix", b"title_prefix"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1090,14 +1108,41 @@ class Conversation(_message.Message):
 
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class LabelsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     CONVERSATION_ID_FIELD_NUMBER: _builtins.int
     TITLE_FIELD_NUMBER: _builtins.int
     CREATE_TIME_FIELD_NUMBER: _builtins.int
     UPDATE_TIME_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
+    LABELS_FIELD_NUMBER: _builtins.int
+    LAST_TURN_TIME_FIELD_NUMBER: _builtins.int
     conversation_id: _builtins.str
     """Its id (a 64-bit decimal string)."""
     title: _builtins.str
     """Its title."""
+    status: _state_service_pb2.ConversationStatus.ValueType
+    """What it is doing now, kept by the state service (running, waiting on a
+    card, failed, idle).
+    """
     @_builtins.property
     def create_time(self) -> _timestamp_pb2.Timestamp:
         """When it was created."""
@@ -1106,6 +1151,14 @@ class Conversation(_message.Message):
     def update_time(self) -> _timestamp_pb2.Timestamp:
         """When it, its state or its messages last changed."""
 
+    @_builtins.property
+    def labels(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """Its labels."""
+
+    @_builtins.property
+    def last_turn_time(self) -> _timestamp_pb2.Timestamp:
+        """When its last turn wrote a record; unset when none did."""
+
     def __init__(
         self,
         *,
@@ -1113,10 +1166,13 @@ class Conversation(_message.Message):
         title: _builtins.str = ...,
         create_time: _timestamp_pb2.Timestamp | None = ...,
         update_time: _timestamp_pb2.Timestamp | None = ...,
+        status: _state_service_pb2.ConversationStatus.ValueType = ...,
+        labels: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        last_turn_time: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "update_time", b"update_time"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "last_turn_time", b"last_turn_time", "update_time", b"update_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "create_time", b"create_time", "title", b"title", "update_time", b"update_time"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "create_time", b"create_time", "labels", b"labels", "last_turn_time", b"last_turn_time", "status", b"status", "title", b"title", "update_time", b"update_time"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -21,9 +21,8 @@ from __future__ import annotations
 import contextlib
 import json
 import uuid
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Self
 
 from google.adk.errors._stale_session_error import StaleSessionError
 from google.adk.errors.already_exists_error import AlreadyExistsError
@@ -39,8 +38,17 @@ from google.adk.sessions.session import Session
 from google.adk.sessions.state import State
 
 from agentstate.client.aio import AsyncStateClient
-from agentstate.client.errors import InvalidArgument, NotFound, PayloadTooLarge, VersionConflict
+from agentstate.client.errors import (
+    InvalidArgument,
+    NotFound,
+    PayloadTooLarge,
+    PermissionDenied,
+    VersionConflict,
+)
+from agentstate.client.settings import ClientSettings
+from agentstate.client.tls import ChannelSecurity
 from agentstate.client.types import Conversation, NewItem, StateSnapshot
+from agentstate.integrations._connection import BoundedCache, Connection
 
 KEY_PREFIX = "adk:"
 SESSION_STATE_KEY = "adk.session"  # the conversation state holding session-scoped state
@@ -70,11 +78,50 @@ def _check_names(app_name: str, user_id: str) -> None:
 class AgentStateSessionService(BaseSessionService):
     """ADK sessions in the state service (see the module docstring)."""
 
-    def __init__(self, client: AsyncStateClient) -> None:
-        self._client = client
+    def __init__(
+        self,
+        target: AsyncStateClient | str | ClientSettings | None = None,
+        *,
+        address: str | None = None,
+        client: AsyncStateClient | None = None,
+        settings: ClientSettings | None = None,
+        security: ChannelSecurity | None = None,
+    ) -> None:
+        """One of: an AsyncStateClient (yours to close), an address or ClientSettings (a
+        connection this service opens and `close()` closes), positionally or by name;
+        `security`: TLS for that connection (agentstate.client.tls)."""
+        self._connection = Connection(
+            target,
+            address=address,
+            client=client,
+            settings=settings,
+            security=security,
+            who="AgentStateSessionService",
+        )
         # (app, user, session id) -> conversation id, so that an event is one call. Ids are
         # never reused: a deleted session's entry only ever leads to NOT_FOUND.
-        self._ids: dict[tuple[str, str, str], str] = {}
+        self._ids: BoundedCache[tuple[str, str, str], str] = BoundedCache(MAX_CACHED_IDS)
+
+    @property
+    def _client(self) -> AsyncStateClient:
+        return self._connection.aclient()
+
+    async def close(self) -> None:
+        """Close the connection this service opened (not a client it was given), as
+        DatabaseSessionService.close."""
+        await self._connection.aclose()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._connection.close()
 
     # ------------------------------------------------------------ lookups
 
@@ -97,8 +144,6 @@ class AgentStateSessionService(BaseSessionService):
             return None
         except InvalidArgument as exc:
             raise ValueError(exc.message) from exc
-        if len(self._ids) >= MAX_CACHED_IDS:
-            self._ids.clear()
         self._ids[(app_name, user_id, session_id)] = resolved.conversation.conversation_id
         return resolved.conversation, resolved.created
 
@@ -169,6 +214,9 @@ class AgentStateSessionService(BaseSessionService):
         config: GetSessionConfig | None = None,
     ) -> Session | None:
         session_id = session_id.strip() if session_id else session_id
+        if not session_id:
+            _check_names(app_name, user_id)
+            return None  # as InMemorySessionService: no session has an empty id
         found = await self._conversation(app_name, user_id, session_id, create=False)
         if found is None:
             return None
@@ -198,9 +246,10 @@ class AgentStateSessionService(BaseSessionService):
     async def _events(
         self, user_id: str, conversation_id: str, config: GetSessionConfig
     ) -> tuple[list[Event], int, datetime]:
-        min_time = None
-        if config.after_timestamp is not None:
-            min_time = datetime.fromtimestamp(config.after_timestamp, UTC)
+        """The events as InMemorySessionService selects them: the newest
+        `num_recent_events` (none for 0), then, with `after_timestamp`, those after the
+        newest event older than it (a suffix, so an event appended out of order ends
+        it), events at exactly `after_timestamp` included."""
         if config.num_recent_events == 0:
             page = await self._client.list_items(user_id, conversation_id, last_n=0, page_size=1)
             return [], page.revision, page.update_time
@@ -211,65 +260,78 @@ class AgentStateSessionService(BaseSessionService):
                 user_id,
                 conversation_id,
                 last_n=config.num_recent_events,
-                min_item_time=min_time,
                 page_size=PAGE_SIZE,
                 page_token=token,
             )
             events.extend(Event.model_validate_json(item.item_json) for item in page.items)
             token = page.next_page_token
             if not token:
-                return events, page.revision, page.update_time
+                break
+        if config.after_timestamp is not None:
+            start = len(events)
+            while start > 0 and events[start - 1].timestamp >= config.after_timestamp:
+                start -= 1
+            events = events[start:]
+        return events, page.revision, page.update_time
 
     async def list_sessions(
         self, *, app_name: str, user_id: str | None = None
     ) -> ListSessionsResponse:
-        """The user's sessions of `app_name`, least recently updated first, without events.
-        The state service keeps every user's data apart, so `user_id` is required here
-        (ValueError without it)."""
+        """The sessions of `app_name`, least recently updated first, without events: one
+        ListConversations call per page (filtered by the app's key namespace on the
+        server, each session's state in the same answer), plus one GetScopedState per
+        user listed. `user_id` None lists every user's sessions: an operator's ability
+        the state service must allow (STATE_ALLOW_LIST_ALL_USERS), else PermissionError."""
         if user_id is None:
-            raise ValueError(
-                "AgentStateSessionService.list_sessions needs a user_id: the state service "
-                "lists one user's conversations at a time"
-            )
-        _check_names(app_name, user_id)
+            if not app_name or not isinstance(app_name, str):
+                raise ValueError("app_name must be a non-empty string")
+        else:
+            _check_names(app_name, user_id)
         prefix = session_key(app_name, "")
-        scoped = await self._scoped(app_name, user_id)
+        scoped: dict[str, dict[str, Any]] = {}
         sessions: list[Session] = []
-        async for conversation in self._all_conversations(user_id):
-            if not conversation.external_key.startswith(prefix):
-                continue
-            session_state = _object(
-                await self._client.find_state(
-                    user_id, conversation.conversation_id, state_key=SESSION_STATE_KEY
-                )
-            )
-            sessions.append(
-                Session(
-                    app_name=app_name,
-                    user_id=user_id,
-                    id=conversation.external_key.removeprefix(prefix),
-                    state={**session_state, **scoped},
-                    events=[],
-                    last_update_time=conversation.update_time.timestamp(),
-                )
-            )
-        sessions.sort(key=lambda s: (s.last_update_time, s.user_id, s.id))
-        return ListSessionsResponse(sessions=sessions)
-
-    async def _all_conversations(self, user_id: str) -> AsyncIterator[Conversation]:
         token = ""
         while True:
-            page = await self._client.list_conversations(user_id, page_size=500, page_token=token)
+            try:
+                page = await self._client.search_conversations(
+                    user_id or "",
+                    all_users=user_id is None,
+                    key_prefix=prefix,
+                    include_state_key=SESSION_STATE_KEY,
+                    page_size=500,
+                    page_token=token,
+                )
+            except PermissionDenied as exc:
+                raise PermissionError(exc.message) from exc
             for conversation in page.items:
-                yield conversation
+                owner = conversation.user_id
+                if owner not in scoped:
+                    scoped[owner] = await self._scoped(app_name, owner)
+                stored = page.states.get(conversation.conversation_id)
+                session_state = json.loads(stored) if stored is not None else {}
+                sessions.append(
+                    Session(
+                        app_name=app_name,
+                        user_id=owner,
+                        id=conversation.external_key.removeprefix(prefix),
+                        state={**session_state, **scoped[owner]},
+                        events=[],
+                        last_update_time=conversation.update_time.timestamp(),
+                    )
+                )
             token = page.next_page_token
             if not token:
-                return
+                break
+        sessions.sort(key=lambda s: (s.last_update_time, s.user_id, s.id))
+        return ListSessionsResponse(sessions=sessions)
 
     async def delete_session(self, *, app_name: str, user_id: str, session_id: str) -> None:
         """Delete the session's conversation, events and state in one transaction; a
         session that does not exist is not an error (as ADK's own services)."""
         session_id = session_id.strip() if session_id else session_id
+        if not session_id:
+            _check_names(app_name, user_id)
+            return  # no session has an empty id
         found = await self._conversation(app_name, user_id, session_id, create=False)
         self._ids.pop((app_name, user_id, session_id), None)
         if found is None:
@@ -285,9 +347,14 @@ class AgentStateSessionService(BaseSessionService):
     async def append_event(self, session: Session, event: Event) -> Event:
         if event.partial:
             return event
-        # As the base class: temp: state reaches this invocation's session object only.
-        self._apply_temp_state(session, event)
-        event = self._trim_temp_delta_state(event)
+        # As InMemorySessionService: re-delivering an event equal to one already stored
+        # (the same id and fields) changes nothing, so a retried call is harmless.
+        if _holds(session.events, event):
+            return event
+        # As the base class: temp: state reaches this invocation's session object only
+        # (and is never stored). Applied once the event is stored: a refused append (a
+        # deleted or stale session) leaves the session object and the event as they were.
+        stored_event = self._trim_temp_delta_state(event.model_copy(deep=True))
         conversation_id = self._ids.get((session.app_name, session.user_id, session.id))
         if conversation_id is None:
             found = await self._conversation(
@@ -296,14 +363,14 @@ class AgentStateSessionService(BaseSessionService):
             if found is None:
                 raise SessionNotFoundError(f"Session {session.id} not found.")
             conversation_id = found[0].conversation_id
-        deltas = _session_util.extract_json_safe_state_delta(event.actions.state_delta or {})
+        deltas = _session_util.extract_json_safe_state_delta(stored_event.actions.state_delta or {})
         marker = session._storage_update_marker
         try:
             appended = await self._client.append_event(
                 session.user_id,
                 conversation_id,
                 item=NewItem(
-                    event.model_dump_json(exclude_none=True).encode(),
+                    stored_event.model_dump_json(exclude_none=True).encode(),
                     item_time=datetime.fromtimestamp(event.timestamp, UTC),
                 ),
                 expected_revision=int(marker) if marker is not None else None,
@@ -314,6 +381,9 @@ class AgentStateSessionService(BaseSessionService):
                 user_state_delta=_delta_json(deltas["user"]),
             )
         except VersionConflict as exc:
+            # A retry of an append that was stored (its answer was lost): idempotent.
+            if await self._stored(session, conversation_id, event):
+                return event
             raise StaleSessionError(STALE_SESSION_MESSAGE) from exc
         except NotFound as exc:
             self._ids.pop((session.app_name, session.user_id, session.id), None)
@@ -322,7 +392,20 @@ class AgentStateSessionService(BaseSessionService):
             raise ValueError(f"event refused by the state service: {exc.message}") from exc
         session._storage_update_marker = str(appended.revision)
         session.last_update_time = event.timestamp
-        return self._commit_event_to_session(session, event)
+        self._apply_temp_state(session, event)
+        return self._commit_event_to_session(session, self._trim_temp_delta_state(event))
+
+    async def _stored(self, session: Session, conversation_id: str, event: Event) -> bool:
+        """Whether an event equal to `event` is stored in the session."""
+        try:
+            stored, _, _ = await self._events(session.user_id, conversation_id, GetSessionConfig())
+        except NotFound:
+            return False
+        return _holds(stored, event)
+
+
+def _holds(events: list[Event], event: Event) -> bool:
+    return any(e == event for e in events if e.id == event.id)
 
 
 def _delta_json(delta: dict[str, Any]) -> bytes | None:

@@ -6,6 +6,7 @@ The synchronous ones, saver_sync.py, are generated from this file by scripts/asy
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -21,14 +22,21 @@ from langgraph.checkpoint.base import (
 from agentstate import client as state
 from agentstate.integrations.langgraph.saver_base import (
     BATCH,
+    MAX_INDEX_ATTEMPTS,
     PAGE,
     THREAD_TITLE,
+    USERS_STATE_KEY,
     CheckpointConflict,
+    RunLease,
     SaverBase,
     langgraph_errors,
     namespace_of,
+    partly_deleted,
     prune_strategy,
+    refused,
     thread_id_of,
+    thread_ids,
+    thread_users,
 )
 
 
@@ -40,18 +48,62 @@ class AsyncSaverMethods(SaverBase):
         found = self._conversations.get(key)
         if found is None:
             try:
-                with langgraph_errors():
+                with langgraph_errors(thread_ids(user, thread)):
                     resolved = await self.aclient.resolve_conversation(
-                        user, thread, create=create, title=THREAD_TITLE
+                        user, thread, create=False, title=THREAD_TITLE
                     )
             except state.NotFound:
-                return None
-            found = self._conversations[key] = resolved.conversation.conversation_id
+                if not create:
+                    return None
+                if user != self.user_id:
+                    # Recorded before the thread exists under `user`, so that
+                    # delete_thread, which names the thread only, finds it.
+                    await self._aindex_user(user, thread)
+                with langgraph_errors(thread_ids(user, thread)):
+                    resolved = await self.aclient.resolve_conversation(
+                        user, thread, create=True, title=THREAD_TITLE
+                    )
+            found = resolved.conversation.conversation_id
+            self._conversations[key] = found
         return found
+
+    async def _aindex_user(self, user: str, thread: str) -> None:
+        """Add `user` to the thread's users, kept in the saver user's conversation of the
+        thread (compare-and-set: two writers adding users at once both land)."""
+        for _ in range(MAX_INDEX_ATTEMPTS):
+            index = await self._aconversation(self.user_id, thread, create=True)
+            assert index is not None
+            try:
+                with langgraph_errors():
+                    found = await self.aclient.find_state(
+                        self.user_id, index, state_key=USERS_STATE_KEY
+                    )
+                users = thread_users(found)
+                if user in users:
+                    return
+                with langgraph_errors():
+                    await self.aclient.upsert_state(
+                        self.user_id,
+                        index,
+                        {"users": [*users, user]},
+                        expected_version=found.version if found is not None else 0,
+                        state_key=USERS_STATE_KEY,
+                    )
+                return
+            except state.VersionConflict:
+                continue  # another writer added a user: read again
+            except state.NotFound:
+                self._forget(self.user_id, thread)  # deleted meanwhile: made again
+        raise CheckpointConflict(
+            f"thread {thread!r}: could not record user {user!r} among the thread's users "
+            f"after {MAX_INDEX_ATTEMPTS} attempts (other writers kept changing them); "
+            "nothing of this write was stored"
+        )
 
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         user, thread = self._user(config), thread_id_of(config)
         self._deleted_threads.pop((user, thread), None)  # a run starts by reading
+        self._refused_threads.pop((user, thread), None)
         for _ in range(2):  # once more when the thread was deleted and made again
             conversation = await self._aconversation(user, thread, create=False)
             if conversation is None:
@@ -67,6 +119,7 @@ class AsyncSaverMethods(SaverBase):
             except state.NotFound:
                 self._forget(user, thread)
                 continue
+            self._remember_latest(user, thread, config, stored.checkpoint_id if stored else "")
             return None if stored is None else self._tuple(thread, stored)
         return None
 
@@ -78,28 +131,62 @@ class AsyncSaverMethods(SaverBase):
         before: RunnableConfig | None = None,
         limit: int | None = None,
     ) -> AsyncIterator[CheckpointTuple]:
-        if config is None:
-            raise ValueError("list needs a config with a thread_id on the state service")
-        user, thread = self._user(config), thread_id_of(config)
-        conversation = await self._aconversation(user, thread, create=False)
-        if conversation is None:
-            return
-        arguments = self._list_arguments(config, filter, before)
-        page_size, token, left = min(limit or PAGE, PAGE), "", limit
-        while left is None or left > 0:
-            try:
-                with langgraph_errors():
-                    page = await self.aclient.list_checkpoints(
-                        user, conversation, page_size=page_size, page_token=token, **arguments
-                    )
-            except state.NotFound:
-                self._forget(user, thread)
+        # No thread_id (config None, or none in it): every thread of the user (the
+        # saver's user_id, or the config's), newest thread first, each newest checkpoint
+        # first; one ListConversations call per page of threads.
+        user = self._user(config)
+        if config is not None and (config.get("configurable") or {}).get("thread_id"):
+            every_thread = False
+            thread = thread_id_of(config)
+            conversation = await self._aconversation(user, thread, create=False)
+            if conversation is None:
                 return
-            for stored in page.items[:left]:
-                yield self._tuple(thread, stored)
-            left = None if left is None else left - len(page.items)
-            token = page.next_page_token
-            if not token:
+            wanted = [(thread, conversation)]
+            arguments = self._list_arguments(config, filter, before)
+        else:
+            every_thread = True
+            wanted = []
+            arguments = {
+                "namespace": None,
+                "metadata_filter": filter or None,
+                "before_checkpoint_id": (get_checkpoint_id(before) or "") if before else "",
+            }
+        left = limit
+        threads_token = ""
+        while True:
+            if every_thread:
+                with langgraph_errors():
+                    found = await self.aclient.search_conversations(
+                        user, page_size=500, page_token=threads_token
+                    )
+                wanted = [
+                    (c.external_key, c.conversation_id) for c in found.items if c.external_key
+                ]
+                threads_token = found.next_page_token
+            for thread, conversation in wanted:
+                page_size, token = min(left or PAGE, PAGE), ""
+                while left is None or left > 0:
+                    try:
+                        with langgraph_errors():
+                            page = await self.aclient.list_checkpoints(
+                                user,
+                                conversation,
+                                page_size=page_size,
+                                page_token=token,
+                                **arguments,
+                            )
+                    except state.NotFound:  # deleted meanwhile
+                        self._forget(user, thread)
+                        break
+                    for stored in page.items[:left]:
+                        yield self._tuple(thread, stored)
+                    left = None if left is None else left - len(page.items)
+                    token = page.next_page_token
+                    if not token:
+                        break
+                if left is not None and left <= 0:
+                    return
+            if not every_thread or not threads_token:
                 return
 
     async def aput(
@@ -112,18 +199,122 @@ class AsyncSaverMethods(SaverBase):
         new, expected_head = self._new_checkpoint(config, checkpoint, metadata, new_versions)
         user, thread = self._user(config), thread_id_of(config)
         self._writer_conversation_known(user, thread)
+        self._refused_before(new, thread)
         conversation = await self._aconversation(user, thread, create=True)
         assert conversation is not None
+        self._start_put(user, thread)
+        try:
+            await self._aput_checkpoint(
+                user, thread, conversation, new, expected_head, checkpoint, metadata
+            )
+        except BaseException as exc:
+            # The writes that waited for a checkpoint of this put's run (ids are uuid6,
+            # in time order: this one or later) go with it; writes for checkpoints stored
+            # before (another run of this saver object) are still sent.
+            for namespace, checkpoint_id, writes in self._end_put(user, thread):
+                if checkpoint_id >= new.checkpoint_id:
+                    continue
+                try:
+                    await self._asend_writes(
+                        user, thread, conversation, namespace, checkpoint_id, writes
+                    )
+                except Exception as lost:  # noted on the error being raised
+                    exc.add_note(f"pending writes for checkpoint {checkpoint_id!r} lost: {lost}")
+            raise
+        for namespace, checkpoint_id, writes in self._end_put(user, thread):
+            await self._asend_writes(user, thread, conversation, namespace, checkpoint_id, writes)
+            if not namespace and self._ended_by(user, thread, checkpoint_id, writes):
+                await self._arelease(user, thread)  # the run interrupted or failed: it ends
+        return self._stored_config(config, checkpoint)
+
+    async def _aput_checkpoint(
+        self,
+        user: str,
+        thread: str,
+        conversation: str,
+        new: state.NewCheckpoint,
+        expected_head: str | None,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+    ) -> None:
+        # Subgraphs' checkpoints (a namespace) are written under their parent run's lease.
+        run = None
+        if not new.namespace:
+            run = await self._arun_lease(user, thread, conversation, new, metadata)
         try:
             with langgraph_errors():
                 await self.aclient.put_checkpoint(
                     user, conversation, new, expected_head=expected_head
                 )
         except state.NotFound as exc:
+            self._leases.pop((user, thread))
             raise self._deleted(user, thread, exc) from exc
         except state.CheckpointConflict as exc:
-            raise CheckpointConflict.of(exc) from exc
-        return self._stored_config(config, checkpoint)
+            stored = run.stored if run is not None else []
+            error = refused(
+                thread, new.checkpoint_id, stored, "another writer extended its history first", exc
+            )
+            self._refused[new.checkpoint_id] = error
+            self._refuse_run(user, thread, error)
+            if run is not None:
+                await self._arelease(user, thread)
+            raise error from exc
+        except BaseException:
+            if run is not None and not run.stored:
+                await self._arelease(user, thread)  # nothing of the run is stored
+            raise
+        if run is not None and self._stored_in_run(run, checkpoint, metadata):
+            await self._arelease(user, thread)
+
+    async def _arun_lease(
+        self,
+        user: str,
+        thread: str,
+        conversation: str,
+        new: state.NewCheckpoint,
+        metadata: CheckpointMetadata,
+    ) -> RunLease:
+        """The run lease for this put: the one this saver holds (renewed when due), or a
+        new one. Another writer's unexpired lease refuses the put before it is sent."""
+        key = (user, thread)
+        run = self._leases.get(key)
+        if run is not None and self._starts_run(metadata):
+            run.stored = []  # a new run of this saver: its lease carries on
+        if run is not None and not self._lease_due(run):
+            return run
+        try:
+            if run is None:
+                acquired = await self.aclient.acquire_lease(
+                    user,
+                    conversation,
+                    holder=self._holder,
+                    ttl_ms=int(self.run_lease_seconds * 1000),
+                )
+                run = RunLease(acquired.lease.task_id, time.monotonic())
+                self._leases[key] = run
+            else:
+                await self.aclient.renew_lease(
+                    user, run.task_id, ttl_ms=int(self.run_lease_seconds * 1000)
+                )
+                run.renewed = time.monotonic()
+        except (state.LeaseHeld, state.LeaseLost) as exc:
+            stored = run.stored if run is not None else []
+            self._leases.pop(key)
+            error = refused(thread, new.checkpoint_id, stored, "another run holds it", exc)
+            self._refused[new.checkpoint_id] = error
+            self._refuse_run(user, thread, error)
+            raise error from exc
+        except state.NotFound as exc:
+            self._leases.pop(key)
+            raise self._deleted(user, thread, exc) from exc
+        return run
+
+    async def _arelease(self, user: str, thread: str) -> None:
+        run = self._leases.pop((user, thread))
+        if run is not None:
+            # A release that fails only lets the lease lapse (run_lease_seconds).
+            with contextlib.suppress(state.StateError):
+                await self.aclient.release_lease(user, run.task_id)
 
     async def aput_writes(
         self,
@@ -136,8 +327,24 @@ class AsyncSaverMethods(SaverBase):
         encoded = self._writes(writes, task_id, task_path)
         user, thread = self._user(config), thread_id_of(config)
         self._writer_conversation_known(user, thread)
+        self._writes_refused(checkpoint_id, thread)
+        if self._wait_for_put(user, thread, namespace, checkpoint_id, encoded):
+            return  # sent by that put once its checkpoint is stored
         conversation = await self._aconversation(user, thread, create=True)
         assert conversation is not None
+        await self._asend_writes(user, thread, conversation, namespace, checkpoint_id, encoded)
+        if not namespace and self._ended_by(user, thread, checkpoint_id, encoded):
+            await self._arelease(user, thread)  # the run interrupted or failed: it ends
+
+    async def _asend_writes(
+        self,
+        user: str,
+        thread: str,
+        conversation: str,
+        namespace: str,
+        checkpoint_id: str,
+        writes: Sequence[state.CheckpointWrite],
+    ) -> None:
         try:
             with langgraph_errors():
                 await self.aclient.put_checkpoint_writes(
@@ -145,18 +352,35 @@ class AsyncSaverMethods(SaverBase):
                     conversation,
                     namespace=namespace,
                     checkpoint_id=checkpoint_id,
-                    writes=encoded,
+                    writes=writes,
                 )
         except state.NotFound as exc:
             raise self._deleted(user, thread, exc) from exc
 
     async def adelete_thread(self, thread_id: str) -> None:
-        user, thread = self.user_id, str(thread_id)
-        conversation = await self._aconversation(user, thread, create=False)
-        self._forget(user, thread)
-        if conversation is not None:
-            with contextlib.suppress(state.NotFound):  # already gone
-                await self.aclient.delete_conversation(user, conversation)
+        """Delete the thread of every user it ran under (the saver's user and each
+        config["configurable"]["user_id"]), each conversation with everything of it in
+        one transaction. The saver user's conversation, which lists the others, goes
+        last: a delete that fails part way says what it did and can be run again."""
+        thread = str(thread_id)
+        index = await self._aconversation(self.user_id, thread, create=False)
+        users: list[str] = []
+        if index is not None:
+            with contextlib.suppress(state.NotFound), langgraph_errors():
+                users = thread_users(
+                    await self.aclient.find_state(self.user_id, index, state_key=USERS_STATE_KEY)
+                )
+        deleted: list[str] = []
+        for user in [*[u for u in users if u != self.user_id], self.user_id]:
+            try:
+                conversation = await self._aconversation(user, thread, create=False)
+                self._forget(user, thread)
+                if conversation is not None:
+                    with contextlib.suppress(state.NotFound):  # already gone
+                        await self.aclient.delete_conversation(user, conversation)
+            except state.StateError as exc:
+                raise partly_deleted(thread, deleted, user, exc) from exc
+            deleted.append(user)
 
     async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
         runs = [str(r) for r in run_ids]
@@ -174,7 +398,8 @@ class AsyncSaverMethods(SaverBase):
         target = await self._aconversation(user, str(target_thread_id), create=True)
         assert target is not None
         try:
-            await self.aclient.copy_checkpoints(user, source, target)
+            with langgraph_errors():
+                await self.aclient.copy_checkpoints(user, source, target)
         except state.TargetHasCheckpoints as exc:
             raise ValueError(f"thread {target_thread_id!r}: {exc.message}") from exc
 
@@ -184,4 +409,5 @@ class AsyncSaverMethods(SaverBase):
         found = [await self._aconversation(user, str(t), create=False) for t in thread_ids]
         ids = [c for c in found if c is not None]
         for start in range(0, len(ids), BATCH):
-            await self.aclient.prune_checkpoints(user, ids[start : start + BATCH], chosen)
+            with langgraph_errors():
+                await self.aclient.prune_checkpoints(user, ids[start : start + BATCH], chosen)

@@ -4,10 +4,17 @@ encoding of checkpoints and writes (no call of the service is made here)."""
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import json
+import os
 import random
+import socket
+import threading
+import time
+import uuid
 from collections.abc import Iterator, Sequence
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Self
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
@@ -25,13 +32,17 @@ from langgraph.checkpoint.serde.base import SerializerProtocol
 from agentstate import client as state
 from agentstate.client import (
     AsyncStateClient,
+    ChannelSecurity,
     ChannelValue,
     CheckpointWrite,
+    ClientSettings,
     NewCheckpoint,
     PruneStrategy,
     StateClient,
+    StateSnapshot,
     StoredCheckpoint,
 )
+from agentstate.integrations._connection import BoundedCache, Connection
 
 DEFAULT_USER_ID = "langgraph"
 # A channel whose version changed but that holds no value (LangGraph's savers store the
@@ -41,6 +52,39 @@ _PRUNE_STRATEGIES = {"keep_latest": PruneStrategy.KEEP_LATEST, "delete": PruneSt
 THREAD_TITLE = "LangGraph thread"
 BATCH = 1000  # the service's limit of run ids / conversations per call
 PAGE = 100  # the service's largest page of checkpoints
+MAX_CACHED = 10_000  # threads whose conversation id a saver remembers
+# The users a thread ran under besides the saver's own, in the saver user's conversation
+# of the thread (delete_thread is given the thread id only).
+USERS_STATE_KEY = "langgraph.thread_users"
+MAX_INDEX_ATTEMPTS = 20
+DEFAULT_RUN_LEASE_SECONDS = 60.0
+# Channels whose update makes LangGraph run another step: a checkpoint of the run loop
+# that updated none of them is the run's last.
+_TRIGGER_PREFIXES = ("branch:to:", "join:", "__start__", "__pregel_tasks")
+# Writes that end a run: a node interrupted, or failed.
+_ENDING_WRITES = frozenset({"__interrupt__", "__error__"})
+_STARTING_SOURCES = frozenset({"input", "fork", "update"})
+MAX_LATEST_READS = 256
+# (saver, user, thread) -> the head that the last read of the thread's latest checkpoint
+# returned in this context: update_state reads it, then writes on it (CAS against it).
+_LATEST_READ: contextvars.ContextVar[dict[tuple[int, str, str], str] | None] = (
+    contextvars.ContextVar("agentstate_langgraph_latest_read", default=None)
+)
+
+
+@dataclass
+class RunLease:
+    """The run lease this saver holds on a thread: taken at a run's first put, released
+    at its last (or when it interrupts or fails), renewed as the run puts."""
+
+    task_id: str
+    renewed: float  # time.monotonic() of the last acquire or renew
+    stored: list[str] = field(default_factory=list)  # checkpoints this run stored
+    # The checkpoint whose pending writes ended the run (an interrupt, a failure): the
+    # lease goes once it is stored (its put may still be in flight when they arrive).
+    ends_at: str = ""
+
+
 _BRANCHING_SOURCES = frozenset({"fork", "update"})
 
 
@@ -58,19 +102,69 @@ class CheckpointConflict(state.CheckpointConflict):
         return cls(error.message, code=error.code, reason=error.reason, metadata=error.metadata)
 
 
+def refused(
+    thread: str,
+    checkpoint_id: str,
+    stored: Sequence[str],
+    why: str,
+    error: state.StateError,
+) -> CheckpointConflict:
+    """The refusal of a put, saying exactly what of its run is and is not stored."""
+    if stored:
+        what = (
+            f"this run's earlier checkpoints {list(stored)!r} are stored; checkpoint "
+            f"{checkpoint_id!r} and the rest of the run are not"
+        )
+    else:
+        what = "nothing of this run was stored"
+    return CheckpointConflict(
+        f"thread {thread!r}: {why}: {what}. Read the thread again (get_state) before "
+        "running it again.",
+        code=error.code,
+        reason=error.reason,
+        metadata=error.metadata,
+    )
+
+
 class ThreadDeleted(state.NotFound):
     """The thread was deleted while this saver was writing it: the write was refused,
     so a late write never brings a deleted thread back."""
 
 
 @contextlib.contextmanager
-def langgraph_errors() -> Iterator[None]:
+def langgraph_errors(what: str = "") -> Iterator[None]:
     """What the service refuses as malformed (an id with NUL, one too long) is a
-    ValueError to LangGraph's callers, as a bad config is."""
+    ValueError to LangGraph's callers, as a bad config is (`what` names the ids)."""
     try:
         yield
     except state.InvalidArgument as exc:
-        raise ValueError(exc.message) from exc
+        raise ValueError(f"{what}: {exc.message}" if what else exc.message) from exc
+
+
+def thread_ids(user: str, thread: str) -> str:
+    """The ids of a thread, for an error message."""
+    return f"thread_id {thread[:60]!r} (user_id {user[:60]!r}) refused"
+
+
+def thread_users(found: StateSnapshot | None) -> list[str]:
+    if found is None:
+        return []
+    users = json.loads(found.payload).get("users", [])
+    return [str(u) for u in users]
+
+
+def partly_deleted(
+    thread: str, deleted: list[str], failed: str, error: state.StateError
+) -> state.StateError:
+    """The error of a delete_thread that stopped part way, saying what it deleted."""
+    done = f"deleted under users {deleted!r}" if deleted else "deleted nothing"
+    return type(error)(
+        f"delete_thread({thread!r}) {done}; the thread of user {failed!r} and any later ones "
+        f"are still stored (run it again): {error.message}",
+        code=error.code,
+        reason=error.reason,
+        metadata=error.metadata,
+    )
 
 
 def _configurable(config: RunnableConfig) -> dict[str, Any]:
@@ -99,64 +193,93 @@ class SaverBase(BaseCheckpointSaver[str]):
 
     def __init__(
         self,
-        address: str | None = None,
+        target: str | AsyncStateClient | StateClient | ClientSettings | None = None,
         *,
+        address: str | None = None,
         user_id: str = DEFAULT_USER_ID,
         client: AsyncStateClient | None = None,
         sync_client: StateClient | None = None,
+        settings: ClientSettings | None = None,
         serde: SerializerProtocol | None = None,
+        run_lease_seconds: float = DEFAULT_RUN_LEASE_SECONDS,
+        security: ChannelSecurity | None = None,
     ) -> None:
+        """`security`: TLS, a client certificate and a service token for the connections
+        this saver opens (agentstate.client.tls; default: what `settings` say, else
+        plaintext)."""
         super().__init__(serde=serde)
-        if address is None and client is None and sync_client is None:
-            raise ValueError("give the state service's address or a client")
-        self._address = address
-        self._aclient = client
-        self._sclient = sync_client
-        self._opened: list[AsyncStateClient | StateClient] = []
+        if not 1 <= run_lease_seconds <= 3600:
+            raise ValueError("run_lease_seconds must be between 1 and 3600")
+        if not isinstance(user_id, str) or not user_id:
+            raise ValueError("user_id must be a non-empty string")
+        self._connection = Connection(
+            target,
+            address=address,
+            client=client,
+            sync_client=sync_client,
+            settings=settings,
+            security=security,
+            who="AgentStateSaver",
+        )
         self.user_id = user_id
         # (user, thread) -> conversation id: threads this saver has seen.
-        self._conversations: dict[tuple[str, str], str] = {}
+        self._conversations: BoundedCache[tuple[str, str], str] = BoundedCache(MAX_CACHED)
         # Threads deleted under a run of this saver: its later writes are refused too
         # (never a new conversation), until the thread is read again (a new run).
-        self._deleted_threads: dict[tuple[str, str], state.NotFound] = {}
+        self._deleted_threads: BoundedCache[tuple[str, str], state.NotFound] = BoundedCache(
+            MAX_CACHED
+        )
+        # Runs on one thread are serialised by a run lease (the service's lease RPCs), so
+        # that a refused run is refused at its first put and leaves nothing behind.
+        self.run_lease_seconds = float(run_lease_seconds)
+        self._holder = f"langgraph {socket.gethostname()[:80]} pid {os.getpid()} {uuid.uuid4()}"
+        self._leases: BoundedCache[tuple[str, str], RunLease] = BoundedCache(MAX_CACHED)
+        # A run's puts and its writes run on LangGraph's executor threads: the two checks
+        # of whether the run ended (_ended_by, _stored_in_run) must not interleave.
+        self._lease_lock = threading.Lock()
+        # Checkpoints refused by the service: the rest of their run is refused here, so a
+        # refused run sends nothing more (checkpoint id -> the refusal).
+        self._refused: BoundedCache[str, CheckpointConflict] = BoundedCache(MAX_CACHED)
+        # Threads whose run this saver saw refused: the run's later puts and writes (which
+        # LangGraph sends before it learns of the refusal) are refused here too, until the
+        # thread is read again (a new run).
+        self._refused_threads: BoundedCache[tuple[str, str], CheckpointConflict] = BoundedCache(
+            MAX_CACHED
+        )
+        # Threads with a put on the way: writes to the thread wait here and are sent once
+        # it is stored, or dropped with it when it is refused (LangGraph sends a step's
+        # writes while the step's checkpoint, or the one before, is still being put).
+        self._in_flight: dict[tuple[str, str], list[tuple[str, str, list[CheckpointWrite]]]] = {}
 
     # ------------------------------------------------------------ connections
 
     @property
     def aclient(self) -> AsyncStateClient:
-        if self._aclient is None:
-            if self._address is None:
-                raise ValueError("this saver was given a sync client only: use the sync methods")
-            self._aclient = AsyncStateClient.connect(self._address)
-            self._opened.append(self._aclient)
-        return self._aclient
+        return self._connection.aclient()
 
     @property
     def sync_client(self) -> StateClient:
-        if self._sclient is None:
-            if self._address is None:
-                raise ValueError("this saver was given an async client only: use the a* methods")
-            self._sclient = StateClient.connect(self._address)
-            self._opened.append(self._sclient)
-        return self._sclient
+        return self._connection.sync_client()
 
     async def aclose(self) -> None:
         """Close the connections this saver opened (not clients it was given)."""
-        for opened in self._opened:
-            if isinstance(opened, AsyncStateClient):
-                await opened.close()
-            else:
-                opened.close()
-        self._opened.clear()
-        self._aclient = None if self._address else self._aclient
-        self._sclient = None if self._address else self._sclient
+        await self._connection.aclose()
 
     def close(self) -> None:
-        """Close the sync connection this saver opened (`aclose` closes both)."""
-        for opened in [c for c in self._opened if isinstance(c, StateClient)]:
-            opened.close()
-            self._opened.remove(opened)
-            self._sclient = None
+        """Close the connections this saver opened (not clients it was given)."""
+        self._connection.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
 
     def _user(self, config: RunnableConfig | None) -> str:
         if config is not None:
@@ -184,6 +307,113 @@ class SaverBase(BaseCheckpointSaver[str]):
         error = self._deleted_threads.get((user, thread))
         if error is not None:
             raise self._deleted(user, thread, error)
+        conflict = self._refused_threads.get((user, thread))
+        if conflict is not None:
+            raise conflict
+
+    def _refuse_run(self, user: str, thread: str, error: CheckpointConflict) -> None:
+        self._refused_threads[(user, thread)] = refused(
+            thread, "", (), "its run was refused earlier", error
+        )
+
+    def _start_put(self, user: str, thread: str) -> None:
+        with self._lease_lock:
+            self._in_flight.setdefault((user, thread), [])
+
+    def _end_put(self, user: str, thread: str) -> list[tuple[str, str, list[CheckpointWrite]]]:
+        """The writes that waited for this put: (namespace, checkpoint id, writes), to send
+        once it is stored or to drop when it is refused."""
+        with self._lease_lock:
+            return self._in_flight.pop((user, thread), [])
+
+    def _wait_for_put(
+        self,
+        user: str,
+        thread: str,
+        namespace: str,
+        checkpoint_id: str,
+        writes: list[CheckpointWrite],
+    ) -> bool:
+        """Whether the writes wait for a put of their thread that is on the way."""
+        with self._lease_lock:
+            waiting = self._in_flight.get((user, thread))
+            if waiting is None:
+                return False
+            waiting.append((namespace, checkpoint_id, writes))
+            return True
+
+    # --------------------------------------------------------------- run leases
+
+    def _remember_latest(self, user: str, thread: str, config: RunnableConfig, head: str) -> None:
+        """Record (for update_state in this context) which head a read of the thread's
+        latest checkpoint returned; a read of a chosen checkpoint forgets it."""
+        if namespace_of(config):
+            return
+        key = (id(self), user, thread)
+        latest = dict(_LATEST_READ.get() or {})
+        latest.pop(key, None)
+        if not get_checkpoint_id(config):
+            latest[key] = head
+            while len(latest) > MAX_LATEST_READS:  # bounded: the oldest reads go first
+                del latest[next(iter(latest))]
+        _LATEST_READ.set(latest)
+
+    def _lease_due(self, run: RunLease) -> bool:
+        return time.monotonic() - run.renewed > self.run_lease_seconds / 3
+
+    @staticmethod
+    def _starts_run(metadata: CheckpointMetadata) -> bool:
+        return metadata.get("source") in _STARTING_SOURCES
+
+    @staticmethod
+    def _ends_run(run: RunLease, checkpoint: Checkpoint, metadata: CheckpointMetadata) -> bool:
+        """Whether this is the run's last checkpoint: an update_state, one whose writes
+        ended the run, or a step of the run loop after which no node is triggered."""
+        if run.ends_at == checkpoint["id"]:
+            return True
+        source = metadata.get("source")
+        if source == "update":
+            return True
+        updated = checkpoint.get("updated_channels")
+        if source != "loop" or updated is None:
+            return False  # not knowable: the lease lapses after run_lease_seconds
+        return not any(str(c).startswith(_TRIGGER_PREFIXES) for c in updated)
+
+    def _ended_by(
+        self, user: str, thread: str, checkpoint_id: str, writes: Sequence[CheckpointWrite]
+    ) -> bool:
+        """Whether these writes end the run holding the lease now (its checkpoint is
+        stored); when its put is still on the way, that put releases the lease."""
+        if not any(w.channel in _ENDING_WRITES for w in writes):
+            return False
+        with self._lease_lock:
+            run = self._leases.get((user, thread))
+            if run is None:
+                return False
+            if checkpoint_id in run.stored:
+                return True
+            run.ends_at = checkpoint_id
+            return False
+
+    def _stored_in_run(
+        self, run: RunLease, checkpoint: Checkpoint, metadata: CheckpointMetadata
+    ) -> bool:
+        """Record a checkpoint the run stored; whether it was the run's last."""
+        with self._lease_lock:
+            run.stored.append(checkpoint["id"])
+            return self._ends_run(run, checkpoint, metadata)
+
+    def _refused_before(self, new: NewCheckpoint, thread: str) -> None:
+        """Refuse here a put that extends a checkpoint the service refused."""
+        error = self._refused.get(new.parent_checkpoint_id) if new.parent_checkpoint_id else None
+        if error is not None:
+            self._refused[new.checkpoint_id] = error
+            raise refused(thread, new.checkpoint_id, (), "its run was refused earlier", error)
+
+    def _writes_refused(self, checkpoint_id: str, thread: str) -> None:
+        error = self._refused.get(checkpoint_id)
+        if error is not None:
+            raise refused(thread, checkpoint_id, (), "its run was refused earlier", error)
 
     # ------------------------------------------------------- encode / decode
 
@@ -228,6 +458,14 @@ class SaverBase(BaseCheckpointSaver[str]):
                 expected_head = parent
             elif metadata.get("step") == -1:
                 expected_head = ""
+        elif not new.namespace:
+            # update_state on the thread's latest checkpoint (read in this context, not
+            # chosen by id) must still extend it: two concurrent updates never fork.
+            latest = (_LATEST_READ.get() or {}).get(
+                (id(self), self._user(config), thread_id_of(config))
+            )
+            if latest is not None and latest == parent:
+                expected_head = parent
         return new, expected_head
 
     def _writes(

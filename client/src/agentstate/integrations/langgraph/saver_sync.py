@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -20,14 +21,21 @@ from langgraph.checkpoint.base import (
 from agentstate import client as state
 from agentstate.integrations.langgraph.saver_base import (
     BATCH,
+    MAX_INDEX_ATTEMPTS,
     PAGE,
     THREAD_TITLE,
+    USERS_STATE_KEY,
     CheckpointConflict,
+    RunLease,
     SaverBase,
     langgraph_errors,
     namespace_of,
+    partly_deleted,
     prune_strategy,
+    refused,
     thread_id_of,
+    thread_ids,
+    thread_users,
 )
 
 
@@ -39,18 +47,62 @@ class SyncSaverMethods(SaverBase):
         found = self._conversations.get(key)
         if found is None:
             try:
-                with langgraph_errors():
+                with langgraph_errors(thread_ids(user, thread)):
                     resolved = self.sync_client.resolve_conversation(
-                        user, thread, create=create, title=THREAD_TITLE
+                        user, thread, create=False, title=THREAD_TITLE
                     )
             except state.NotFound:
-                return None
-            found = self._conversations[key] = resolved.conversation.conversation_id
+                if not create:
+                    return None
+                if user != self.user_id:
+                    # Recorded before the thread exists under `user`, so that
+                    # delete_thread, which names the thread only, finds it.
+                    self._index_user(user, thread)
+                with langgraph_errors(thread_ids(user, thread)):
+                    resolved = self.sync_client.resolve_conversation(
+                        user, thread, create=True, title=THREAD_TITLE
+                    )
+            found = resolved.conversation.conversation_id
+            self._conversations[key] = found
         return found
+
+    def _index_user(self, user: str, thread: str) -> None:
+        """Add `user` to the thread's users, kept in the saver user's conversation of the
+        thread (compare-and-set: two writers adding users at once both land)."""
+        for _ in range(MAX_INDEX_ATTEMPTS):
+            index = self._conversation(self.user_id, thread, create=True)
+            assert index is not None
+            try:
+                with langgraph_errors():
+                    found = self.sync_client.find_state(
+                        self.user_id, index, state_key=USERS_STATE_KEY
+                    )
+                users = thread_users(found)
+                if user in users:
+                    return
+                with langgraph_errors():
+                    self.sync_client.upsert_state(
+                        self.user_id,
+                        index,
+                        {"users": [*users, user]},
+                        expected_version=found.version if found is not None else 0,
+                        state_key=USERS_STATE_KEY,
+                    )
+                return
+            except state.VersionConflict:
+                continue  # another writer added a user: read again
+            except state.NotFound:
+                self._forget(self.user_id, thread)  # deleted meanwhile: made again
+        raise CheckpointConflict(
+            f"thread {thread!r}: could not record user {user!r} among the thread's users "
+            f"after {MAX_INDEX_ATTEMPTS} attempts (other writers kept changing them); "
+            "nothing of this write was stored"
+        )
 
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         user, thread = self._user(config), thread_id_of(config)
         self._deleted_threads.pop((user, thread), None)  # a run starts by reading
+        self._refused_threads.pop((user, thread), None)
         for _ in range(2):  # once more when the thread was deleted and made again
             conversation = self._conversation(user, thread, create=False)
             if conversation is None:
@@ -66,6 +118,7 @@ class SyncSaverMethods(SaverBase):
             except state.NotFound:
                 self._forget(user, thread)
                 continue
+            self._remember_latest(user, thread, config, stored.checkpoint_id if stored else "")
             return None if stored is None else self._tuple(thread, stored)
         return None
 
@@ -77,28 +130,62 @@ class SyncSaverMethods(SaverBase):
         before: RunnableConfig | None = None,
         limit: int | None = None,
     ) -> Iterator[CheckpointTuple]:
-        if config is None:
-            raise ValueError("list needs a config with a thread_id on the state service")
-        user, thread = self._user(config), thread_id_of(config)
-        conversation = self._conversation(user, thread, create=False)
-        if conversation is None:
-            return
-        arguments = self._list_arguments(config, filter, before)
-        page_size, token, left = min(limit or PAGE, PAGE), "", limit
-        while left is None or left > 0:
-            try:
-                with langgraph_errors():
-                    page = self.sync_client.list_checkpoints(
-                        user, conversation, page_size=page_size, page_token=token, **arguments
-                    )
-            except state.NotFound:
-                self._forget(user, thread)
+        # No thread_id (config None, or none in it): every thread of the user (the
+        # saver's user_id, or the config's), newest thread first, each newest checkpoint
+        # first; one ListConversations call per page of threads.
+        user = self._user(config)
+        if config is not None and (config.get("configurable") or {}).get("thread_id"):
+            every_thread = False
+            thread = thread_id_of(config)
+            conversation = self._conversation(user, thread, create=False)
+            if conversation is None:
                 return
-            for stored in page.items[:left]:
-                yield self._tuple(thread, stored)
-            left = None if left is None else left - len(page.items)
-            token = page.next_page_token
-            if not token:
+            wanted = [(thread, conversation)]
+            arguments = self._list_arguments(config, filter, before)
+        else:
+            every_thread = True
+            wanted = []
+            arguments = {
+                "namespace": None,
+                "metadata_filter": filter or None,
+                "before_checkpoint_id": (get_checkpoint_id(before) or "") if before else "",
+            }
+        left = limit
+        threads_token = ""
+        while True:
+            if every_thread:
+                with langgraph_errors():
+                    found = self.sync_client.search_conversations(
+                        user, page_size=500, page_token=threads_token
+                    )
+                wanted = [
+                    (c.external_key, c.conversation_id) for c in found.items if c.external_key
+                ]
+                threads_token = found.next_page_token
+            for thread, conversation in wanted:
+                page_size, token = min(left or PAGE, PAGE), ""
+                while left is None or left > 0:
+                    try:
+                        with langgraph_errors():
+                            page = self.sync_client.list_checkpoints(
+                                user,
+                                conversation,
+                                page_size=page_size,
+                                page_token=token,
+                                **arguments,
+                            )
+                    except state.NotFound:  # deleted meanwhile
+                        self._forget(user, thread)
+                        break
+                    for stored in page.items[:left]:
+                        yield self._tuple(thread, stored)
+                    left = None if left is None else left - len(page.items)
+                    token = page.next_page_token
+                    if not token:
+                        break
+                if left is not None and left <= 0:
+                    return
+            if not every_thread or not threads_token:
                 return
 
     def put(
@@ -111,18 +198,120 @@ class SyncSaverMethods(SaverBase):
         new, expected_head = self._new_checkpoint(config, checkpoint, metadata, new_versions)
         user, thread = self._user(config), thread_id_of(config)
         self._writer_conversation_known(user, thread)
+        self._refused_before(new, thread)
         conversation = self._conversation(user, thread, create=True)
         assert conversation is not None
+        self._start_put(user, thread)
+        try:
+            self._put_checkpoint(
+                user, thread, conversation, new, expected_head, checkpoint, metadata
+            )
+        except BaseException as exc:
+            # The writes that waited for a checkpoint of this put's run (ids are uuid6,
+            # in time order: this one or later) go with it; writes for checkpoints stored
+            # before (another run of this saver object) are still sent.
+            for namespace, checkpoint_id, writes in self._end_put(user, thread):
+                if checkpoint_id >= new.checkpoint_id:
+                    continue
+                try:
+                    self._send_writes(user, thread, conversation, namespace, checkpoint_id, writes)
+                except Exception as lost:  # noted on the error being raised
+                    exc.add_note(f"pending writes for checkpoint {checkpoint_id!r} lost: {lost}")
+            raise
+        for namespace, checkpoint_id, writes in self._end_put(user, thread):
+            self._send_writes(user, thread, conversation, namespace, checkpoint_id, writes)
+            if not namespace and self._ended_by(user, thread, checkpoint_id, writes):
+                self._release(user, thread)  # the run interrupted or failed: it ends
+        return self._stored_config(config, checkpoint)
+
+    def _put_checkpoint(
+        self,
+        user: str,
+        thread: str,
+        conversation: str,
+        new: state.NewCheckpoint,
+        expected_head: str | None,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+    ) -> None:
+        # Subgraphs' checkpoints (a namespace) are written under their parent run's lease.
+        run = None
+        if not new.namespace:
+            run = self._run_lease(user, thread, conversation, new, metadata)
         try:
             with langgraph_errors():
                 self.sync_client.put_checkpoint(
                     user, conversation, new, expected_head=expected_head
                 )
         except state.NotFound as exc:
+            self._leases.pop((user, thread))
             raise self._deleted(user, thread, exc) from exc
         except state.CheckpointConflict as exc:
-            raise CheckpointConflict.of(exc) from exc
-        return self._stored_config(config, checkpoint)
+            stored = run.stored if run is not None else []
+            error = refused(
+                thread, new.checkpoint_id, stored, "another writer extended its history first", exc
+            )
+            self._refused[new.checkpoint_id] = error
+            self._refuse_run(user, thread, error)
+            if run is not None:
+                self._release(user, thread)
+            raise error from exc
+        except BaseException:
+            if run is not None and not run.stored:
+                self._release(user, thread)  # nothing of the run is stored
+            raise
+        if run is not None and self._stored_in_run(run, checkpoint, metadata):
+            self._release(user, thread)
+
+    def _run_lease(
+        self,
+        user: str,
+        thread: str,
+        conversation: str,
+        new: state.NewCheckpoint,
+        metadata: CheckpointMetadata,
+    ) -> RunLease:
+        """The run lease for this put: the one this saver holds (renewed when due), or a
+        new one. Another writer's unexpired lease refuses the put before it is sent."""
+        key = (user, thread)
+        run = self._leases.get(key)
+        if run is not None and self._starts_run(metadata):
+            run.stored = []  # a new run of this saver: its lease carries on
+        if run is not None and not self._lease_due(run):
+            return run
+        try:
+            if run is None:
+                acquired = self.sync_client.acquire_lease(
+                    user,
+                    conversation,
+                    holder=self._holder,
+                    ttl_ms=int(self.run_lease_seconds * 1000),
+                )
+                run = RunLease(acquired.lease.task_id, time.monotonic())
+                self._leases[key] = run
+            else:
+                self.sync_client.renew_lease(
+                    user, run.task_id, ttl_ms=int(self.run_lease_seconds * 1000)
+                )
+                run.renewed = time.monotonic()
+        except (state.LeaseHeld, state.LeaseLost) as exc:
+            stored = run.stored if run is not None else []
+            self._leases.pop(key)
+            error = refused(thread, new.checkpoint_id, stored, "another run holds it", exc)
+            self._refused[new.checkpoint_id] = error
+            self._refuse_run(user, thread, error)
+            raise error from exc
+        except state.NotFound as exc:
+            self._leases.pop(key)
+            raise self._deleted(user, thread, exc) from exc
+        return run
+
+    def _release(self, user: str, thread: str) -> None:
+        run = self._leases.pop((user, thread))
+        if run is not None:
+            # A release that fails only lets the lease lapse (run_lease_seconds).
+            with contextlib.suppress(state.StateError):
+                self.sync_client.release_lease(user, run.task_id)
 
     def put_writes(
         self,
@@ -135,8 +324,24 @@ class SyncSaverMethods(SaverBase):
         encoded = self._writes(writes, task_id, task_path)
         user, thread = self._user(config), thread_id_of(config)
         self._writer_conversation_known(user, thread)
+        self._writes_refused(checkpoint_id, thread)
+        if self._wait_for_put(user, thread, namespace, checkpoint_id, encoded):
+            return  # sent by that put once its checkpoint is stored
         conversation = self._conversation(user, thread, create=True)
         assert conversation is not None
+        self._send_writes(user, thread, conversation, namespace, checkpoint_id, encoded)
+        if not namespace and self._ended_by(user, thread, checkpoint_id, encoded):
+            self._release(user, thread)  # the run interrupted or failed: it ends
+
+    def _send_writes(
+        self,
+        user: str,
+        thread: str,
+        conversation: str,
+        namespace: str,
+        checkpoint_id: str,
+        writes: Sequence[state.CheckpointWrite],
+    ) -> None:
         try:
             with langgraph_errors():
                 self.sync_client.put_checkpoint_writes(
@@ -144,18 +349,35 @@ class SyncSaverMethods(SaverBase):
                     conversation,
                     namespace=namespace,
                     checkpoint_id=checkpoint_id,
-                    writes=encoded,
+                    writes=writes,
                 )
         except state.NotFound as exc:
             raise self._deleted(user, thread, exc) from exc
 
     def delete_thread(self, thread_id: str) -> None:
-        user, thread = self.user_id, str(thread_id)
-        conversation = self._conversation(user, thread, create=False)
-        self._forget(user, thread)
-        if conversation is not None:
-            with contextlib.suppress(state.NotFound):  # already gone
-                self.sync_client.delete_conversation(user, conversation)
+        """Delete the thread of every user it ran under (the saver's user and each
+        config["configurable"]["user_id"]), each conversation with everything of it in
+        one transaction. The saver user's conversation, which lists the others, goes
+        last: a delete that fails part way says what it did and can be run again."""
+        thread = str(thread_id)
+        index = self._conversation(self.user_id, thread, create=False)
+        users: list[str] = []
+        if index is not None:
+            with contextlib.suppress(state.NotFound), langgraph_errors():
+                users = thread_users(
+                    self.sync_client.find_state(self.user_id, index, state_key=USERS_STATE_KEY)
+                )
+        deleted: list[str] = []
+        for user in [*[u for u in users if u != self.user_id], self.user_id]:
+            try:
+                conversation = self._conversation(user, thread, create=False)
+                self._forget(user, thread)
+                if conversation is not None:
+                    with contextlib.suppress(state.NotFound):  # already gone
+                        self.sync_client.delete_conversation(user, conversation)
+            except state.StateError as exc:
+                raise partly_deleted(thread, deleted, user, exc) from exc
+            deleted.append(user)
 
     def delete_for_runs(self, run_ids: Sequence[str]) -> None:
         runs = [str(r) for r in run_ids]
@@ -173,7 +395,8 @@ class SyncSaverMethods(SaverBase):
         target = self._conversation(user, str(target_thread_id), create=True)
         assert target is not None
         try:
-            self.sync_client.copy_checkpoints(user, source, target)
+            with langgraph_errors():
+                self.sync_client.copy_checkpoints(user, source, target)
         except state.TargetHasCheckpoints as exc:
             raise ValueError(f"thread {target_thread_id!r}: {exc.message}") from exc
 
@@ -183,4 +406,5 @@ class SyncSaverMethods(SaverBase):
         found = [self._conversation(user, str(t), create=False) for t in thread_ids]
         ids = [c for c in found if c is not None]
         for start in range(0, len(ids), BATCH):
-            self.sync_client.prune_checkpoints(user, ids[start : start + BATCH], chosen)
+            with langgraph_errors():
+                self.sync_client.prune_checkpoints(user, ids[start : start + BATCH], chosen)

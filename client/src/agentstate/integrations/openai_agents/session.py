@@ -8,27 +8,31 @@ The session's items are the items of one conversation of `user_id`, found by the
 key "openai:<session_id>" (created on first use; two processes starting the same session at
 once get the same conversation). Semantics are those of the SDK's SQLiteSession: items in
 the order added, `get_items(limit)` the newest `limit` oldest first, `pop_item` removes and
-returns the newest, `clear_session` removes them all. What the SQLite file does not give:
-`add_items` from any number of processes or hosts all land (each call is one transaction
-under the conversation's lock), the items go with DeleteConversation in one transaction,
-and a service in another language reads them over gRPC (ListItems).
+returns the newest, `clear_session` removes them all (and the conversation). What the
+SQLite file does not give: `add_items` from any number of processes or hosts all land
+(each call is one transaction under the conversation's lock), the items go with
+DeleteConversation in one transaction, and a service in another language reads them over
+gRPC (ListItems).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Self, cast
 
 from agents.memory.session import SessionABC
 from agents.memory.session_settings import SessionSettings, resolve_session_limit
 
+from agentstate.client.aio import AsyncStateClient
 from agentstate.client.errors import InvalidArgument, NotFound, PayloadTooLarge
+from agentstate.client.settings import ClientSettings
+from agentstate.client.tls import ChannelSecurity
 from agentstate.client.types import Item, NewItem
+from agentstate.integrations._connection import Connection
 
 if TYPE_CHECKING:
     from agents.items import TResponseInputItem
-
-    from agentstate.client.aio import AsyncStateClient
 
 KEY_PREFIX = "openai:"
 MAX_SESSION_ID_CHARS = 256 - len(KEY_PREFIX)  # external keys are at most 256 characters
@@ -48,10 +52,16 @@ class AgentStateSession(SessionABC):
         self,
         session_id: str,
         *,
-        client: AsyncStateClient,
         user_id: str,
+        client: AsyncStateClient | None = None,
+        address: str | None = None,
+        settings: ClientSettings | None = None,
         session_settings: SessionSettings | None = None,
+        security: ChannelSecurity | None = None,
     ) -> None:
+        """One of `client=` (an AsyncStateClient, yours to close), `address=` or
+        `settings=` (a connection this session opens and `close()` closes); `security`:
+        TLS for that connection (agentstate.client.tls)."""
         if not isinstance(session_id, str) or not session_id:
             raise ValueError("session_id must be a non-empty string")
         if len(session_id) > MAX_SESSION_ID_CHARS or "\x00" in session_id:
@@ -63,8 +73,34 @@ class AgentStateSession(SessionABC):
         self.session_id = session_id
         self.session_settings = session_settings or SessionSettings()
         self.user_id = user_id
-        self._client = client
+        self._connection = Connection(
+            client, address=address, settings=settings, security=security, who="AgentStateSession"
+        )
         self._conversation_id: str | None = None
+
+    @property
+    def _client(self) -> AsyncStateClient:
+        return self._connection.aclient()
+
+    def close(self) -> None:
+        """Close the connection this session opened (not a client it was given), as
+        SQLiteSession.close; a later call opens a new one."""
+        self._connection.close()
+
+    async def aclose(self) -> None:
+        await self._connection.aclose()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
 
     @property
     def key(self) -> str:
@@ -163,14 +199,15 @@ class AgentStateSession(SessionABC):
         return _decode(popped.item) if popped.item is not None else None
 
     async def clear_session(self) -> None:
-        """Remove every item (the conversation itself stays, empty)."""
+        """Remove the session: its items and its conversation, in one transaction (as
+        SQLiteSession deletes its rows and its session row). The next add_items starts
+        the session afresh under the same key."""
         conversation_id = await self.conversation_id(create=False)
+        self._conversation_id = None
         if conversation_id is None:
             return
-        try:
-            await self._client.clear_items(self.user_id, conversation_id)
-        except NotFound:
-            self._conversation_id = None
+        with contextlib.suppress(NotFound):  # deleted meanwhile
+            await self._client.delete_conversation(self.user_id, conversation_id)
 
 
 def _decode(item: Item) -> TResponseInputItem:

@@ -109,6 +109,62 @@ MESSAGE_STATUS_STREAMING: MessageStatus.ValueType  # 5
 """The turn that writes this record is still running."""
 Global___MessageStatus: _TypeAlias = MessageStatus  # noqa: Y015
 
+class _ConversationStatus:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ConversationStatusEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ConversationStatus.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    CONVERSATION_STATUS_UNSPECIFIED: _ConversationStatus.ValueType  # 0
+    """Not used."""
+    CONVERSATION_STATUS_IDLE: _ConversationStatus.ValueType  # 1
+    """No turn is running and none waits."""
+    CONVERSATION_STATUS_RUNNING: _ConversationStatus.ValueType  # 2
+    """A turn holds its run lease."""
+    CONVERSATION_STATUS_AWAITING_CONFIRMATION: _ConversationStatus.ValueType  # 3
+    """A confirmation card is open (a record AWAITING_CONFIRM)."""
+    CONVERSATION_STATUS_FAILED: _ConversationStatus.ValueType  # 4
+    """Its last turn ended in error (its newest record is ERROR)."""
+
+class ConversationStatus(_ConversationStatus, metaclass=_ConversationStatusEnumTypeWrapper):
+    """What a conversation is doing, kept by the server."""
+
+CONVERSATION_STATUS_UNSPECIFIED: ConversationStatus.ValueType  # 0
+"""Not used."""
+CONVERSATION_STATUS_IDLE: ConversationStatus.ValueType  # 1
+"""No turn is running and none waits."""
+CONVERSATION_STATUS_RUNNING: ConversationStatus.ValueType  # 2
+"""A turn holds its run lease."""
+CONVERSATION_STATUS_AWAITING_CONFIRMATION: ConversationStatus.ValueType  # 3
+"""A confirmation card is open (a record AWAITING_CONFIRM)."""
+CONVERSATION_STATUS_FAILED: ConversationStatus.ValueType  # 4
+"""Its last turn ended in error (its newest record is ERROR)."""
+Global___ConversationStatus: _TypeAlias = ConversationStatus  # noqa: Y015
+
+class _TtlPolicy:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _TtlPolicyEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_TtlPolicy.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    TTL_POLICY_UNSPECIFIED: _TtlPolicy.ValueType  # 0
+    """The same as TTL_POLICY_FIXED."""
+    TTL_POLICY_FIXED: _TtlPolicy.ValueType  # 1
+    """Expires `seconds` after the time to live was set."""
+    TTL_POLICY_RENEW_ON_WRITE: _TtlPolicy.ValueType  # 2
+    """Expires `seconds` after its last change: every turn renews it."""
+
+class TtlPolicy(_TtlPolicy, metaclass=_TtlPolicyEnumTypeWrapper):
+    """How a time to live counts."""
+
+TTL_POLICY_UNSPECIFIED: TtlPolicy.ValueType  # 0
+"""The same as TTL_POLICY_FIXED."""
+TTL_POLICY_FIXED: TtlPolicy.ValueType  # 1
+"""Expires `seconds` after the time to live was set."""
+TTL_POLICY_RENEW_ON_WRITE: TtlPolicy.ValueType  # 2
+"""Expires `seconds` after its last change: every turn renews it."""
+Global___TtlPolicy: _TypeAlias = TtlPolicy  # noqa: Y015
+
 class _PruneStrategy:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -133,11 +189,55 @@ PRUNE_STRATEGY_DELETE_ALL: PruneStrategy.ValueType  # 2
 """Delete every checkpoint."""
 Global___PruneStrategy: _TypeAlias = PruneStrategy  # noqa: Y015
 
+class _ErasureState:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ErasureStateEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErasureState.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    ERASURE_STATE_UNSPECIFIED: _ErasureState.ValueType  # 0
+    """Not used."""
+    ERASURE_STATE_RUNNING: _ErasureState.ValueType  # 1
+    """Under way (or interrupted: calling EraseUser again resumes it)."""
+    ERASURE_STATE_DONE: _ErasureState.ValueType  # 2
+    """Every row of the user is gone."""
+
+class ErasureState(_ErasureState, metaclass=_ErasureStateEnumTypeWrapper):
+    """Where an erasure is."""
+
+ERASURE_STATE_UNSPECIFIED: ErasureState.ValueType  # 0
+"""Not used."""
+ERASURE_STATE_RUNNING: ErasureState.ValueType  # 1
+"""Under way (or interrupted: calling EraseUser again resumes it)."""
+ERASURE_STATE_DONE: ErasureState.ValueType  # 2
+"""Every row of the user is gone."""
+Global___ErasureState: _TypeAlias = ErasureState  # noqa: Y015
+
 @_typing.final
 class Conversation(_message.Message):
     """A conversation: the unit that state, message records and deletes hang off."""
 
     DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class LabelsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
 
     CONVERSATION_ID_FIELD_NUMBER: _builtins.int
     USER_ID_FIELD_NUMBER: _builtins.int
@@ -145,6 +245,11 @@ class Conversation(_message.Message):
     CREATE_TIME_FIELD_NUMBER: _builtins.int
     UPDATE_TIME_FIELD_NUMBER: _builtins.int
     EXTERNAL_KEY_FIELD_NUMBER: _builtins.int
+    LABELS_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
+    LAST_TURN_TIME_FIELD_NUMBER: _builtins.int
+    TTL_FIELD_NUMBER: _builtins.int
+    EXPIRE_TIME_FIELD_NUMBER: _builtins.int
     conversation_id: _builtins.str
     """Server-generated 64-bit id as a decimal string."""
     user_id: _builtins.str
@@ -155,6 +260,8 @@ class Conversation(_message.Message):
     """The caller-chosen key of the conversation, unique per user (see
     ResolveConversation); empty when it has none.
     """
+    status: Global___ConversationStatus.ValueType
+    """What the conversation is doing now, as the server sees it."""
     @_builtins.property
     def create_time(self) -> _timestamp_pb2.Timestamp:
         """When it was created."""
@@ -162,6 +269,27 @@ class Conversation(_message.Message):
     @_builtins.property
     def update_time(self) -> _timestamp_pb2.Timestamp:
         """When it, its state or its messages last changed."""
+
+    @_builtins.property
+    def labels(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """Labels, as Kubernetes labels: at most 64; keys are an optional DNS
+        prefix and "/" then a name of 1..63 characters [A-Za-z0-9._-] beginning
+        and ending alphanumeric; values 0..63 characters of the same kind.
+        """
+
+    @_builtins.property
+    def last_turn_time(self) -> _timestamp_pb2.Timestamp:
+        """When its last turn wrote a message record; unset when none did."""
+
+    @_builtins.property
+    def ttl(self) -> Global___TimeToLive:
+        """Its time to live; unset when it has none (global retention still applies)."""
+
+    @_builtins.property
+    def expire_time(self) -> _timestamp_pb2.Timestamp:
+        """When the retention sweep deletes it (a running turn is spared until it
+        ends); unset when it has no time to live.
+        """
 
     def __init__(
         self,
@@ -172,14 +300,45 @@ class Conversation(_message.Message):
         create_time: _timestamp_pb2.Timestamp | None = ...,
         update_time: _timestamp_pb2.Timestamp | None = ...,
         external_key: _builtins.str = ...,
+        labels: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        status: Global___ConversationStatus.ValueType = ...,
+        last_turn_time: _timestamp_pb2.Timestamp | None = ...,
+        ttl: Global___TimeToLive | None = ...,
+        expire_time: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "update_time", b"update_time"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "expire_time", b"expire_time", "last_turn_time", b"last_turn_time", "ttl", b"ttl", "update_time", b"update_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "create_time", b"create_time", "external_key", b"external_key", "title", b"title", "update_time", b"update_time", "user_id", b"user_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "create_time", b"create_time", "expire_time", b"expire_time", "external_key", b"external_key", "labels", b"labels", "last_turn_time", b"last_turn_time", "status", b"status", "title", b"title", "ttl", b"ttl", "update_time", b"update_time", "user_id", b"user_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Conversation: _TypeAlias = Conversation  # noqa: Y015
+
+@_typing.final
+class TimeToLive(_message.Message):
+    """A conversation's time to live."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SECONDS_FIELD_NUMBER: _builtins.int
+    POLICY_FIELD_NUMBER: _builtins.int
+    seconds: _builtins.int
+    """1..315360000 (ten years)."""
+    policy: Global___TtlPolicy.ValueType
+    """Fixed, or renewed by each write."""
+    def __init__(
+        self,
+        *,
+        seconds: _builtins.int = ...,
+        policy: Global___TtlPolicy.ValueType = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["policy", b"policy", "seconds", b"seconds"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TimeToLive: _TypeAlias = TimeToLive  # noqa: Y015
 
 @_typing.final
 class MessageRecord(_message.Message):
@@ -580,9 +739,31 @@ class CreateConversationRequest(_message.Message):
 
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class LabelsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     USER_ID_FIELD_NUMBER: _builtins.int
     TITLE_FIELD_NUMBER: _builtins.int
     EXTERNAL_KEY_FIELD_NUMBER: _builtins.int
+    LABELS_FIELD_NUMBER: _builtins.int
+    TTL_FIELD_NUMBER: _builtins.int
     user_id: _builtins.str
     """The owner. Required."""
     title: _builtins.str
@@ -592,16 +773,26 @@ class CreateConversationRequest(_message.Message):
     empty: none). ALREADY_EXISTS when another conversation of this user has
     it. See ResolveConversation.
     """
+    @_builtins.property
+    def labels(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """Labels (see Conversation.labels)."""
+
+    @_builtins.property
+    def ttl(self) -> Global___TimeToLive:
+        """Time to live; unset: none."""
+
     def __init__(
         self,
         *,
         user_id: _builtins.str = ...,
         title: _builtins.str = ...,
         external_key: _builtins.str = ...,
+        labels: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        ttl: Global___TimeToLive | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["ttl", b"ttl"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["external_key", b"external_key", "title", b"title", "user_id", b"user_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["external_key", b"external_key", "labels", b"labels", "title", b"title", "ttl", b"ttl", "user_id", b"user_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -683,31 +874,85 @@ Global___GetConversationResponse: _TypeAlias = GetConversationResponse  # noqa: 
 
 @_typing.final
 class ListConversationsRequest(_message.Message):
-    """Request for ListConversations."""
+    """Request for ListConversations. Every filter is optional and they combine
+    with AND; a page token is valid only with the filters it came with.
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
     USER_ID_FIELD_NUMBER: _builtins.int
     PAGE_SIZE_FIELD_NUMBER: _builtins.int
     PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    KEY_PREFIX_FIELD_NUMBER: _builtins.int
+    LABEL_SELECTOR_FIELD_NUMBER: _builtins.int
+    STATUSES_FIELD_NUMBER: _builtins.int
+    UPDATED_AFTER_FIELD_NUMBER: _builtins.int
+    UPDATED_BEFORE_FIELD_NUMBER: _builtins.int
+    TITLE_PREFIX_FIELD_NUMBER: _builtins.int
+    INCLUDE_TOTAL_FIELD_NUMBER: _builtins.int
+    ALL_USERS_FIELD_NUMBER: _builtins.int
+    INCLUDE_STATE_KEY_FIELD_NUMBER: _builtins.int
     user_id: _builtins.str
-    """The owner. Required."""
+    """The owner. Required unless `all_users`."""
     page_size: _builtins.int
     """0 means 50; above 500 means 500 (capped, never refused); negative is
     INVALID_ARGUMENT.
     """
     page_token: _builtins.str
     """Empty for the first page, else a previous response's next_page_token."""
+    key_prefix: _builtins.str
+    """Only conversations whose external key starts with this: an adapter's
+    namespace, for example "adk:shop:" (the ADK app "shop") or "openai:".
+    """
+    label_selector: _builtins.str
+    """A label selector, as Kubernetes' equality-based one: comma-separated
+    `key=value`, `key==value`, `key!=value`, `key` (has it), `!key` (lacks
+    it). INVALID_ARGUMENT when it does not parse.
+    """
+    title_prefix: _builtins.str
+    """Only conversations whose title starts with this (case-sensitive)."""
+    include_total: _builtins.bool
+    """True: also count every match (total_count); it reads every match."""
+    all_users: _builtins.bool
+    """True: list every user's conversations (user_id then filters only when
+    set). An operator's ability: PERMISSION_DENIED unless the state service
+    allows it (STATE_ALLOW_LIST_ALL_USERS).
+    """
+    include_state_key: _builtins.str
+    """When set, each listed conversation's state under this key comes back in
+    `states_json` (absent for a conversation without one).
+    """
+    @_builtins.property
+    def statuses(self) -> _containers.RepeatedScalarFieldContainer[Global___ConversationStatus.ValueType]:
+        """Only conversations in one of these statuses; empty: any."""
+
+    @_builtins.property
+    def updated_after(self) -> _timestamp_pb2.Timestamp:
+        """Only conversations last changed at or after this time."""
+
+    @_builtins.property
+    def updated_before(self) -> _timestamp_pb2.Timestamp:
+        """Only conversations last changed before this time."""
+
     def __init__(
         self,
         *,
         user_id: _builtins.str = ...,
         page_size: _builtins.int = ...,
         page_token: _builtins.str = ...,
+        key_prefix: _builtins.str = ...,
+        label_selector: _builtins.str = ...,
+        statuses: _abc.Iterable[Global___ConversationStatus.ValueType] | None = ...,
+        updated_after: _timestamp_pb2.Timestamp | None = ...,
+        updated_before: _timestamp_pb2.Timestamp | None = ...,
+        title_prefix: _builtins.str = ...,
+        include_total: _builtins.bool = ...,
+        all_users: _builtins.bool = ...,
+        include_state_key: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["updated_after", b"updated_after", "updated_before", b"updated_before"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["page_size", b"page_size", "page_token", b"page_token", "user_id", b"user_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["all_users", b"all_users", "include_state_key", b"include_state_key", "include_total", b"include_total", "key_prefix", b"key_prefix", "label_selector", b"label_selector", "page_size", b"page_size", "page_token", b"page_token", "statuses", b"statuses", "title_prefix", b"title_prefix", "updated_after", b"updated_after", "updated_before", b"updated_before", "user_id", b"user_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -719,23 +964,55 @@ class ListConversationsResponse(_message.Message):
 
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class StatesJsonEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.bytes
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.bytes = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     CONVERSATIONS_FIELD_NUMBER: _builtins.int
     NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    TOTAL_COUNT_FIELD_NUMBER: _builtins.int
+    STATES_JSON_FIELD_NUMBER: _builtins.int
     next_page_token: _builtins.str
     """Empty when there are no more pages."""
+    total_count: _builtins.int
+    """Every match, with include_total; else 0."""
     @_builtins.property
     def conversations(self) -> _containers.RepeatedCompositeFieldContainer[Global___Conversation]:
-        """Newest first."""
+        """Newest first (by id: a stable order)."""
+
+    @_builtins.property
+    def states_json(self) -> _containers.ScalarMap[_builtins.str, _builtins.bytes]:
+        """conversation_id -> the state under include_state_key, as GetState
+        returns it.
+        """
 
     def __init__(
         self,
         *,
         conversations: _abc.Iterable[Global___Conversation] | None = ...,
         next_page_token: _builtins.str = ...,
+        total_count: _builtins.int = ...,
+        states_json: _abc.Mapping[_builtins.str, _builtins.bytes] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversations", b"conversations", "next_page_token", b"next_page_token"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversations", b"conversations", "next_page_token", b"next_page_token", "states_json", b"states_json", "total_count", b"total_count"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -3046,10 +3323,32 @@ class ResolveConversationRequest(_message.Message):
 
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class LabelsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     USER_ID_FIELD_NUMBER: _builtins.int
     EXTERNAL_KEY_FIELD_NUMBER: _builtins.int
     CREATE_IF_MISSING_FIELD_NUMBER: _builtins.int
     TITLE_FIELD_NUMBER: _builtins.int
+    LABELS_FIELD_NUMBER: _builtins.int
+    TTL_FIELD_NUMBER: _builtins.int
     user_id: _builtins.str
     """The owner. Required."""
     external_key: _builtins.str
@@ -3062,6 +3361,16 @@ class ResolveConversationRequest(_message.Message):
     """Title of a created conversation (as CreateConversation: 1..200
     characters; empty means "New conversation"). Ignored when it exists.
     """
+    @_builtins.property
+    def labels(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """Labels of a created conversation; ignored when it exists (see
+        UpdateConversation).
+        """
+
+    @_builtins.property
+    def ttl(self) -> Global___TimeToLive:
+        """Time to live of a created conversation; ignored when it exists."""
+
     def __init__(
         self,
         *,
@@ -3069,10 +3378,12 @@ class ResolveConversationRequest(_message.Message):
         external_key: _builtins.str = ...,
         create_if_missing: _builtins.bool = ...,
         title: _builtins.str = ...,
+        labels: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        ttl: Global___TimeToLive | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["ttl", b"ttl"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["create_if_missing", b"create_if_missing", "external_key", b"external_key", "title", b"title", "user_id", b"user_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["create_if_missing", b"create_if_missing", "external_key", b"external_key", "labels", b"labels", "title", b"title", "ttl", b"ttl", "user_id", b"user_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -3158,3 +3469,259 @@ class GetLeaseResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetLeaseResponse: _TypeAlias = GetLeaseResponse  # noqa: Y015
+
+@_typing.final
+class UpdateConversationRequest(_message.Message):
+    """---- Data lifecycle (issue 23) ----
+
+    Request for UpdateConversation.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class SetLabelsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    USER_ID_FIELD_NUMBER: _builtins.int
+    CONVERSATION_ID_FIELD_NUMBER: _builtins.int
+    SET_LABELS_FIELD_NUMBER: _builtins.int
+    REMOVE_LABELS_FIELD_NUMBER: _builtins.int
+    TTL_FIELD_NUMBER: _builtins.int
+    CLEAR_TTL_FIELD_NUMBER: _builtins.int
+    user_id: _builtins.str
+    """The owner. Required."""
+    conversation_id: _builtins.str
+    """The conversation. Required."""
+    clear_ttl: _builtins.bool
+    """True: remove the time to live (with `ttl` unset)."""
+    @_builtins.property
+    def set_labels(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """Labels to set (added, or their value replaced)."""
+
+    @_builtins.property
+    def remove_labels(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Label keys to remove (absent ones are no error)."""
+
+    @_builtins.property
+    def ttl(self) -> Global___TimeToLive:
+        """The new time to live, counted from now; unset: unchanged."""
+
+    def __init__(
+        self,
+        *,
+        user_id: _builtins.str = ...,
+        conversation_id: _builtins.str = ...,
+        set_labels: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        remove_labels: _abc.Iterable[_builtins.str] | None = ...,
+        ttl: Global___TimeToLive | None = ...,
+        clear_ttl: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["ttl", b"ttl"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["clear_ttl", b"clear_ttl", "conversation_id", b"conversation_id", "remove_labels", b"remove_labels", "set_labels", b"set_labels", "ttl", b"ttl", "user_id", b"user_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UpdateConversationRequest: _TypeAlias = UpdateConversationRequest  # noqa: Y015
+
+@_typing.final
+class UpdateConversationResponse(_message.Message):
+    """Response of UpdateConversation."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONVERSATION_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def conversation(self) -> Global___Conversation:
+        """The conversation after the change."""
+
+    def __init__(
+        self,
+        *,
+        conversation: Global___Conversation | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["conversation", b"conversation"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation", b"conversation"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UpdateConversationResponse: _TypeAlias = UpdateConversationResponse  # noqa: Y015
+
+@_typing.final
+class ErasureReceipt(_message.Message):
+    """The record that an erasure happened. It holds no user content and no user
+    id.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class CountsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    ERASURE_ID_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    COUNTS_FIELD_NUMBER: _builtins.int
+    START_TIME_FIELD_NUMBER: _builtins.int
+    END_TIME_FIELD_NUMBER: _builtins.int
+    erasure_id: _builtins.str
+    """Server-generated 64-bit id as a decimal string."""
+    state: Global___ErasureState.ValueType
+    """Running or done."""
+    @_builtins.property
+    def counts(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """Rows removed per kind: conversations, messages, states, state_messages,
+        leases, compactions, checkpoints, checkpoint_writes, channel_values,
+        items, scoped_states.
+        """
+
+    @_builtins.property
+    def start_time(self) -> _timestamp_pb2.Timestamp:
+        """When the erasure began."""
+
+    @_builtins.property
+    def end_time(self) -> _timestamp_pb2.Timestamp:
+        """When it finished; unset while running."""
+
+    def __init__(
+        self,
+        *,
+        erasure_id: _builtins.str = ...,
+        state: Global___ErasureState.ValueType = ...,
+        counts: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        start_time: _timestamp_pb2.Timestamp | None = ...,
+        end_time: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["end_time", b"end_time", "start_time", b"start_time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["counts", b"counts", "end_time", b"end_time", "erasure_id", b"erasure_id", "start_time", b"start_time", "state", b"state"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ErasureReceipt: _TypeAlias = ErasureReceipt  # noqa: Y015
+
+@_typing.final
+class EraseUserRequest(_message.Message):
+    """Request for EraseUser."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    USER_ID_FIELD_NUMBER: _builtins.int
+    user_id: _builtins.str
+    """The user to erase. Required."""
+    def __init__(
+        self,
+        *,
+        user_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["user_id", b"user_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EraseUserRequest: _TypeAlias = EraseUserRequest  # noqa: Y015
+
+@_typing.final
+class EraseUserResponse(_message.Message):
+    """Response of EraseUser."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RECEIPT_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def receipt(self) -> Global___ErasureReceipt:
+        """The receipt, state DONE."""
+
+    def __init__(
+        self,
+        *,
+        receipt: Global___ErasureReceipt | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["receipt", b"receipt"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["receipt", b"receipt"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EraseUserResponse: _TypeAlias = EraseUserResponse  # noqa: Y015
+
+@_typing.final
+class GetErasureReceiptRequest(_message.Message):
+    """Request for GetErasureReceipt."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ERASURE_ID_FIELD_NUMBER: _builtins.int
+    erasure_id: _builtins.str
+    """The erasure. Required."""
+    def __init__(
+        self,
+        *,
+        erasure_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["erasure_id", b"erasure_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetErasureReceiptRequest: _TypeAlias = GetErasureReceiptRequest  # noqa: Y015
+
+@_typing.final
+class GetErasureReceiptResponse(_message.Message):
+    """Response of GetErasureReceipt."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RECEIPT_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def receipt(self) -> Global___ErasureReceipt:
+        """The receipt."""
+
+    def __init__(
+        self,
+        *,
+        receipt: Global___ErasureReceipt | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["receipt", b"receipt"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["receipt", b"receipt"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetErasureReceiptResponse: _TypeAlias = GetErasureReceiptResponse  # noqa: Y015

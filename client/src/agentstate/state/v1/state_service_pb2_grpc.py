@@ -206,6 +206,21 @@ class StateServiceStub:
                 request_serializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.GetLeaseRequest.SerializeToString,
                 response_deserializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.GetLeaseResponse.FromString,
                 _registered_method=True)
+        self.UpdateConversation = channel.unary_unary(
+                '/agentstate.state.v1.StateService/UpdateConversation',
+                request_serializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.UpdateConversationRequest.SerializeToString,
+                response_deserializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.UpdateConversationResponse.FromString,
+                _registered_method=True)
+        self.EraseUser = channel.unary_unary(
+                '/agentstate.state.v1.StateService/EraseUser',
+                request_serializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.EraseUserRequest.SerializeToString,
+                response_deserializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.EraseUserResponse.FromString,
+                _registered_method=True)
+        self.GetErasureReceipt = channel.unary_unary(
+                '/agentstate.state.v1.StateService/GetErasureReceipt',
+                request_serializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.GetErasureReceiptRequest.SerializeToString,
+                response_deserializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.GetErasureReceiptResponse.FromString,
+                _registered_method=True)
 
 
 class StateServiceServicer:
@@ -617,6 +632,51 @@ class StateServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def UpdateConversation(self, request, context):
+        """---- Data lifecycle (issue 23) ----
+
+        UpdateConversation changes a conversation's labels and time to live (the
+        title has RenameConversation). Fields left unset keep their value; the
+        conversation's update_time moves, as for any change.
+
+        Errors: NOT_FOUND (conversation absent or another user's),
+        INVALID_ARGUMENT (a label key or value that is malformed or too long, more
+        than 64 labels, a negative or too long time to live).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def EraseUser(self, request, context):
+        """EraseUser removes every row of one user in every table: conversations with
+        their keys, message records, states and their message rows, leases,
+        compaction records, checkpoints, writes and channel values, items, and the
+        user's app-scoped (`user:`) state. Running turns are asked to stop first;
+        a turn still running when its conversation is erased gets NOT_FOUND on its
+        next write, and no write (a new conversation, scoped state) for the user is
+        accepted while the erase runs (FAILED_PRECONDITION), so nothing comes back.
+        It works in bounded batches, each its own transaction, so other users'
+        calls keep their latency. Resumable and idempotent: a call after a crash
+        resumes the same erasure (same receipt id); a call for a user already
+        erased returns the last receipt. The receipt holds no user content, not
+        even the user id.
+
+        Errors: NOT_FOUND (the user has no data and was never erased),
+        FAILED_PRECONDITION (an erase of this user is already running elsewhere;
+        the message names its receipt), INVALID_ARGUMENT (malformed user id).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetErasureReceipt(self, request, context):
+        """GetErasureReceipt returns an erasure's receipt by id. NOT_FOUND when no
+        erasure has that id.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_StateServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -789,6 +849,21 @@ def add_StateServiceServicer_to_server(servicer, server):
                     servicer.GetLease,
                     request_deserializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.GetLeaseRequest.FromString,
                     response_serializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.GetLeaseResponse.SerializeToString,
+            ),
+            'UpdateConversation': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdateConversation,
+                    request_deserializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.UpdateConversationRequest.FromString,
+                    response_serializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.UpdateConversationResponse.SerializeToString,
+            ),
+            'EraseUser': grpc.unary_unary_rpc_method_handler(
+                    servicer.EraseUser,
+                    request_deserializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.EraseUserRequest.FromString,
+                    response_serializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.EraseUserResponse.SerializeToString,
+            ),
+            'GetErasureReceipt': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetErasureReceipt,
+                    request_deserializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.GetErasureReceiptRequest.FromString,
+                    response_serializer=agentstate_dot_state_dot_v1_dot_state__service__pb2.GetErasureReceiptResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1711,6 +1786,87 @@ class StateService:
             '/agentstate.state.v1.StateService/GetLease',
             agentstate_dot_state_dot_v1_dot_state__service__pb2.GetLeaseRequest.SerializeToString,
             agentstate_dot_state_dot_v1_dot_state__service__pb2.GetLeaseResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpdateConversation(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agentstate.state.v1.StateService/UpdateConversation',
+            agentstate_dot_state_dot_v1_dot_state__service__pb2.UpdateConversationRequest.SerializeToString,
+            agentstate_dot_state_dot_v1_dot_state__service__pb2.UpdateConversationResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EraseUser(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agentstate.state.v1.StateService/EraseUser',
+            agentstate_dot_state_dot_v1_dot_state__service__pb2.EraseUserRequest.SerializeToString,
+            agentstate_dot_state_dot_v1_dot_state__service__pb2.EraseUserResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetErasureReceipt(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agentstate.state.v1.StateService/GetErasureReceipt',
+            agentstate_dot_state_dot_v1_dot_state__service__pb2.GetErasureReceiptRequest.SerializeToString,
+            agentstate_dot_state_dot_v1_dot_state__service__pb2.GetErasureReceiptResponse.FromString,
             options,
             channel_credentials,
             insecure,

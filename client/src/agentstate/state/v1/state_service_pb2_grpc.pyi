@@ -325,6 +325,39 @@ class StateServiceStub:
     Errors: NOT_FOUND (conversation absent, deleted or another user's),
     INVALID_ARGUMENT (malformed ids).
     """
+    UpdateConversation: _grpc.UnaryUnaryMultiCallable[_state_service_pb2.UpdateConversationRequest, _state_service_pb2.UpdateConversationResponse]
+    """---- Data lifecycle (issue 23) ----
+
+    UpdateConversation changes a conversation's labels and time to live (the
+    title has RenameConversation). Fields left unset keep their value; the
+    conversation's update_time moves, as for any change.
+
+    Errors: NOT_FOUND (conversation absent or another user's),
+    INVALID_ARGUMENT (a label key or value that is malformed or too long, more
+    than 64 labels, a negative or too long time to live).
+    """
+    EraseUser: _grpc.UnaryUnaryMultiCallable[_state_service_pb2.EraseUserRequest, _state_service_pb2.EraseUserResponse]
+    """EraseUser removes every row of one user in every table: conversations with
+    their keys, message records, states and their message rows, leases,
+    compaction records, checkpoints, writes and channel values, items, and the
+    user's app-scoped (`user:`) state. Running turns are asked to stop first;
+    a turn still running when its conversation is erased gets NOT_FOUND on its
+    next write, and no write (a new conversation, scoped state) for the user is
+    accepted while the erase runs (FAILED_PRECONDITION), so nothing comes back.
+    It works in bounded batches, each its own transaction, so other users'
+    calls keep their latency. Resumable and idempotent: a call after a crash
+    resumes the same erasure (same receipt id); a call for a user already
+    erased returns the last receipt. The receipt holds no user content, not
+    even the user id.
+
+    Errors: NOT_FOUND (the user has no data and was never erased),
+    FAILED_PRECONDITION (an erase of this user is already running elsewhere;
+    the message names its receipt), INVALID_ARGUMENT (malformed user id).
+    """
+    GetErasureReceipt: _grpc.UnaryUnaryMultiCallable[_state_service_pb2.GetErasureReceiptRequest, _state_service_pb2.GetErasureReceiptResponse]
+    """GetErasureReceipt returns an erasure's receipt by id. NOT_FOUND when no
+    erasure has that id.
+    """
 
 @_typing.type_check_only
 class StateServiceAsyncStub(StateServiceStub):
@@ -597,6 +630,39 @@ class StateServiceAsyncStub(StateServiceStub):
 
     Errors: NOT_FOUND (conversation absent, deleted or another user's),
     INVALID_ARGUMENT (malformed ids).
+    """
+    UpdateConversation: _aio.UnaryUnaryMultiCallable[_state_service_pb2.UpdateConversationRequest, _state_service_pb2.UpdateConversationResponse]  # type: ignore[assignment]
+    """---- Data lifecycle (issue 23) ----
+
+    UpdateConversation changes a conversation's labels and time to live (the
+    title has RenameConversation). Fields left unset keep their value; the
+    conversation's update_time moves, as for any change.
+
+    Errors: NOT_FOUND (conversation absent or another user's),
+    INVALID_ARGUMENT (a label key or value that is malformed or too long, more
+    than 64 labels, a negative or too long time to live).
+    """
+    EraseUser: _aio.UnaryUnaryMultiCallable[_state_service_pb2.EraseUserRequest, _state_service_pb2.EraseUserResponse]  # type: ignore[assignment]
+    """EraseUser removes every row of one user in every table: conversations with
+    their keys, message records, states and their message rows, leases,
+    compaction records, checkpoints, writes and channel values, items, and the
+    user's app-scoped (`user:`) state. Running turns are asked to stop first;
+    a turn still running when its conversation is erased gets NOT_FOUND on its
+    next write, and no write (a new conversation, scoped state) for the user is
+    accepted while the erase runs (FAILED_PRECONDITION), so nothing comes back.
+    It works in bounded batches, each its own transaction, so other users'
+    calls keep their latency. Resumable and idempotent: a call after a crash
+    resumes the same erasure (same receipt id); a call for a user already
+    erased returns the last receipt. The receipt holds no user content, not
+    even the user id.
+
+    Errors: NOT_FOUND (the user has no data and was never erased),
+    FAILED_PRECONDITION (an erase of this user is already running elsewhere;
+    the message names its receipt), INVALID_ARGUMENT (malformed user id).
+    """
+    GetErasureReceipt: _aio.UnaryUnaryMultiCallable[_state_service_pb2.GetErasureReceiptRequest, _state_service_pb2.GetErasureReceiptResponse]  # type: ignore[assignment]
+    """GetErasureReceipt returns an erasure's receipt by id. NOT_FOUND when no
+    erasure has that id.
     """
 
 class StateServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -1071,6 +1137,57 @@ class StateServiceServicer(metaclass=_abc_1.ABCMeta):
 
         Errors: NOT_FOUND (conversation absent, deleted or another user's),
         INVALID_ARGUMENT (malformed ids).
+        """
+
+    @_abc_1.abstractmethod
+    def UpdateConversation(
+        self,
+        request: _state_service_pb2.UpdateConversationRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_state_service_pb2.UpdateConversationResponse, _abc.Awaitable[_state_service_pb2.UpdateConversationResponse]]:
+        """---- Data lifecycle (issue 23) ----
+
+        UpdateConversation changes a conversation's labels and time to live (the
+        title has RenameConversation). Fields left unset keep their value; the
+        conversation's update_time moves, as for any change.
+
+        Errors: NOT_FOUND (conversation absent or another user's),
+        INVALID_ARGUMENT (a label key or value that is malformed or too long, more
+        than 64 labels, a negative or too long time to live).
+        """
+
+    @_abc_1.abstractmethod
+    def EraseUser(
+        self,
+        request: _state_service_pb2.EraseUserRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_state_service_pb2.EraseUserResponse, _abc.Awaitable[_state_service_pb2.EraseUserResponse]]:
+        """EraseUser removes every row of one user in every table: conversations with
+        their keys, message records, states and their message rows, leases,
+        compaction records, checkpoints, writes and channel values, items, and the
+        user's app-scoped (`user:`) state. Running turns are asked to stop first;
+        a turn still running when its conversation is erased gets NOT_FOUND on its
+        next write, and no write (a new conversation, scoped state) for the user is
+        accepted while the erase runs (FAILED_PRECONDITION), so nothing comes back.
+        It works in bounded batches, each its own transaction, so other users'
+        calls keep their latency. Resumable and idempotent: a call after a crash
+        resumes the same erasure (same receipt id); a call for a user already
+        erased returns the last receipt. The receipt holds no user content, not
+        even the user id.
+
+        Errors: NOT_FOUND (the user has no data and was never erased),
+        FAILED_PRECONDITION (an erase of this user is already running elsewhere;
+        the message names its receipt), INVALID_ARGUMENT (malformed user id).
+        """
+
+    @_abc_1.abstractmethod
+    def GetErasureReceipt(
+        self,
+        request: _state_service_pb2.GetErasureReceiptRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_state_service_pb2.GetErasureReceiptResponse, _abc.Awaitable[_state_service_pb2.GetErasureReceiptResponse]]:
+        """GetErasureReceipt returns an erasure's receipt by id. NOT_FOUND when no
+        erasure has that id.
         """
 
 def add_StateServiceServicer_to_server(servicer: StateServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

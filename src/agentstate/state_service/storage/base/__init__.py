@@ -18,6 +18,7 @@ from agentstate.state_service.storage.base.checkpoints import CheckpointStore
 from agentstate.state_service.storage.base.conversations import ConversationStore
 from agentstate.state_service.storage.base.items import ItemStore
 from agentstate.state_service.storage.base.leases import LeaseStore
+from agentstate.state_service.storage.base.lifecycle import LifecycleStore
 from agentstate.state_service.storage.base.messages import MessageStore
 from agentstate.state_service.storage.base.states import AgentStateStore
 
@@ -28,6 +29,7 @@ __all__ = [
     "Feature",
     "ItemStore",
     "LeaseStore",
+    "LifecycleStore",
     "MessageStore",
     "StateStore",
 ]
@@ -46,7 +48,7 @@ CAPABILITIES: dict[Feature, type] = {
 }
 
 
-class StateStore(ConversationStore, AgentStateStore, MessageStore, LeaseStore):
+class StateStore(ConversationStore, AgentStateStore, MessageStore, LeaseStore, LifecycleStore):
     """The core every backend implements, plus the capabilities it lists in features()."""
 
     def features(self) -> frozenset[Feature]:

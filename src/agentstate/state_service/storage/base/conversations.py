@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 
 from agentstate.state_service.domain import (
@@ -11,6 +11,7 @@ from agentstate.state_service.domain import (
     DeleteCounts,
     Page,
     ResolvedConversation,
+    TimeToLive,
 )
 
 
@@ -19,16 +20,30 @@ class ConversationStore(abc.ABC):
 
     @abc.abstractmethod
     async def create_conversation(
-        self, *, user_id: str, title: str, external_key: str = ""
+        self,
+        *,
+        user_id: str,
+        title: str,
+        external_key: str = "",
+        labels: Mapping[str, str] | None = None,
+        ttl: TimeToLive | None = None,
     ) -> Conversation:
         """AlreadyExists when `external_key` ("" = none) is another conversation's."""
 
     @abc.abstractmethod
     async def resolve_conversation(
-        self, *, user_id: str, external_key: str, create_if_missing: bool, title: str
+        self,
+        *,
+        user_id: str,
+        external_key: str,
+        create_if_missing: bool,
+        title: str,
+        labels: Mapping[str, str] | None = None,
+        ttl: TimeToLive | None = None,
     ) -> ResolvedConversation:
         """The user's conversation with `external_key`; created (atomically: concurrent
-        callers get one conversation) when absent and `create_if_missing`, else NotFound."""
+        callers get one conversation) when absent and `create_if_missing`, else NotFound.
+        `labels` and `ttl` are those of a created one."""
 
     @abc.abstractmethod
     async def get_conversation(self, *, user_id: str, conversation_id: int) -> Conversation: ...

@@ -14,6 +14,7 @@ from agentstate.state_service.storage.memory.checkpoints import MemoryCheckpoint
 from agentstate.state_service.storage.memory.conversations import MemoryConversations
 from agentstate.state_service.storage.memory.items import MemoryItems
 from agentstate.state_service.storage.memory.leases import MemoryLeases
+from agentstate.state_service.storage.memory.lifecycle import MemoryLifecycle
 from agentstate.state_service.storage.memory.messages import MemoryMessages
 from agentstate.state_service.storage.memory.states import MemoryStates
 from agentstate.state_service.storage.memory.tables import IdGenerator
@@ -28,6 +29,7 @@ class MemoryStore(
     MemoryLeases,
     MemoryCheckpoints,
     MemoryItems,
+    MemoryLifecycle,
     StateStore,
 ):
     """Every aggregate and both capabilities, in one process's memory."""

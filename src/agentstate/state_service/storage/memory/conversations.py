@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from agentstate.state_service import domain as d
 from agentstate.state_service.domain import (
@@ -23,35 +23,70 @@ from agentstate.state_service.storage.memory.tables import (
 
 class MemoryConversations(MemoryTables, ConversationStore):
     async def create_conversation(
-        self, *, user_id: str, title: str, external_key: str = ""
+        self,
+        *,
+        user_id: str,
+        title: str,
+        external_key: str = "",
+        labels: Mapping[str, str] | None = None,
+        ttl: d.TimeToLive | None = None,
     ) -> Conversation:
         async with self._lock:
             if external_key and (user_id, external_key) in self._keys:
                 raise d.external_key_taken(external_key)
-            return self._create(user_id, title, external_key)
+            return self._create(user_id, title, external_key, labels, ttl)
 
-    def _create(self, user_id: str, title: str, external_key: str) -> Conversation:
+    def _create(
+        self,
+        user_id: str,
+        title: str,
+        external_key: str,
+        labels: Mapping[str, str] | None = None,
+        ttl: d.TimeToLive | None = None,
+    ) -> Conversation:
+        self._check_fence(user_id)
         now = utc_now()
-        conversation = Conversation(self._ids.next_id(), user_id, title, now, now, external_key)
+        conversation = Conversation(
+            self._ids.next_id(),
+            user_id,
+            title,
+            now,
+            now,
+            external_key,
+            labels=dict(labels or {}),
+            ttl=ttl,
+            expire_time=None if ttl is None else now + timedelta(seconds=ttl.seconds),
+        )
         self._conversations[conversation.conversation_id] = conversation
         if external_key:
             self._keys[(user_id, external_key)] = conversation.conversation_id
         return conversation
 
     async def resolve_conversation(
-        self, *, user_id: str, external_key: str, create_if_missing: bool, title: str
+        self,
+        *,
+        user_id: str,
+        external_key: str,
+        create_if_missing: bool,
+        title: str,
+        labels: Mapping[str, str] | None = None,
+        ttl: d.TimeToLive | None = None,
     ) -> ResolvedConversation:
         async with self._lock:
             existing = self._keys.get((user_id, external_key))
             if existing is not None:
-                return ResolvedConversation(self._conversations[existing], created=False)
+                return ResolvedConversation(
+                    self._with_status(self._conversations[existing]), created=False
+                )
             if not create_if_missing:
                 raise d.external_key_not_found(external_key)
-            return ResolvedConversation(self._create(user_id, title, external_key), created=True)
+            return ResolvedConversation(
+                self._create(user_id, title, external_key, labels, ttl), created=True
+            )
 
     async def get_conversation(self, *, user_id: str, conversation_id: int) -> Conversation:
         async with self._lock:
-            return self._conversation(user_id, conversation_id)
+            return self._with_status(self._conversation(user_id, conversation_id))
 
     async def list_conversations(
         self, *, user_id: str, page_size: int, before_id: int | None
@@ -66,7 +101,7 @@ class MemoryConversations(MemoryTables, ConversationStore):
                 key=lambda c: c.conversation_id,
                 reverse=True,
             )
-        items = mine[:page_size]
+            items = [self._with_status(c) for c in mine[:page_size]]
         token = str(items[-1].conversation_id) if len(mine) > page_size else ""
         return Page(items, token)
 
@@ -77,7 +112,7 @@ class MemoryConversations(MemoryTables, ConversationStore):
             conversation = self._conversation(user_id, conversation_id)
             renamed = replace(conversation, title=title, update_time=utc_now())
             self._conversations[conversation_id] = renamed
-            return renamed
+            return self._with_status(renamed)
 
     async def delete_conversations(
         self, *, user_id: str, conversation_ids: Sequence[int]

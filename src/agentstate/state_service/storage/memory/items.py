@@ -125,6 +125,8 @@ class MemoryItems(MemoryTables, ItemStore):
     ) -> d.AppendedEvent:
         async with self._lock:
             revision = self._lock_items(user_id, conversation_id, event.expected_revision) + 1
+            if event.user_delta is not None and (event.app_name, user_id) not in self._scoped:
+                self._check_fence(user_id)  # a new row of a user being erased
             key = (conversation_id, event.state_key)
             current = self._states.get(key)
             if event.state_delta is not None and current is not None and current.split:

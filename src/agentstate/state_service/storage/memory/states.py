@@ -101,6 +101,7 @@ class MemoryStates(MemoryTables, AgentStateStore):
         async with self._lock:
             now = utc_now()
             if conversation_id is None:
+                self._check_fence(user_id)
                 conversation = Conversation(self._ids.next_id(), user_id, start.title, now, now)
             else:
                 conversation = self._conversation(user_id, conversation_id)

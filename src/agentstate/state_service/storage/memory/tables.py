@@ -84,12 +84,50 @@ class MemoryTables:
         # (app_name, user_id) -> scoped state; user_id "" is the app-scoped one.
         self._scoped: dict[tuple[str, str], StateRow] = {}
         self._keys: dict[tuple[str, str], int] = {}  # (user, external key) -> conversation
+        # Erasures (issue 23): receipts by id, the running one of each user hash, and the
+        # users whose erase runs (no new row of theirs is accepted).
+        self._erasures: dict[int, d.ErasureReceipt] = {}
+        self._erasure_heartbeats: dict[int, float] = {}
+        self._erasure_users: dict[int, str] = {}  # erasure -> user hash
+        self._fences: dict[str, int] = {}  # user -> running erasure
+
+    def _check_fence(self, user_id: str) -> None:
+        """UserBeingErased when an erase of this user runs (a new row would outlive it)."""
+        erasure = self._fences.get(user_id)
+        if erasure is not None:
+            raise d.user_being_erased(erasure)
 
     def _conversation(self, user_id: str, conversation_id: int) -> Conversation:
         conversation = self._conversations.get(conversation_id)
         if conversation is None or conversation.user_id != user_id:
             raise NotFound(f"conversation {conversation_id} not found")
         return conversation
+
+    def _with_status(self, conversation: Conversation) -> Conversation:
+        """The conversation as the server sees it now: status, last turn, and the expiry
+        of a time to live renewed by each write (as migration 13's trigger)."""
+        now = utc_now()
+        records = self._messages.get(conversation.conversation_id, {})
+        newest = records[max(records)] if records else None
+        lease = self._leases.get(conversation.conversation_id)
+        if lease is not None and lease.expire_time > now:
+            status = d.ConversationStatus.RUNNING
+        elif any(m.status is d.MessageStatus.AWAITING_CONFIRM for m in records.values()):
+            status = d.ConversationStatus.AWAITING_CONFIRMATION
+        elif newest is not None and newest.status is d.MessageStatus.ERROR:
+            status = d.ConversationStatus.FAILED
+        else:
+            status = d.ConversationStatus.IDLE
+        expire_time = conversation.expire_time
+        ttl = conversation.ttl
+        if ttl is not None and ttl.policy is d.TtlPolicy.RENEW_ON_WRITE:
+            expire_time = conversation.update_time + timedelta(seconds=ttl.seconds)
+        return replace(
+            conversation,
+            status=status,
+            last_turn_time=None if newest is None else newest.update_time,
+            expire_time=expire_time,
+        )
 
     def _touch(self, conversation: Conversation) -> None:
         self._conversations[conversation.conversation_id] = replace(

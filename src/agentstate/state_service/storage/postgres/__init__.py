@@ -17,6 +17,7 @@ from agentstate.state_service.storage.postgres.connection import MisconfiguredSt
 from agentstate.state_service.storage.postgres.conversations import PostgresConversations
 from agentstate.state_service.storage.postgres.items import PostgresItems
 from agentstate.state_service.storage.postgres.leases import PostgresLeases
+from agentstate.state_service.storage.postgres.lifecycle import PostgresLifecycle
 from agentstate.state_service.storage.postgres.messages import PostgresMessages
 from agentstate.state_service.storage.postgres.states import PostgresStates
 
@@ -30,6 +31,7 @@ class PostgresStore(
     PostgresLeases,
     PostgresCheckpoints,
     PostgresItems,
+    PostgresLifecycle,
     StateStore,
 ):
     """Every aggregate and both capabilities, on one pool."""

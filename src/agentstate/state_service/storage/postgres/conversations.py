@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 
 from agentstate.state_service import domain as d
@@ -24,6 +25,10 @@ from agentstate.state_service.storage.postgres.connection import (
 
 
 def conversation_of(row: Row) -> Conversation:
+    ttl = None
+    if row["ttl_seconds"] is not None:
+        policy = d.TtlPolicy.RENEW_ON_WRITE if row["ttl_renew"] else d.TtlPolicy.FIXED
+        ttl = d.TimeToLive(int(row["ttl_seconds"]), policy)
     return Conversation(
         conversation_id=int(row["id"]),
         user_id=row["user_id"],
@@ -31,7 +36,19 @@ def conversation_of(row: Row) -> Conversation:
         create_time=row["create_time"],
         update_time=row["update_time"],
         external_key=row["external_key"] or "",
+        labels=json.loads(row["labels"]),
+        ttl=ttl,
+        expire_time=row["expire_time"],
+        status=d.ConversationStatus(row.get("status") or "IDLE"),
+        last_turn_time=row.get("last_turn_time"),
     )
+
+
+def ttl_params(ttl: d.TimeToLive | None) -> dict[str, object]:
+    return {
+        "ttl_seconds": None if ttl is None else ttl.seconds,
+        "ttl_renew": ttl is not None and ttl.policy == d.TtlPolicy.RENEW_ON_WRITE,
+    }
 
 
 def delete_counts_of(row: Row) -> DeleteCounts:
@@ -44,18 +61,37 @@ def delete_counts_of(row: Row) -> DeleteCounts:
 
 class PostgresConversations(PostgresConnection, ConversationStore):
     async def create_conversation(
-        self, *, user_id: str, title: str, external_key: str = ""
+        self,
+        *,
+        user_id: str,
+        title: str,
+        external_key: str = "",
+        labels: Mapping[str, str] | None = None,
+        ttl: d.TimeToLive | None = None,
     ) -> Conversation:
         rows = await self._rows(
             sql.INSERT_CONVERSATION,
-            {"user_id": user_id, "title": title, "external_key": external_key},
+            {
+                "user_id": user_id,
+                "title": title,
+                "external_key": external_key,
+                "labels": json.dumps(labels or {}),
+                **ttl_params(ttl),
+            },
         )
         if not rows:
             raise d.external_key_taken(external_key)
         return conversation_of(rows[0])
 
     async def resolve_conversation(
-        self, *, user_id: str, external_key: str, create_if_missing: bool, title: str
+        self,
+        *,
+        user_id: str,
+        external_key: str,
+        create_if_missing: bool,
+        title: str,
+        labels: Mapping[str, str] | None = None,
+        ttl: d.TimeToLive | None = None,
     ) -> ResolvedConversation:
         rows = await self._rows(
             sql.RESOLVE_CONVERSATION,
@@ -64,6 +100,8 @@ class PostgresConversations(PostgresConnection, ConversationStore):
                 "external_key": external_key,
                 "create_if_missing": create_if_missing,
                 "title": title,
+                "labels": json.dumps(labels or {}),
+                **ttl_params(ttl),
             },
         )
         if not rows:

@@ -544,6 +544,85 @@ DROP FUNCTION IF EXISTS agentstate_save_state(
 \\ir functions/agentstate_save_state.sql
 """,
     ),
+    # Issue 23 (lifecycle). Number 13: 12 is another change's; this one touches no
+    # payload column, so the two apply in either order.
+    Migration(
+        13,
+        "data lifecycle: labels, time to live, erasure of a user with receipts",
+        """
+-- Labels (a small string map) and a time to live per conversation. Constant
+-- defaults and NULL columns: no table rewrite.
+ALTER TABLE t_conversation
+    ADD COLUMN labels jsonb NOT NULL DEFAULT '{}'
+        CHECK (jsonb_typeof(labels) = 'object'),
+    ADD COLUMN ttl_seconds bigint CHECK (ttl_seconds > 0),
+    ADD COLUMN ttl_renew boolean NOT NULL DEFAULT false,
+    ADD COLUMN expire_time timestamptz;
+-- The labels again as rows, kept by a trigger: a page of a label's conversations
+-- walks (user_id, key, value, conversation_id) backwards and stops at the page.
+CREATE TABLE t_conversation_label (
+    user_id         text NOT NULL,
+    key             text NOT NULL,
+    value           text NOT NULL,
+    conversation_id bigint NOT NULL,
+    PRIMARY KEY (user_id, key, value, conversation_id),
+    CONSTRAINT t_conversation_label_conversation_fkey FOREIGN KEY (user_id, conversation_id)
+        REFERENCES t_conversation (user_id, id) ON DELETE CASCADE
+);
+-- The cascade from t_conversation and a relabelling find a conversation's rows.
+CREATE INDEX t_conversation_label_conversation_idx
+    ON t_conversation_label (user_id, conversation_id);
+\\ir functions/agentstate_index_labels.sql
+CREATE TRIGGER t_conversation_index_labels AFTER INSERT ON t_conversation
+FOR EACH ROW WHEN (NEW.labels <> '{}') EXECUTE FUNCTION agentstate_index_labels();
+CREATE TRIGGER t_conversation_reindex_labels AFTER UPDATE OF labels ON t_conversation
+FOR EACH ROW WHEN (OLD.labels IS DISTINCT FROM NEW.labels)
+EXECUTE FUNCTION agentstate_index_labels();
+-- The sweep of expired conversations.
+CREATE INDEX t_conversation_expire_idx ON t_conversation (expire_time)
+    WHERE expire_time IS NOT NULL;
+-- Listing by key prefix (an adapter's namespace) under byte order.
+CREATE INDEX t_conversation_key_prefix_idx
+    ON t_conversation (user_id, external_key text_pattern_ops)
+    WHERE external_key IS NOT NULL;
+
+\\ir functions/agentstate_renew_ttl.sql
+CREATE TRIGGER t_conversation_renew_ttl BEFORE UPDATE OF update_time ON t_conversation
+FOR EACH ROW WHEN (NEW.ttl_renew AND NEW.ttl_seconds IS NOT NULL)
+EXECUTE FUNCTION agentstate_renew_ttl();
+
+-- Erasures of users. A receipt holds no user content and no user id: user_hash
+-- is the sha-256 of the user id, so a later call for the same user finds it.
+CREATE TABLE t_erasure (
+    id             bigint PRIMARY KEY DEFAULT agentstate_next_id(),
+    user_hash      text NOT NULL,
+    done           boolean NOT NULL DEFAULT false,
+    counts         jsonb NOT NULL DEFAULT '{}',
+    start_time     timestamptz NOT NULL DEFAULT now(),
+    end_time       timestamptz,
+    heartbeat_time timestamptz NOT NULL DEFAULT now()
+);
+-- One running erasure per user.
+CREATE UNIQUE INDEX t_erasure_running_idx ON t_erasure (user_hash) WHERE NOT done;
+CREATE INDEX t_erasure_user_idx ON t_erasure (user_hash, id);
+
+-- While a user's erase runs: no new row of the user (agentstate_erasure_fence).
+CREATE TABLE t_erasure_fence (
+    user_id    text PRIMARY KEY,
+    erasure_id bigint NOT NULL
+);
+
+\\ir functions/agentstate_erasure_fence.sql
+CREATE TRIGGER t_conversation_erasure_fence BEFORE INSERT ON t_conversation
+FOR EACH ROW EXECUTE FUNCTION agentstate_erasure_fence();
+CREATE TRIGGER t_scoped_state_erasure_fence BEFORE INSERT ON t_scoped_state
+FOR EACH ROW WHEN (NEW.user_id <> '') EXECUTE FUNCTION agentstate_erasure_fence();
+
+\\ir functions/agentstate_erase_begin.sql
+
+\\ir functions/agentstate_erase_batch.sql
+""",
+    ),
 ]
 
 

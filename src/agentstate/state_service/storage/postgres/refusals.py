@@ -101,4 +101,10 @@ def refusal(detail: dict[str, Any], batch: str | None) -> d.StateServiceError:
         return d.CardPending(int(detail["message_id"]))
     if kind == "not_awaiting":
         return d.not_awaiting(int(detail["message_id"]), str(detail["status"]))
+    if kind == "user_being_erased":
+        return d.user_being_erased(int(detail["erasure_id"]))
+    if kind == "erasure_running":
+        return d.erasure_running(int(detail["erasure_id"]))
+    if kind == "unknown_user":
+        return d.unknown_user()
     return StoreError(f"unexpected refusal from the database: {detail}")

@@ -14,12 +14,37 @@ from typing import Final
 
 # --------------------------------------------------------------- conversations
 
-_CONVERSATION_COLUMNS = "id, user_id, title, create_time, update_time, external_key"
+_CONVERSATION_COLUMNS = (
+    "id, user_id, title, create_time, update_time, external_key, "
+    "labels::text AS labels, ttl_seconds, ttl_renew, expire_time"
+)
+
+# A conversation's status and the time of its last turn, for the row `c` (issue 23):
+# index lookups only (the lease's key, the open-records index, the newest record).
+STATUS_COLUMNS: Final = """
+CASE
+    WHEN EXISTS (SELECT 1 FROM t_run_lease AS l
+                 WHERE l.user_id = c.user_id AND l.conversation_id = c.id
+                   AND l.expire_time > now()) THEN 'RUNNING'
+    WHEN EXISTS (SELECT 1 FROM t_agent_message AS m
+                 WHERE m.user_id = c.user_id AND m.conversation_id = c.id
+                   AND m.status = 'AWAITING_CONFIRM') THEN 'AWAITING_CONFIRMATION'
+    WHEN (SELECT m.status FROM t_agent_message AS m
+          WHERE m.user_id = c.user_id AND m.conversation_id = c.id
+          ORDER BY m.id DESC LIMIT 1) = 'ERROR' THEN 'FAILED'
+    ELSE 'IDLE'
+END AS status,
+(SELECT m.update_time FROM t_agent_message AS m
+ WHERE m.user_id = c.user_id AND m.conversation_id = c.id
+ ORDER BY m.id DESC LIMIT 1) AS last_turn_time"""
 
 # No row: the external key is another conversation's (NULL keys never conflict).
 INSERT_CONVERSATION: Final = f"""
-INSERT INTO t_conversation (user_id, title, external_key)
-VALUES (%(user_id)s, %(title)s, NULLIF(%(external_key)s, ''))
+INSERT INTO t_conversation (user_id, title, external_key, labels, ttl_seconds, ttl_renew,
+                            expire_time)
+VALUES (%(user_id)s, %(title)s, NULLIF(%(external_key)s, ''), %(labels)s::jsonb,
+        %(ttl_seconds)s::bigint, %(ttl_renew)s,
+        now() + make_interval(secs => %(ttl_seconds)s::bigint))
 ON CONFLICT (user_id, external_key) DO NOTHING
 RETURNING {_CONVERSATION_COLUMNS}
 """
@@ -31,15 +56,19 @@ RETURNING {_CONVERSATION_COLUMNS}
 # (xmax = 0). No row: absent and create_if_missing false.
 RESOLVE_CONVERSATION: Final = f"""
 WITH existing AS (
-    SELECT {_CONVERSATION_COLUMNS}, false AS created
-    FROM t_conversation
+    SELECT {_CONVERSATION_COLUMNS}, false AS created, {STATUS_COLUMNS}
+    FROM t_conversation AS c
     WHERE user_id = %(user_id)s AND external_key = %(external_key)s
 ), inserted AS (
-    INSERT INTO t_conversation (user_id, title, external_key)
-    SELECT %(user_id)s, %(title)s, %(external_key)s
+    INSERT INTO t_conversation (user_id, title, external_key, labels, ttl_seconds, ttl_renew,
+                                expire_time)
+    SELECT %(user_id)s, %(title)s, %(external_key)s, %(labels)s::jsonb,
+           %(ttl_seconds)s::bigint, %(ttl_renew)s,
+           now() + make_interval(secs => %(ttl_seconds)s::bigint)
     WHERE %(create_if_missing)s AND NOT EXISTS (SELECT 1 FROM existing)
     ON CONFLICT (user_id, external_key) DO UPDATE SET external_key = EXCLUDED.external_key
-    RETURNING {_CONVERSATION_COLUMNS}, (xmax = 0) AS created
+    RETURNING {_CONVERSATION_COLUMNS}, (xmax = 0) AS created, 'IDLE' AS status,
+              NULL::timestamptz AS last_turn_time
 )
 SELECT * FROM existing
 UNION ALL
@@ -47,22 +76,22 @@ SELECT * FROM inserted
 """
 
 SELECT_CONVERSATION: Final = f"""
-SELECT {_CONVERSATION_COLUMNS}
-FROM t_conversation WHERE user_id = %(user_id)s AND id = %(conversation_id)s
+SELECT {_CONVERSATION_COLUMNS}, {STATUS_COLUMNS}
+FROM t_conversation AS c WHERE user_id = %(user_id)s AND id = %(conversation_id)s
 """
 
 LIST_CONVERSATIONS: Final = f"""
-SELECT {_CONVERSATION_COLUMNS}
-FROM t_conversation
+SELECT {_CONVERSATION_COLUMNS}, {STATUS_COLUMNS}
+FROM t_conversation AS c
 WHERE user_id = %(user_id)s AND (%(before_id)s::bigint IS NULL OR id < %(before_id)s::bigint)
 ORDER BY id DESC
 LIMIT %(limit)s
 """
 
 RENAME_CONVERSATION: Final = f"""
-UPDATE t_conversation SET title = %(title)s, update_time = now()
+UPDATE t_conversation AS c SET title = %(title)s, update_time = now()
 WHERE user_id = %(user_id)s AND id = %(conversation_id)s
-RETURNING {_CONVERSATION_COLUMNS}
+RETURNING {_CONVERSATION_COLUMNS}, {STATUS_COLUMNS}
 """
 
 # ----------------------------------------------------------------------- state

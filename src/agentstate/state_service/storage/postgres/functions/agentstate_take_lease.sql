@@ -20,7 +20,8 @@ BEGIN
                 'kind', 'user_lease_limit', 'running', v_running, 'limit', p_max_user_leases));
         END IF;
     END IF;
-    SELECT * INTO v_held FROM t_run_lease WHERE conversation_id = p_conversation_id FOR UPDATE;
+    SELECT * INTO v_held FROM t_run_lease
+    WHERE user_id = p_user_id AND conversation_id = p_conversation_id FOR UPDATE;
     IF FOUND AND v_held.expire_time > now() THEN
         PERFORM agentstate_refuse(jsonb_build_object(
             'kind', 'lease_held', 'conversation_id', p_conversation_id,

@@ -1,0 +1,224 @@
+"""The data lifecycle in PostgreSQL: labels and time to live, the conversation search,
+expiry, and erasing a user in batches (issue 23)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from typing import Any
+
+from agentstate.state_service import domain as d
+from agentstate.state_service.domain import (
+    Conversation,
+    ConversationFilter,
+    DeleteCounts,
+    ErasureReceipt,
+    LabelChange,
+    Page,
+)
+from agentstate.state_service.storage.base.lifecycle import (
+    ConversationSearch,
+    EraseSettings,
+    LifecycleStore,
+    TtlChange,
+)
+from agentstate.state_service.storage.postgres import lifecycle_sql as lsql
+from agentstate.state_service.storage.postgres import sql
+from agentstate.state_service.storage.postgres.codecs import BigintArray, Row
+from agentstate.state_service.storage.postgres.connection import PostgresConnection
+from agentstate.state_service.storage.postgres.conversations import (
+    conversation_of,
+    delete_counts_of,
+    ttl_params,
+)
+
+log = logging.getLogger(__name__)
+
+
+def like_prefix(prefix: str) -> str:
+    """A LIKE pattern matching strings that start with `prefix`."""
+    escaped = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    return escaped + "%"
+
+
+def search_params(where: ConversationFilter) -> tuple[list[str], dict[str, Any]]:
+    """The clauses that apply and their parameters."""
+    clauses: list[str] = []
+    params: dict[str, Any] = {}
+    if where.user_id is not None:
+        clauses.append("user")
+        params["user_id"] = where.user_id
+    if where.key_prefix:
+        clauses.append("key_prefix")
+        params["key_like"] = like_prefix(where.key_prefix)
+    if where.title_prefix:
+        clauses.append("title_prefix")
+        params["title_prefix"] = where.title_prefix
+    if where.updated_after is not None:
+        clauses.append("updated_after")
+        params["updated_after"] = where.updated_after
+    if where.updated_before is not None:
+        clauses.append("updated_before")
+        params["updated_before"] = where.updated_before
+    selector = where.selector
+    if selector.equal:
+        clauses.append("label_equal")
+        params["label_equal"] = json.dumps(dict(selector.equal))
+    if selector.present:
+        clauses.append("label_present")
+        params["label_present"] = list(selector.present)
+    if selector.absent:
+        clauses.append("label_absent")
+        params["label_absent"] = list(selector.absent)
+    if selector.not_equal:
+        clauses.append("label_not_equal")
+        params["label_not_equal"] = json.dumps(dict(selector.not_equal))
+    if where.statuses:
+        params["statuses"] = sorted(where.statuses)
+        open_only = {d.ConversationStatus.RUNNING, d.ConversationStatus.AWAITING_CONFIRMATION}
+        if where.user_id is not None and where.statuses <= open_only:
+            clauses.append("open_candidates")
+    return clauses, params
+
+
+def receipt_of(row: Row) -> ErasureReceipt:
+    counts = json.loads(row["counts"])
+    return ErasureReceipt(
+        erasure_id=int(row["id"]),
+        done=bool(row["done"]),
+        counts={kind: int(counts.get(kind, 0)) for kind in d.ERASED_KINDS},
+        start_time=row["start_time"],
+        end_time=row["end_time"],
+    )
+
+
+class PostgresLifecycle(PostgresConnection, LifecycleStore):
+    async def set_conversation_facts(
+        self, *, user_id: str, conversation_id: int, labels: LabelChange, ttl: TtlChange
+    ) -> Conversation:
+        params = {
+            "user_id": user_id,
+            "conversation_id": conversation_id,
+            "set_labels": json.dumps(dict(labels.set_labels)),
+            "remove_labels": list(labels.remove_labels),
+            "max_labels": d.MAX_LABELS,
+            "clear_ttl": ttl.clear,
+            **ttl_params(ttl.ttl),
+        }
+        rows = await self._rows(lsql.UPDATE_CONVERSATION, params)
+        if rows:
+            return conversation_of(rows[0])
+        # Absent (NOT_FOUND), or there (the change would leave too many labels).
+        existing = await self._rows(
+            sql.SELECT_CONVERSATION, {"user_id": user_id, "conversation_id": conversation_id}
+        )
+        if not existing:
+            raise d.conversation_not_found(conversation_id)
+        raise d.InvalidArgument(
+            f"a conversation has at most {d.MAX_LABELS} labels; this change would leave more"
+        )
+
+    async def search_conversations(
+        self,
+        *,
+        where: ConversationFilter,
+        page_size: int,
+        before_id: int | None,
+        include_total: bool = False,
+        include_state_key: str = "",
+    ) -> ConversationSearch:
+        clauses, params = search_params(where)
+        total = None
+        if include_total:
+            (row,) = await self._rows(
+                lsql.count_statement(clauses, statuses=bool(where.statuses)), params
+            )
+            total = int(row["total"])
+        if before_id is not None:
+            clauses.append("before")
+            params["before_id"] = before_id
+        params["limit"] = page_size + 1
+        if include_state_key:
+            params["state_key"] = include_state_key
+        # One user's label equality: walk that label's index rows (flat at any size).
+        by_label = where.user_id is not None and bool(where.selector.equal)
+        if by_label:
+            params["drive_key"], params["drive_value"] = sorted(where.selector.equal.items())[0]
+        statement = lsql.search_statement(
+            clauses,
+            statuses=bool(where.statuses),
+            state=bool(include_state_key),
+            by_label=by_label,
+        )
+        rows = await self._rows(statement, params)
+        items = [conversation_of(r) for r in rows[:page_size]]
+        states = {
+            int(r["id"]): str(r["state_payload"]).encode()
+            for r in rows[:page_size]
+            if include_state_key and r["state_payload"] is not None
+        }
+        token = str(items[-1].conversation_id) if len(rows) > page_size else ""
+        return ConversationSearch(Page(items, token), total, states)
+
+    async def purge_expired(self, *, batch_size: int = 500) -> DeleteCounts:
+        total = DeleteCounts(0, 0, 0)
+        while True:
+            async with self._connection() as conn, conn.transaction():
+                cur = await conn.execute(lsql.SELECT_EXPIRED_CONVERSATIONS, {"limit": batch_size})
+                rows = await cur.fetchall()
+                by_user: dict[str, list[int]] = {}
+                for row in rows:
+                    by_user.setdefault(row["user_id"], []).append(int(row["id"]))
+                for user_id, ids in by_user.items():
+                    cur = await conn.execute(
+                        sql.DELETE_CONVERSATIONS,
+                        {"user_id": user_id, "conversation_ids": BigintArray(sorted(ids))},
+                    )
+                    counts = await cur.fetchone()
+                    assert counts is not None
+                    total = total + delete_counts_of(counts)
+            if len(rows) < batch_size:
+                return total
+
+    async def erase_user(self, *, user_id: str, settings: EraseSettings) -> ErasureReceipt:
+        (begun,) = await self._rows(
+            lsql.ERASE_BEGIN,
+            {
+                "user_id": user_id,
+                "user_hash": d.user_hash(user_id),
+                "stale_ms": int(settings.stale_seconds * 1000),
+            },
+        )
+        erasure_id = int(begun["erasure_id"])
+        if begun["already_done"]:
+            return await self.get_erasure_receipt(erasure_id=erasure_id)
+        # Running turns were asked to stop: give them a moment to end cleanly. One still
+        # running after that is erased anyway; its next write is NOT_FOUND.
+        deadline = time.monotonic() + settings.stop_grace_seconds
+        while time.monotonic() < deadline:
+            (row,) = await self._rows(lsql.COUNT_RUNNING_TURNS, {"user_id": user_id})
+            if not row["running"]:
+                break
+            await asyncio.sleep(0.05)
+        while True:
+            (row,) = await self._rows(
+                lsql.ERASE_BATCH,
+                {
+                    "user_id": user_id,
+                    "erasure_id": erasure_id,
+                    "batch": settings.batch_conversations,
+                },
+            )
+            if not row["remaining"]:
+                break
+            if settings.pause_seconds > 0:
+                await asyncio.sleep(settings.pause_seconds)
+        return await self.get_erasure_receipt(erasure_id=erasure_id)
+
+    async def get_erasure_receipt(self, *, erasure_id: int) -> ErasureReceipt:
+        rows = await self._rows(lsql.SELECT_ERASURE, {"erasure_id": erasure_id})
+        if not rows:
+            raise d.erasure_not_found(erasure_id)
+        return receipt_of(rows[0])

@@ -1,0 +1,165 @@
+"""The data lifecycle's SQL (issue 23): labels and time to live, the conversation search,
+expiry, erasure. Kept apart from sql.py; the same rules (named parameters, rows read by
+column name, one statement per round trip)."""
+
+from __future__ import annotations
+
+from typing import Final
+
+from agentstate.state_service.storage.postgres.sql import STATUS_COLUMNS
+
+CONVERSATION_COLUMNS: Final = (
+    "c.id, c.user_id, c.title, c.create_time, c.update_time, c.external_key, "
+    "c.labels::text AS labels, c.ttl_seconds, c.ttl_renew, c.expire_time"
+)
+
+# Labels: removed keys, then the set ones. TTL: unchanged, cleared, or set from now (a
+# RENEW_ON_WRITE one is then recomputed from update_time by agentstate_renew_ttl).
+UPDATE_CONVERSATION: Final = f"""
+UPDATE t_conversation AS c SET
+    update_time = now(),
+    labels = (c.labels - %(remove_labels)s::text[]) || %(set_labels)s::jsonb,
+    ttl_seconds = CASE WHEN %(clear_ttl)s THEN NULL
+                       WHEN %(ttl_seconds)s::bigint IS NULL THEN c.ttl_seconds
+                       ELSE %(ttl_seconds)s::bigint END,
+    ttl_renew = CASE WHEN %(clear_ttl)s THEN false
+                     WHEN %(ttl_seconds)s::bigint IS NULL THEN c.ttl_renew
+                     ELSE %(ttl_renew)s END,
+    expire_time = CASE WHEN %(clear_ttl)s THEN NULL
+                       WHEN %(ttl_seconds)s::bigint IS NULL THEN c.expire_time
+                       ELSE now() + make_interval(secs => %(ttl_seconds)s::bigint) END
+WHERE c.user_id = %(user_id)s AND c.id = %(conversation_id)s
+  -- No row: absent, or the change would leave too many labels (told apart after).
+  AND (SELECT count(*) FROM jsonb_object_keys(
+           (c.labels - %(remove_labels)s::text[]) || %(set_labels)s::jsonb)) <= %(max_labels)s
+RETURNING {CONVERSATION_COLUMNS}, {STATUS_COLUMNS}
+"""
+
+# The search: the WHERE clauses are put together in Python from those that apply, so
+# each combination is its own statement with its own plan (a prepared "x IS NULL OR"
+# plan would not use the (user_id, id) index). Every clause is parameterised.
+SEARCH_CLAUSES: Final = {
+    "user": "c.user_id = %(user_id)s",
+    "before": "c.id < %(before_id)s::bigint",
+    # LIKE with the prefix's wildcards escaped: served by the text_pattern_ops index.
+    "key_prefix": "c.external_key LIKE %(key_like)s",
+    "title_prefix": "starts_with(c.title, %(title_prefix)s)",
+    "updated_after": "c.update_time >= %(updated_after)s",
+    "updated_before": "c.update_time < %(updated_before)s",
+    "label_equal": "c.labels @> %(label_equal)s::jsonb",
+    "label_present": "c.labels ?& %(label_present)s::text[]",
+    "label_absent": "NOT c.labels ?| %(label_absent)s::text[]",
+    # Only RUNNING / AWAITING_CONFIRMATION wanted: the candidates are the user's few
+    # leases and open cards (both indexed), not every conversation of the user.
+    "open_candidates": (
+        "c.id = ANY(ARRAY("
+        "SELECT l.conversation_id FROM t_run_lease AS l "
+        "WHERE l.user_id = %(user_id)s AND l.expire_time > now() "
+        "UNION SELECT m.conversation_id FROM t_agent_message AS m "
+        "WHERE m.user_id = %(user_id)s AND m.status = 'AWAITING_CONFIRM'))"
+    ),
+    "label_not_equal": (
+        "NOT EXISTS (SELECT 1 FROM jsonb_each_text(%(label_not_equal)s::jsonb) AS ne "
+        "WHERE c.labels ->> ne.key = ne.value)"
+    ),
+}
+
+
+def _status_match() -> str:
+    """The status expression alone, for a WHERE clause."""
+    expression = STATUS_COLUMNS.split(" AS status,")[0]
+    return f"({expression}) = ANY(%(statuses)s::text[])"
+
+
+def search_statement(
+    clauses: list[str], *, statuses: bool, state: bool, by_label: bool = False
+) -> str:
+    """The page first (the index walk stops at the limit), then the status and the state
+    of those rows only (the page is aliased `c`, which STATUS_COLUMNS reads). `by_label`:
+    one user's conversations with the label %(drive_key)s = %(drive_value)s, walked from
+    t_conversation_label's key (the other clauses filter)."""
+    where = [SEARCH_CLAUSES[name] for name in clauses]
+    if statuses:
+        where.append(_status_match())
+    if by_label:
+        where = [w.replace("c.id < ", "lb.conversation_id < ") for w in where]
+        page = f"""
+SELECT {CONVERSATION_COLUMNS}
+FROM t_conversation_label AS lb
+JOIN t_conversation AS c ON c.user_id = lb.user_id AND c.id = lb.conversation_id
+WHERE lb.user_id = %(user_id)s AND lb.key = %(drive_key)s AND lb.value = %(drive_value)s
+  AND {" AND ".join(where) or "true"}
+ORDER BY lb.conversation_id DESC LIMIT %(limit)s"""
+    else:
+        page = f"""
+SELECT {CONVERSATION_COLUMNS} FROM t_conversation AS c
+WHERE {" AND ".join(where) or "true"}
+ORDER BY c.id DESC LIMIT %(limit)s"""
+    columns = f"c.*, {STATUS_COLUMNS}"
+    joined = ""
+    if state:
+        # The state under include_state_key, as GetState assembles it (sql.SELECT_STATE).
+        columns += """, CASE
+           WHEN s.member_keys IS NOT NULL
+               THEN agentstate_members_text(s.member_keys, s.member_values)
+           WHEN s.context_start IS NULL THEN s.payload::text
+           ELSE s.context_head || (
+               SELECT coalesce('[' || string_agg(m.message, ', ' ORDER BY m.position) || ']',
+                               '[]')
+               FROM t_agent_state_message AS m
+               WHERE m.session_id = s.session_id AND m.state_key = s.state_key
+                 AND m.user_id = s.user_id) || s.context_tail
+       END AS state_payload"""
+        joined = """
+LEFT JOIN t_agent_state AS s
+  ON s.user_id = c.user_id AND s.session_id = c.id AND s.state_key = %(state_key)s"""
+    return f"""
+SELECT {columns}
+FROM ({page}) AS c{joined}
+ORDER BY c.id DESC
+"""
+
+
+def count_statement(clauses: list[str], *, statuses: bool) -> str:
+    where = [SEARCH_CLAUSES[name] for name in clauses if name != "before"]
+    if statuses:
+        where.append(_status_match())
+    return "SELECT count(*) AS total FROM t_conversation AS c WHERE " + (
+        " AND ".join(where) or "true"
+    )
+
+
+# Conversations past their time to live and not running a turn, as retention's
+# SELECT_INACTIVE_CONVERSATIONS (several replicas may sweep at once).
+SELECT_EXPIRED_CONVERSATIONS: Final = """
+SELECT c.id, c.user_id FROM t_conversation c
+WHERE c.expire_time < now()
+  AND NOT EXISTS (
+      SELECT 1 FROM t_run_lease l
+      WHERE l.user_id = c.user_id AND l.conversation_id = c.id AND l.expire_time > now()
+  )
+ORDER BY c.expire_time
+LIMIT %(limit)s
+FOR UPDATE OF c SKIP LOCKED
+"""
+
+ERASE_BEGIN: Final = """
+SELECT erasure_id, already_done
+FROM agentstate_erase_begin(%(user_id)s, %(user_hash)s, %(stale_ms)s::integer)
+"""
+
+# The user's turns that still hold a lease (they were asked to stop).
+COUNT_RUNNING_TURNS: Final = """
+SELECT count(*) AS running FROM t_run_lease
+WHERE user_id = %(user_id)s AND expire_time > now()
+"""
+
+ERASE_BATCH: Final = """
+SELECT batch_counts::text AS batch_counts, remaining
+FROM agentstate_erase_batch(%(user_id)s, %(erasure_id)s::bigint, %(batch)s::integer)
+"""
+
+SELECT_ERASURE: Final = """
+SELECT id, done, counts::text AS counts, start_time, end_time FROM t_erasure
+WHERE id = %(erasure_id)s
+"""

@@ -1,0 +1,203 @@
+"""No ghost writes (issue 22, item 3): runs and update_state calls racing on one thread.
+
+A run holds the thread's run lease from its first put to its last, so a run that is
+refused is refused before anything of it is stored; update_state on the latest
+checkpoint is compare-and-set. The acceptance test: two processes x 50 invokes on one
+thread end with 0 forks, 0 silent losses, 0 ghost inputs and a serial final state.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from langchain_core.messages import AIMessage, HumanMessage
+from langgraph.graph import START, StateGraph
+
+from agentstate.integrations.langgraph import AgentStateSaver, CheckpointConflict
+from tests.support import paths
+from tests.support.langgraph_invokes import State, reply
+
+INVOKES = 50
+
+
+def config(thread_id: str) -> Any:
+    return {"configurable": {"thread_id": thread_id}}
+
+
+def assert_one_line(saver: AgentStateSaver, thread: str) -> list[Any]:
+    """The thread's history has no fork: every checkpoint has at most one child, and
+    following parents from the head visits them all."""
+    history = list(saver.list(config(thread)))
+    parents = Counter(
+        t.parent_config["configurable"]["checkpoint_id"] for t in history if t.parent_config
+    )
+    assert max(parents.values()) == 1, "forked"
+    ids = [t.checkpoint["id"] for t in reversed(history)]
+    chain = [
+        t.parent_config["configurable"]["checkpoint_id"] if t.parent_config else None
+        for t in reversed(history)
+    ]
+    assert chain == [None, *ids[:-1]]
+    return history
+
+
+def test_two_processes_times_50_invokes_no_fork_loss_or_ghost(
+    state_process_address: str, tmp_path: Path, database_url: str
+) -> None:
+    thread = f"invokes-{uuid.uuid4()}"
+    go = tmp_path / "go"
+    procs = {
+        name: subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tests.support.langgraph_invokes",
+                state_process_address,
+                thread,
+                name,
+                str(INVOKES),
+                str(go),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=paths.REPO,
+        )
+        for name in ("a", "b")
+    }
+    go.touch()
+    results = {}
+    for name, proc in procs.items():
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err[-3000:]
+        results[name] = json.loads(out.strip().splitlines()[-1])
+    acknowledged = results["a"]["acknowledged"] + results["b"]["acknowledged"]
+    refused = results["a"]["refused"] + results["b"]["refused"]
+    assert len(acknowledged) == 2 * INVOKES
+
+    with AgentStateSaver(state_process_address) as saver:
+        history = assert_one_line(saver, thread)  # 0 forks
+        graph = StateGraph(State)
+        graph.add_node("reply", reply)
+        graph.add_edge(START, "reply")
+        messages = graph.compile(checkpointer=saver).get_state(config(thread)).values["messages"]
+    inputs = [str(m.content) for m in messages if isinstance(m, HumanMessage)]
+    assert sorted(inputs) == sorted(acknowledged)  # 0 silent losses, each input once
+    assert not set(inputs) & set(refused)  # 0 ghost inputs
+    # Serial: every input is followed by its own reply, and each process's in its order.
+    assert len(messages) == 2 * len(inputs)
+    for human, answer in zip(messages[::2], messages[1::2], strict=True):
+        assert isinstance(human, HumanMessage) and isinstance(answer, AIMessage)
+        assert answer.content == f"reply to {human.content}"
+    for name in ("a", "b"):
+        assert [i for i in inputs if i.startswith(f"{name}-")] == results[name]["acknowledged"]
+    assert len(history) == 3 * len(inputs)  # input, start and reply checkpoints per invoke
+    with psycopg.connect(database_url) as db:
+        row = db.execute(
+            "SELECT count(*) FROM t_checkpoint_write w JOIN t_conversation c"
+            " ON c.user_id = w.user_id AND c.id = w.conversation_id"
+            " WHERE c.external_key = %s AND NOT EXISTS (SELECT 1 FROM t_checkpoint k"
+            " WHERE k.user_id = w.user_id AND k.conversation_id = w.conversation_id"
+            " AND k.namespace = w.namespace AND k.checkpoint_id = w.checkpoint_id)",
+            [thread],
+        ).fetchone()
+    # Nothing of a refused run at all: not even pending writes of its refused checkpoints.
+    assert row is not None and row[0] == 0, f"{row} writes of no checkpoint"
+    print(f"refused attempts: {len(refused)}; writes of no checkpoint: {row[0]}")
+
+
+def test_concurrent_update_state_is_refused_or_serialised_never_forked(
+    state_process_address: str,
+) -> None:
+    thread = f"updates-{uuid.uuid4()}"
+    builder = StateGraph(State)
+    builder.add_node("reply", reply)
+    builder.add_edge(START, "reply")
+    with AgentStateSaver(state_process_address) as first:
+        builder.compile(checkpointer=first).invoke(
+            {"messages": [HumanMessage("hi")]}, config(thread)
+        )
+    acknowledged: list[str] = []
+    refusals: list[str] = []
+    start = threading.Barrier(2)
+
+    def updater(name: str) -> None:
+        with AgentStateSaver(state_process_address) as saver:  # a replica of its own
+            graph = builder.compile(checkpointer=saver)
+            start.wait()
+            done = 0
+            while done < 20:
+                text = f"{name}-{done}-{len(refusals)}"
+                try:
+                    graph.update_state(config(thread), {"messages": [HumanMessage(text)]})
+                except CheckpointConflict as exc:
+                    refusals.append(str(exc))
+                    continue
+                acknowledged.append(text)
+                done += 1
+
+    threads = [threading.Thread(target=updater, args=(n,)) for n in ("a", "b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    with AgentStateSaver(state_process_address) as saver:
+        assert_one_line(saver, thread)
+        messages = builder.compile(checkpointer=saver).get_state(config(thread)).values["messages"]
+    updates = [m.content for m in messages[2:]]
+    assert sorted(updates) == sorted(acknowledged) and len(updates) == 40  # none lost
+    assert all("nothing of this run was stored" in r for r in refusals)
+
+
+def test_a_refusal_says_what_was_stored(state_process_address: str) -> None:
+    """A run whose lease is taken over mid-run (it outlived run_lease_seconds) is refused
+    at its next put; the error names the checkpoints of the run that are stored."""
+    thread = f"lapse-{uuid.uuid4()}"
+    gate = threading.Event()
+    entered = threading.Event()
+
+    def slow(state: State) -> dict[str, Any]:
+        entered.set()
+        gate.wait(30)
+        return {"messages": [AIMessage("late")]}
+
+    builder = StateGraph(State)
+    builder.add_node("reply", slow)
+    builder.add_edge(START, "reply")
+    errors: list[BaseException] = []
+    with AgentStateSaver(state_process_address, run_lease_seconds=1) as saver:
+        graph = builder.compile(checkpointer=saver)
+
+        def run() -> None:
+            try:
+                graph.invoke(
+                    {"messages": [HumanMessage("slow")]}, config(thread), durability="sync"
+                )
+            except CheckpointConflict as exc:
+                errors.append(exc)
+
+        runner = threading.Thread(target=run)
+        runner.start()
+        assert entered.wait(30)
+        time.sleep(1.5)  # the run's lease lapses; another replica runs the thread meanwhile
+        with AgentStateSaver(state_process_address) as other:
+            fast = StateGraph(State)
+            fast.add_node("reply", reply)
+            fast.add_edge(START, "reply")
+            fast.compile(checkpointer=other).invoke(
+                {"messages": [HumanMessage("fast")]}, config(thread)
+            )
+        gate.set()
+        runner.join(30)
+    assert len(errors) == 1
+    message = str(errors[0])
+    assert "this run's earlier checkpoints" in message and "are stored" in message, message
