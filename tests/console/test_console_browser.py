@@ -736,6 +736,34 @@ def test_the_list_has_timestamps_and_search_and_plurals_are_right(
     page.wait(lambda: "Deleted 2 conversations." in page.text("#notice"))
 
 
+def test_the_list_shows_status_badges_and_filters_by_status_on_the_server(
+    browser: WebDriver, console_url: str, screenshots: Path
+) -> None:
+    """Issue 23 in the rebuilt list: a conversation waiting on a card says so, an idle one
+    carries no badge, and the status filter is the state service's."""
+    from selenium.webdriver.support.ui import Select
+
+    user = new_user("status")
+    waiting = chat(console_url, user, QUESTION)[0]["conversation_id"]  # a card left open
+    idle = chat(console_url, user, STATUS_QUESTION)[0]["conversation_id"]
+    page = Page(browser, console_url, user, screenshots)
+    page.open()
+    page.wait(lambda: sorted(page.listed()) == sorted([waiting, idle]))
+    row = f"#conversations li[data-conversation-id='{waiting}']"
+    page.wait(lambda: page.text(f"{row} .status.AWAITING_CONFIRMATION") == "card")
+    assert not page.all(f"#conversations li[data-conversation-id='{idle}'] .status")
+    status = Select(page.find("#search-status"))
+    status.select_by_value("AWAITING_CONFIRMATION")
+    page.wait(lambda: page.listed() == [waiting])
+    status.select_by_value("IDLE")
+    page.wait(lambda: page.listed() == [idle])
+    status.select_by_value("FAILED")
+    page.wait(lambda: page.find("#no-match").is_displayed() and not page.listed())
+    status.select_by_value("")
+    page.wait(lambda: sorted(page.listed()) == sorted([waiting, idle]))
+    assert not page.find("#no-match").is_displayed()
+
+
 def test_a_narrow_screen_shows_every_panel(
     browser: WebDriver, console_url: str, screenshots: Path
 ) -> None:
