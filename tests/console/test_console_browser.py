@@ -159,7 +159,14 @@ class Page:
         self.wait(lambda: self.user in self.text("#user"))
 
     def wait(self, condition: Callable[[], Any], timeout: float = 15) -> Any:
-        return WebDriverWait(self.driver, timeout, poll_frequency=0.05).until(lambda _: condition())
+        # An element read while the page redraws it (or reloads, after a plain form post) is
+        # stale: the condition is asked again, as for one not there yet.
+        return WebDriverWait(
+            self.driver,
+            timeout,
+            poll_frequency=0.05,
+            ignored_exceptions=(NoSuchElementException, StaleElementReferenceException),
+        ).until(lambda _: condition())
 
     def find(self, css: str) -> WebElement:
         return self.driver.find_element(By.CSS_SELECTOR, css)
