@@ -211,7 +211,7 @@ class SaverBase(BaseCheckpointSaver[str]):
         this saver opens (agentstate.client.tls; default: what `settings` say, else
         plaintext). `ttl_seconds`: the time to live of each thread's conversation, set
         when the thread's first checkpoint or write creates it (None: none), renewed by
-        each write with `ttl_renewed_by_writes`; a config's `ttl_seconds` and
+        each checkpoint with `ttl_renewed_by_writes`; a config's `ttl_seconds` and
         `ttl_renewed_by_writes` in "configurable" override both for the thread it creates.
         ValueError when not a positive int."""
         super().__init__(serde=serde)
