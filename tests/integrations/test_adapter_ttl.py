@@ -94,6 +94,12 @@ async def test_openai_session_ttl(
     second = await conversation(client, user_id, openai_key("renewed"))
     assert second.expire_time is not None and second.expire_time > first.expire_time
     expires_in(second, 1, since=second.update_time)
+    await asyncio.sleep(0.2)
+    await renewed.add_items([{"role": "user", "content": "more"}])
+    assert await renewed.pop_item() is not None  # a pop is a write: it renews too
+    third = await conversation(client, user_id, openai_key("renewed"))
+    assert third.expire_time is not None and third.expire_time > second.expire_time
+    second = third
 
     forever = AgentStateSession("forever", client=client, user_id=user_id)
     await forever.add_items([{"role": "user", "content": "hi"}])
@@ -148,6 +154,9 @@ async def test_adk_session_ttl(store: StateStore, client: AsyncStateClient, user
     )
     found = await conversation(client, user_id, session_key(app, hours.id))
     expires_in(found, 7200, since=found.create_time)
+    await service.create_session(app_name=app, user_id=user_id, session_id="int", ttl=90)
+    found = await conversation(client, user_id, session_key(app, "int"))
+    expires_in(found, 90, since=found.create_time)
     until = datetime.now(UTC) + timedelta(days=1)
     await service.create_session(
         app_name=app, user_id=user_id, session_id="until", expire_time=until.isoformat()
@@ -174,7 +183,7 @@ async def test_adk_session_ttl(store: StateStore, client: AsyncStateClient, user
     await sweep_after_expiry(store, second)
     assert await service.get_session(app_name=app, user_id=user_id, session_id="short") is None
     left = await service.list_sessions(app_name=app, user_id=user_id)
-    assert sorted(s.id for s in left.sessions) == sorted([default.id, "hours", "until"])
+    assert sorted(s.id for s in left.sessions) == sorted([default.id, "hours", "int", "until"])
 
 
 @pytest.mark.parametrize(
@@ -251,6 +260,10 @@ async def test_langgraph_ttl(store: StateStore, client: AsyncStateClient, user_i
 
     await compiled.ainvoke({"n": 0}, config("none", ttl_seconds=None))
     assert (await conversation(client, user_id, "none")).expire_time is None
+    # A copy is a new thread: the saver's time to live.
+    await saver.acopy_thread("none", "copy")
+    found = await conversation(client, user_id, "copy")
+    expires_in(found, 3600, since=found.create_time)
 
     await sweep_after_expiry(store, second)
     assert await saver.aget_tuple(config("short")) is None
