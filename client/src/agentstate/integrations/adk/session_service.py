@@ -14,14 +14,24 @@ state change together or not at all, and it is compare-and-set on the session's 
 a caller whose session object is older than the stored session gets ADK's
 StaleSessionError and nothing is written. Deleting a session deletes the conversation with
 its events and state in one transaction; a late append is SessionNotFoundError.
+
+A session's time to live: `ttl_seconds=` on the service (every session it creates), or per
+session as VertexAiSessionService takes it, `create_session(..., ttl="7200s")` (a duration
+string, an int of seconds or a timedelta) or `expire_time=` (a datetime or an RFC 3339
+string; a fixed time to live until then). `ttl_renewed_by_writes=True` (on the service or
+per session) renews it by each appended event instead of counting from creation. The
+state service's retention sweep deletes an expired session (a running turn spared):
+get_session then returns None.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import math
+import re
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, Self
 
 from google.adk.errors._stale_session_error import StaleSessionError
@@ -49,6 +59,7 @@ from agentstate.client.settings import ClientSettings
 from agentstate.client.tls import ChannelSecurity
 from agentstate.client.types import Conversation, NewItem, StateSnapshot
 from agentstate.integrations._connection import BoundedCache, Connection
+from agentstate.integrations._ttl import TimeToLive, time_to_live
 
 KEY_PREFIX = "adk:"
 SESSION_STATE_KEY = "adk.session"  # the conversation state holding session-scoped state
@@ -86,10 +97,15 @@ class AgentStateSessionService(BaseSessionService):
         client: AsyncStateClient | None = None,
         settings: ClientSettings | None = None,
         security: ChannelSecurity | None = None,
+        ttl_seconds: int | None = None,
+        ttl_renewed_by_writes: bool = False,
     ) -> None:
         """One of: an AsyncStateClient (yours to close), an address or ClientSettings (a
         connection this service opens and `close()` closes), positionally or by name;
-        `security`: TLS for that connection (agentstate.client.tls)."""
+        `security`: TLS for that connection (agentstate.client.tls). `ttl_seconds`: the
+        default time to live of the sessions this service creates (None: none), renewed
+        by each event with `ttl_renewed_by_writes`; ValueError when not a positive int."""
+        self.ttl = time_to_live(ttl_seconds, ttl_renewed_by_writes)
         self._connection = Connection(
             target,
             address=address,
@@ -126,7 +142,13 @@ class AgentStateSessionService(BaseSessionService):
     # ------------------------------------------------------------ lookups
 
     async def _conversation(
-        self, app_name: str, user_id: str, session_id: str, *, create: bool
+        self,
+        app_name: str,
+        user_id: str,
+        session_id: str,
+        *,
+        create: bool,
+        ttl: TimeToLive | None = None,
     ) -> tuple[Conversation, bool] | None:
         """The session's conversation and whether this call created it; None when absent."""
         _check_names(app_name, user_id)
@@ -138,7 +160,12 @@ class AgentStateSessionService(BaseSessionService):
             )
         try:
             resolved = await self._client.resolve_conversation(
-                user_id, key, create=create, title=session_id[:200]
+                user_id,
+                key,
+                create=create,
+                title=session_id[:200],
+                ttl_seconds=ttl.seconds if ttl else None,
+                ttl_renewed_by_writes=ttl.renewed_by_writes if ttl else False,
             )
         except NotFound:
             return None
@@ -163,10 +190,15 @@ class AgentStateSessionService(BaseSessionService):
         user_id: str,
         state: dict[str, Any] | None = None,
         session_id: str | None = None,
+        **kwargs: Any,
     ) -> Session:
+        """As BaseSessionService.create_session; `ttl`, `expire_time` and
+        `ttl_renewed_by_writes` set this session's time to live (see the module
+        docstring), ValueError for a bad one and TypeError for another keyword."""
+        ttl = self._session_ttl(kwargs)
         session_id = session_id.strip() if session_id else None
         session_id = session_id or str(uuid.uuid4())
-        found = await self._conversation(app_name, user_id, session_id, create=True)
+        found = await self._conversation(app_name, user_id, session_id, create=True, ttl=ttl)
         assert found is not None
         conversation, created = found
         if not created:
@@ -204,6 +236,27 @@ class AgentStateSessionService(BaseSessionService):
         )
         session._storage_update_marker = str(revision)
         return session
+
+    def _session_ttl(self, options: dict[str, Any]) -> TimeToLive | None:
+        unknown = set(options) - {"ttl", "expire_time", "ttl_renewed_by_writes"}
+        if unknown:
+            raise TypeError(f"create_session got unexpected keyword arguments {sorted(unknown)}")
+        ttl, expire_time = options.get("ttl"), options.get("expire_time")
+        renewed = options.get(
+            "ttl_renewed_by_writes", self.ttl.renewed_by_writes if self.ttl else False
+        )
+        if ttl is not None and expire_time is not None:
+            # VertexAiSessionService's own check, in its words.
+            raise ValueError("Cannot specify both 'ttl' and 'expire_time' simultaneously.")
+        if expire_time is not None:
+            if options.get("ttl_renewed_by_writes"):
+                raise ValueError("expire_time is a fixed expiry: not with ttl_renewed_by_writes")
+            return time_to_live(_seconds_until(expire_time), what="expire_time (from now)")
+        if ttl is not None:
+            return time_to_live(_duration_seconds(ttl), renewed, what="ttl")
+        if self.ttl is None:
+            return time_to_live(None, renewed)
+        return time_to_live(self.ttl.seconds, renewed)
 
     async def get_session(
         self,
@@ -402,6 +455,34 @@ class AgentStateSessionService(BaseSessionService):
         except NotFound:
             return False
         return _holds(stored, event)
+
+
+_DURATION = re.compile(r"([0-9]+(?:\.[0-9]+)?)s")
+
+
+def _duration_seconds(ttl: object) -> object:
+    """Seconds of a time to live given as Vertex AI takes it ("7200s", a protobuf Duration
+    in JSON), or as an int or a timedelta; whole seconds, rounded up. Anything else is
+    returned as it is, for time_to_live to refuse."""
+    if isinstance(ttl, timedelta):
+        return math.ceil(ttl.total_seconds())
+    if isinstance(ttl, str):
+        matched = _DURATION.fullmatch(ttl.strip())
+        if matched is None:
+            raise ValueError(f'ttl must be a duration like "7200s", got {ttl!r}')
+        return math.ceil(float(matched.group(1)))
+    return ttl
+
+
+def _seconds_until(expire_time: object) -> int:
+    if isinstance(expire_time, str):
+        try:
+            expire_time = datetime.fromisoformat(expire_time.replace("Z", "+00:00"))
+        except ValueError as exc:
+            raise ValueError(f"expire_time must be an RFC 3339 time, got {expire_time!r}") from exc
+    if not isinstance(expire_time, datetime) or expire_time.tzinfo is None:
+        raise ValueError(f"expire_time must be a datetime with a time zone, got {expire_time!r}")
+    return math.ceil((expire_time - datetime.now(UTC)).total_seconds())
 
 
 def _holds(events: list[Event], event: Event) -> bool:

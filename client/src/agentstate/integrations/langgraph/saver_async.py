@@ -20,6 +20,7 @@ from langgraph.checkpoint.base import (
 )
 
 from agentstate import client as state
+from agentstate.integrations._ttl import TimeToLive
 from agentstate.integrations.langgraph.saver_base import (
     BATCH,
     MAX_INDEX_ATTEMPTS,
@@ -43,7 +44,12 @@ from agentstate.integrations.langgraph.saver_base import (
 class AsyncSaverMethods(SaverBase):
     """The checkpointer's a* methods, each one or two calls of the state service."""
 
-    async def _aconversation(self, user: str, thread: str, *, create: bool) -> str | None:
+    async def _aconversation(
+        self, user: str, thread: str, *, create: bool, ttl: TimeToLive | None = None
+    ) -> str | None:
+        """The thread's conversation id (None: absent, and not `create`); `ttl`: the time to
+        live of one this call creates (never of the saver user's index of a thread's users,
+        which delete_thread needs for as long as the thread lives)."""
         key = (user, thread)
         found = self._conversations.get(key)
         if found is None:
@@ -61,7 +67,12 @@ class AsyncSaverMethods(SaverBase):
                     await self._aindex_user(user, thread)
                 with langgraph_errors(thread_ids(user, thread)):
                     resolved = await self.aclient.resolve_conversation(
-                        user, thread, create=True, title=THREAD_TITLE
+                        user,
+                        thread,
+                        create=True,
+                        title=THREAD_TITLE,
+                        ttl_seconds=ttl.seconds if ttl else None,
+                        ttl_renewed_by_writes=ttl.renewed_by_writes if ttl else False,
                     )
             found = resolved.conversation.conversation_id
             self._conversations[key] = found
@@ -197,10 +208,10 @@ class AsyncSaverMethods(SaverBase):
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
         new, expected_head = self._new_checkpoint(config, checkpoint, metadata, new_versions)
-        user, thread = self._user(config), thread_id_of(config)
+        user, thread, ttl = self._user(config), thread_id_of(config), self._ttl(config)
         self._writer_conversation_known(user, thread)
         self._refused_before(new, thread)
-        conversation = await self._aconversation(user, thread, create=True)
+        conversation = await self._aconversation(user, thread, create=True, ttl=ttl)
         assert conversation is not None
         self._start_put(user, thread)
         try:
@@ -325,12 +336,12 @@ class AsyncSaverMethods(SaverBase):
     ) -> None:
         namespace, checkpoint_id = self._writes_target(config)
         encoded = self._writes(writes, task_id, task_path)
-        user, thread = self._user(config), thread_id_of(config)
+        user, thread, ttl = self._user(config), thread_id_of(config), self._ttl(config)
         self._writer_conversation_known(user, thread)
         self._writes_refused(checkpoint_id, thread)
         if self._wait_for_put(user, thread, namespace, checkpoint_id, encoded):
             return  # sent by that put once its checkpoint is stored
-        conversation = await self._aconversation(user, thread, create=True)
+        conversation = await self._aconversation(user, thread, create=True, ttl=ttl)
         assert conversation is not None
         await self._asend_writes(user, thread, conversation, namespace, checkpoint_id, encoded)
         if not namespace and self._ended_by(user, thread, checkpoint_id, encoded):
@@ -395,7 +406,9 @@ class AsyncSaverMethods(SaverBase):
         source = await self._aconversation(user, str(source_thread_id), create=False)
         if source is None:
             return  # nothing to copy
-        target = await self._aconversation(user, str(target_thread_id), create=True)
+        target = await self._aconversation(
+            user, str(target_thread_id), create=True, ttl=self._ttl(None)
+        )
         assert target is not None
         try:
             with langgraph_errors():

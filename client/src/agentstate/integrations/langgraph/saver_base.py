@@ -43,6 +43,7 @@ from agentstate.client import (
     StoredCheckpoint,
 )
 from agentstate.integrations._connection import BoundedCache, Connection
+from agentstate.integrations._ttl import TimeToLive, time_to_live
 
 DEFAULT_USER_ID = "langgraph"
 # A channel whose version changed but that holds no value (LangGraph's savers store the
@@ -203,11 +204,18 @@ class SaverBase(BaseCheckpointSaver[str]):
         serde: SerializerProtocol | None = None,
         run_lease_seconds: float = DEFAULT_RUN_LEASE_SECONDS,
         security: ChannelSecurity | None = None,
+        ttl_seconds: int | None = None,
+        ttl_renewed_by_writes: bool = False,
     ) -> None:
         """`security`: TLS, a client certificate and a service token for the connections
         this saver opens (agentstate.client.tls; default: what `settings` say, else
-        plaintext)."""
+        plaintext). `ttl_seconds`: the time to live of each thread's conversation, set
+        when the thread's first checkpoint or write creates it (None: none), renewed by
+        each checkpoint with `ttl_renewed_by_writes`; a config's `ttl_seconds` and
+        `ttl_renewed_by_writes` in "configurable" override both for the thread it creates.
+        ValueError when not a positive int."""
         super().__init__(serde=serde)
+        self.ttl = time_to_live(ttl_seconds, ttl_renewed_by_writes)
         if not 1 <= run_lease_seconds <= 3600:
             raise ValueError("run_lease_seconds must be between 1 and 3600")
         if not isinstance(user_id, str) or not user_id:
@@ -287,6 +295,18 @@ class SaverBase(BaseCheckpointSaver[str]):
             if user:
                 return str(user)
         return self.user_id
+
+    def _ttl(self, config: RunnableConfig | None) -> TimeToLive | None:
+        """The time to live of a thread that `config` creates: its configurable
+        `ttl_seconds` / `ttl_renewed_by_writes`, else the saver's (an explicit
+        `ttl_seconds: None` is none)."""
+        configurable = _configurable(config) if config is not None else {}
+        default = self.ttl or TimeToLive(0)
+        return time_to_live(
+            configurable.get("ttl_seconds", default.seconds or None),
+            configurable.get("ttl_renewed_by_writes", default.renewed_by_writes),
+            what='config["configurable"]["ttl_seconds"]',
+        )
 
     # ---------------------------------------------------------- thread lookup
 

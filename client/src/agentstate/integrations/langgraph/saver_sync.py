@@ -19,6 +19,7 @@ from langgraph.checkpoint.base import (
 )
 
 from agentstate import client as state
+from agentstate.integrations._ttl import TimeToLive
 from agentstate.integrations.langgraph.saver_base import (
     BATCH,
     MAX_INDEX_ATTEMPTS,
@@ -42,7 +43,12 @@ from agentstate.integrations.langgraph.saver_base import (
 class SyncSaverMethods(SaverBase):
     """The checkpointer's synchronous methods, each one or two calls of the state service."""
 
-    def _conversation(self, user: str, thread: str, *, create: bool) -> str | None:
+    def _conversation(
+        self, user: str, thread: str, *, create: bool, ttl: TimeToLive | None = None
+    ) -> str | None:
+        """The thread's conversation id (None: absent, and not `create`); `ttl`: the time to
+        live of one this call creates (never of the saver user's index of a thread's users,
+        which delete_thread needs for as long as the thread lives)."""
         key = (user, thread)
         found = self._conversations.get(key)
         if found is None:
@@ -60,7 +66,12 @@ class SyncSaverMethods(SaverBase):
                     self._index_user(user, thread)
                 with langgraph_errors(thread_ids(user, thread)):
                     resolved = self.sync_client.resolve_conversation(
-                        user, thread, create=True, title=THREAD_TITLE
+                        user,
+                        thread,
+                        create=True,
+                        title=THREAD_TITLE,
+                        ttl_seconds=ttl.seconds if ttl else None,
+                        ttl_renewed_by_writes=ttl.renewed_by_writes if ttl else False,
                     )
             found = resolved.conversation.conversation_id
             self._conversations[key] = found
@@ -196,10 +207,10 @@ class SyncSaverMethods(SaverBase):
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
         new, expected_head = self._new_checkpoint(config, checkpoint, metadata, new_versions)
-        user, thread = self._user(config), thread_id_of(config)
+        user, thread, ttl = self._user(config), thread_id_of(config), self._ttl(config)
         self._writer_conversation_known(user, thread)
         self._refused_before(new, thread)
-        conversation = self._conversation(user, thread, create=True)
+        conversation = self._conversation(user, thread, create=True, ttl=ttl)
         assert conversation is not None
         self._start_put(user, thread)
         try:
@@ -322,12 +333,12 @@ class SyncSaverMethods(SaverBase):
     ) -> None:
         namespace, checkpoint_id = self._writes_target(config)
         encoded = self._writes(writes, task_id, task_path)
-        user, thread = self._user(config), thread_id_of(config)
+        user, thread, ttl = self._user(config), thread_id_of(config), self._ttl(config)
         self._writer_conversation_known(user, thread)
         self._writes_refused(checkpoint_id, thread)
         if self._wait_for_put(user, thread, namespace, checkpoint_id, encoded):
             return  # sent by that put once its checkpoint is stored
-        conversation = self._conversation(user, thread, create=True)
+        conversation = self._conversation(user, thread, create=True, ttl=ttl)
         assert conversation is not None
         self._send_writes(user, thread, conversation, namespace, checkpoint_id, encoded)
         if not namespace and self._ended_by(user, thread, checkpoint_id, encoded):
@@ -392,7 +403,7 @@ class SyncSaverMethods(SaverBase):
         source = self._conversation(user, str(source_thread_id), create=False)
         if source is None:
             return  # nothing to copy
-        target = self._conversation(user, str(target_thread_id), create=True)
+        target = self._conversation(user, str(target_thread_id), create=True, ttl=self._ttl(None))
         assert target is not None
         try:
             with langgraph_errors():

@@ -13,6 +13,11 @@ SQLite file does not give: `add_items` from any number of processes or hosts all
 (each call is one transaction under the conversation's lock), the items go with
 DeleteConversation in one transaction, and a service in another language reads them over
 gRPC (ListItems).
+
+`ttl_seconds=` gives the session's conversation a time to live: fixed from its creation,
+or with `ttl_renewed_by_writes=True` renewed by each add_items and pop_item; the service's
+retention sweep deletes it once expired (a running turn spared), and the session then
+starts afresh.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from agentstate.client.settings import ClientSettings
 from agentstate.client.tls import ChannelSecurity
 from agentstate.client.types import Item, NewItem
 from agentstate.integrations._connection import Connection
+from agentstate.integrations._ttl import time_to_live
 
 if TYPE_CHECKING:
     from agents.items import TResponseInputItem
@@ -58,10 +64,15 @@ class AgentStateSession(SessionABC):
         settings: ClientSettings | None = None,
         session_settings: SessionSettings | None = None,
         security: ChannelSecurity | None = None,
+        ttl_seconds: int | None = None,
+        ttl_renewed_by_writes: bool = False,
     ) -> None:
         """One of `client=` (an AsyncStateClient, yours to close), `address=` or
         `settings=` (a connection this session opens and `close()` closes); `security`:
-        TLS for that connection (agentstate.client.tls)."""
+        TLS for that connection (agentstate.client.tls). `ttl_seconds`: the time to live
+        of the conversation this session creates (None: none), renewed by each write with
+        `ttl_renewed_by_writes`; ValueError when not a positive int (or over the service's
+        ten years, at the first write)."""
         if not isinstance(session_id, str) or not session_id:
             raise ValueError("session_id must be a non-empty string")
         if len(session_id) > MAX_SESSION_ID_CHARS or "\x00" in session_id:
@@ -73,6 +84,7 @@ class AgentStateSession(SessionABC):
         self.session_id = session_id
         self.session_settings = session_settings or SessionSettings()
         self.user_id = user_id
+        self.ttl = time_to_live(ttl_seconds, ttl_renewed_by_writes)
         self._connection = Connection(
             client, address=address, settings=settings, security=security, who="AgentStateSession"
         )
@@ -111,7 +123,12 @@ class AgentStateSession(SessionABC):
         if self._conversation_id is None:
             try:
                 resolved = await self._client.resolve_conversation(
-                    self.user_id, self.key, create=create, title=self.session_id[:200]
+                    self.user_id,
+                    self.key,
+                    create=create,
+                    title=self.session_id[:200],
+                    ttl_seconds=self.ttl.seconds if self.ttl else None,
+                    ttl_renewed_by_writes=self.ttl.renewed_by_writes if self.ttl else False,
                 )
             except NotFound:
                 return None
