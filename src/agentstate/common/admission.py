@@ -31,7 +31,6 @@ import asyncio
 import collections
 import contextlib
 import random
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,12 +38,12 @@ import grpc
 
 from agentstate.common.error_details import ErrorDetail, abort
 from agentstate.common.telemetry import meter
+from agentstate.common.unary_guard import UnaryBehaviour, UnaryGuardInterceptor
 
 REASON = "OVERLOADED"
 RETRY_AFTER_MS = "retry_after_ms"  # ErrorInfo.metadata key
 PUSHBACK_TRAILER = "grpc-retry-pushback-ms"
 # Never refused: probes and tooling.
-EXEMPT_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
 
 REFUSED = meter("agentstate.admission").create_counter(
     "agentstate.admission.refused",
@@ -132,9 +131,6 @@ async def refuse(
     )
 
 
-UnaryBehaviour = Callable[[Any, grpc.aio.ServicerContext[Any, Any]], Awaitable[Any]]
-
-
 def admitted(behaviour: UnaryBehaviour, admission: Admission, method: str) -> UnaryBehaviour:
     """`behaviour` (the handler of `method`) run inside a slot, or refused."""
     name = method.rsplit("/", 1)[-1]
@@ -158,34 +154,15 @@ def admitted(behaviour: UnaryBehaviour, admission: Admission, method: str) -> Un
     return guarded
 
 
-class AdmissionInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
+class AdmissionInterceptor(UnaryGuardInterceptor):
     """Puts every unary-unary method (all of the services' RPCs) behind `admission`.
 
-    The guarded handler is built once per method and reused: a call pays one dictionary
-    lookup and a counter, not a new handler. So the interceptors inside this one must
-    decide by method alone (create_server puts only the request decoding there);
-    anything that looks at a call's metadata (authentication, tracing) goes outside."""
+    Built once per method (UnaryGuardInterceptor): anything that looks at a call's
+    metadata (authentication, tracing) goes outside this one."""
 
     def __init__(self, admission: Admission) -> None:
+        super().__init__()
         self.admission = admission
-        self._guarded: dict[str, Any] = {}
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Any]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> Any:
-        method = str(handler_call_details.method)
-        guarded = self._guarded.get(method)
-        if guarded is not None:
-            return guarded
-        handler: Any = await continuation(handler_call_details)
-        if handler is None or handler.unary_unary is None or method.startswith(EXEMPT_PREFIXES):
-            return handler  # not cached: the continuation stays authoritative
-        guarded = grpc.unary_unary_rpc_method_handler(
-            admitted(handler.unary_unary, self.admission, method),
-            request_deserializer=handler.request_deserializer,
-            response_serializer=handler.response_serializer,
-        )
-        self._guarded[method] = guarded
-        return guarded
+    def guard(self, behaviour: UnaryBehaviour, method: str) -> UnaryBehaviour:
+        return admitted(behaviour, self.admission, method)

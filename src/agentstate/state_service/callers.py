@@ -22,7 +22,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 import grpc
@@ -30,7 +30,7 @@ import jwt
 from opentelemetry import trace
 
 from agentstate.common import error_details, jwt_keys
-from agentstate.common.admission import EXEMPT_PREFIXES
+from agentstate.common.unary_guard import UnaryBehaviour, UnaryGuardInterceptor
 from agentstate.state_service.domain import (
     CallerUnauthenticated,
     PermissionDenied,
@@ -231,15 +231,12 @@ def audit_operation(by: str, operation: str, counts: dict[str, int], **ids: str)
         span.add_event("agentstate.audit", fields)
 
 
-UnaryBehaviour = Callable[[Any, grpc.aio.ServicerContext[Any, Any]], Awaitable[Any]]
-
-
-class CallerInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
+class CallerInterceptor(UnaryGuardInterceptor):
     """Identity, policy and audit around every state RPC (see the module's doc).
 
-    Like AdmissionInterceptor it builds the guarded handler once per method: everything
-    per call happens inside the handler, and the interceptors inside this one (admission,
-    request decoding) decide by method alone."""
+    Built once per method (UnaryGuardInterceptor): everything per call happens inside
+    the handler, and the interceptors inside this one (admission, request decoding)
+    decide by method alone."""
 
     def __init__(
         self, policy: Policy | None, tokens: TokenVerifier | None, audit_calls: bool = True
@@ -247,9 +244,10 @@ class CallerInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
         self.policy = policy
         self.tokens = tokens
         self.audit_calls = audit_calls
-        self._wrapped: dict[str, Any] = {}
+        super().__init__()
 
-    def _guard(self, behaviour: UnaryBehaviour, rpc: str) -> UnaryBehaviour:
+    def guard(self, behaviour: UnaryBehaviour, method: str) -> UnaryBehaviour:
+        rpc = method.rsplit("/", 1)[-1]
         audited = self.audit_calls and group_of(rpc) != "read"
 
         async def guarded(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
@@ -287,23 +285,3 @@ class CallerInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
             return response
 
         return guarded
-
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Any]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> Any:
-        method = str(handler_call_details.method)
-        wrapped = self._wrapped.get(method)
-        if wrapped is not None:
-            return wrapped
-        handler: Any = await continuation(handler_call_details)
-        if handler is None or handler.unary_unary is None or method.startswith(EXEMPT_PREFIXES):
-            return handler
-        wrapped = grpc.unary_unary_rpc_method_handler(
-            self._guard(handler.unary_unary, method.rsplit("/", 1)[-1]),
-            request_deserializer=handler.request_deserializer,
-            response_serializer=handler.response_serializer,
-        )
-        self._wrapped[method] = wrapped
-        return wrapped
