@@ -259,6 +259,11 @@ class SaverBase(BaseCheckpointSaver[str]):
         # never leaves writes behind), and fail with their checkpoint's put.
         self._putting: set[tuple[str, str, str, str]] = set()
         self._put_failed: BoundedCache[tuple[str, str, str, str], str] = BoundedCache(MAX_CACHED)
+        # (user, thread) -> when and how its last put failed: writes waiting for a put
+        # that LangGraph will not send (the put before it failed) stop waiting then.
+        self._thread_put_failed: BoundedCache[tuple[str, str], tuple[float, str]] = BoundedCache(
+            MAX_CACHED
+        )
 
     # ------------------------------------------------------------ connections
 
@@ -335,7 +340,9 @@ class SaverBase(BaseCheckpointSaver[str]):
         A refusal is recorded (self._refused) before this, so a write never sees neither."""
         with self._lease_lock:
             if failure is not None:
-                self._put_failed[key] = f"{type(failure).__name__}: {failure}"
+                why = f"{type(failure).__name__}: {failure}"
+                self._put_failed[key] = why
+                self._thread_put_failed[key[:2]] = (time.monotonic(), why)
             self._putting.discard(key)
 
     def _writes_may_go(self, key: tuple[str, str, str, str]) -> bool:
@@ -355,14 +362,28 @@ class SaverBase(BaseCheckpointSaver[str]):
             )
         return True
 
-    @staticmethod
     def _writes_not_stored(
-        thread: str, checkpoint_id: str, waited: float, error: state.StateError
-    ) -> state.CheckpointNotStored:
+        self,
+        key: tuple[str, str, str, str],
+        started: float,
+        error: state.CheckpointNotStored,
+    ) -> state.CheckpointNotStored | None:
+        """The service holds no checkpoint for these writes: None to wait for its put, or
+        the error to raise (the run was refused, a put of the thread failed since the
+        writes arrived, or WRITES_WAIT_SECONDS passed)."""
+        user, thread, _, checkpoint_id = key
+        self._writer_conversation_known(user, thread)  # the run was refused: raises
+        waited = time.monotonic() - started
+        failed = self._thread_put_failed.get((user, thread))
+        if failed is not None and failed[0] >= started:
+            why = f"a put of this thread failed meanwhile ({failed[1]})"
+        elif waited > WRITES_WAIT_SECONDS:
+            why = f"waited {waited:.0f} s for its put; put the checkpoint before its writes"
+        else:
+            return None
         return state.CheckpointNotStored(
             f"thread {thread!r}: pending writes for checkpoint {checkpoint_id!r} were not "
-            f"stored: that checkpoint is not stored (waited {waited:.0f} s for its put; put "
-            "the checkpoint before its writes)",
+            f"stored: that checkpoint is not stored ({why})",
             code=error.code,
             reason=error.reason,
             metadata=error.metadata,

@@ -28,7 +28,6 @@ from agentstate.integrations.langgraph.saver_base import (
     USERS_STATE_KEY,
     WRITES_POLL_SECONDS,
     WRITES_RETRY_SECONDS,
-    WRITES_WAIT_SECONDS,
     CheckpointConflict,
     RunLease,
     SaverBase,
@@ -335,9 +334,9 @@ class SyncSaverMethods(SaverBase):
                 self._send_writes(user, thread, conversation, namespace, checkpoint_id, encoded)
                 break
             except state.CheckpointNotStored as exc:  # its put has not started yet
-                waited = time.monotonic() - started
-                if waited > WRITES_WAIT_SECONDS:
-                    raise self._writes_not_stored(thread, checkpoint_id, waited, exc) from exc
+                error = self._writes_not_stored(key, started, exc)
+                if error is not None:
+                    raise error from exc
             pause(retry)
             retry = min(retry * 2, WRITES_RETRY_SECONDS)
         if not namespace and self._ended_by(user, thread, checkpoint_id, encoded):
