@@ -103,6 +103,7 @@ TWINS = [
             "adelete_for_runs": "delete_for_runs",
             "acopy_thread": "copy_thread",
             "aprune": "prune",
+            "async_pause": "pause",
         },
         phrases={
             "asyncio methods": "synchronous methods",

@@ -201,3 +201,93 @@ def test_a_refusal_says_what_was_stored(state_process_address: str) -> None:
     assert len(errors) == 1
     message = str(errors[0])
     assert "this run's earlier checkpoints" in message and "are stored" in message, message
+
+
+def writes_of(database_url: str, thread: str) -> list[tuple[str, str]]:
+    """(checkpoint id, channel) of every pending write stored for the thread."""
+    with psycopg.connect(database_url) as db:
+        rows = db.execute(
+            "SELECT w.checkpoint_id, w.channel FROM t_checkpoint_write w JOIN t_conversation c"
+            " ON c.user_id = w.user_id AND c.id = w.conversation_id"
+            " WHERE c.external_key = %s ORDER BY 1, 2",
+            [thread],
+        ).fetchall()
+    return [(str(r[0]), str(r[1])) for r in rows]
+
+
+def put_writes_soon(
+    saver: AgentStateSaver, thread: str, checkpoint_id: str, errors: list[BaseException]
+) -> threading.Thread:
+    """put_writes for a checkpoint, sent on a thread of its own before its put (as
+    LangGraph may with durability="async")."""
+    target: Any = {
+        "configurable": {"thread_id": thread, "checkpoint_ns": "", "checkpoint_id": checkpoint_id}
+    }
+
+    def send() -> None:
+        try:
+            saver.put_writes(target, [("messages", "early")], "task-1")
+        except BaseException as exc:
+            errors.append(exc)
+
+    sender = threading.Thread(target=send)
+    sender.start()
+    return sender
+
+
+def test_writes_sent_before_their_checkpoint_wait_for_it_or_go_with_its_refusal(
+    state_process_address: str, database_url: str, monkeypatch: Any
+) -> None:
+    """The race behind "writes of no checkpoint": a step's writes reach the saver before
+    its checkpoint's put has started. They are stored once the checkpoint is; when the put
+    is refused they are refused with it and nothing of them is stored; writes for a
+    checkpoint that never comes fail saying so."""
+    from langgraph.checkpoint.base import empty_checkpoint
+    from langgraph.checkpoint.base.id import uuid6
+
+    from agentstate.client import CheckpointNotStored
+    from agentstate.integrations.langgraph import saver_base
+
+    def checkpoint() -> Any:
+        made = empty_checkpoint()
+        made["id"] = str(uuid6())
+        return made
+
+    thread = f"early-writes-{uuid.uuid4()}"
+    errors: list[BaseException] = []
+    with (
+        AgentStateSaver(state_process_address) as holder,
+        AgentStateSaver(state_process_address) as other,
+    ):
+        first = checkpoint()
+        sender = put_writes_soon(holder, thread, first["id"], errors)
+        time.sleep(0.3)  # the writes are refused by the service and wait for the put
+        holder.put(config(thread), first, {"source": "input", "step": -1}, {})
+        sender.join(30)
+        assert not sender.is_alive() and errors == []
+        assert writes_of(database_url, thread) == [(first["id"], "messages")]
+
+        # `holder` holds the thread's run lease: `other`'s run is refused at its put.
+        second = checkpoint()
+        sender = put_writes_soon(other, thread, second["id"], errors)
+        time.sleep(0.3)
+        parent: Any = {
+            "configurable": {"thread_id": thread, "checkpoint_ns": "", "checkpoint_id": first["id"]}
+        }
+        try:
+            other.put(parent, second, {"source": "loop", "step": 0}, {})
+            raise AssertionError("the put was not refused")
+        except CheckpointConflict as exc:
+            assert "nothing of this run was stored" in str(exc), exc
+        sender.join(30)
+        assert not sender.is_alive()
+        assert len(errors) == 1 and isinstance(errors[0], CheckpointConflict), errors
+        assert writes_of(database_url, thread) == [(first["id"], "messages")]
+
+        # Writes for a checkpoint nobody puts: refused once the wait is over.
+        monkeypatch.setattr(saver_base, "WRITES_WAIT_SECONDS", 0.5)
+        errors.clear()
+        put_writes_soon(holder, thread, str(uuid6()), errors).join(30)
+        assert len(errors) == 1 and isinstance(errors[0], CheckpointNotStored), errors
+        assert "is not stored" in str(errors[0]) and "were not stored" in str(errors[0])
+        assert writes_of(database_url, thread) == [(first["id"], "messages")]

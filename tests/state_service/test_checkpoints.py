@@ -316,6 +316,48 @@ async def test_deleted_with_the_conversation_and_never_resurrected(
     )
 
 
+async def test_writes_of_a_checkpoint_not_stored_are_refused_and_store_nothing(
+    state_stub: Stub, user_id: str
+) -> None:
+    """Pending writes always belong to a stored checkpoint: writes for one never stored
+    (its put was refused, or has not arrived yet) are refused, in either namespace, and
+    the writes of the stored checkpoint are untouched."""
+    cid = await new_conversation(state_stub, user_id)
+    await state_stub.PutCheckpoint(put_request(user_id, cid, "c1"))
+
+    def writes(checkpoint_id: str, namespace: str = "") -> pb.PutCheckpointWritesRequest:
+        return pb.PutCheckpointWritesRequest(
+            user_id=user_id,
+            conversation_id=cid,
+            namespace=namespace,
+            checkpoint_id=checkpoint_id,
+            writes=[pb.CheckpointWrite(task_id="t", idx=0, channel="ch", value=b"v")],
+        )
+
+    await state_stub.PutCheckpointWrites(writes("c1"))
+    for request in (writes("c2"), writes("c1", namespace="sub")):
+        refused = await expect_rpc_error(
+            state_stub.PutCheckpointWrites(request),
+            grpc.StatusCode.FAILED_PRECONDITION,
+            "is not stored",
+        )
+        assert error_info(refused) == ("CHECKPOINT_NOT_STORED", {})
+        assert "nothing was stored" in (refused.details() or "")
+    # A put refused by its compare-and-set stores nothing, so its writes are refused too.
+    await expect_rpc_error(
+        state_stub.PutCheckpoint(put_request(user_id, cid, "c3", expected_head="c0")), ABORTED
+    )
+    await expect_rpc_error(
+        state_stub.PutCheckpointWrites(writes("c3")), grpc.StatusCode.FAILED_PRECONDITION
+    )
+    stored = await get(state_stub, user_id, cid, "c1")
+    assert stored is not None
+    assert [(w.task_id, w.channel, w.value) for w in stored.pending_writes] == [("t", "ch", b"v")]
+    # Once the checkpoint is stored, the same writes are accepted.
+    await state_stub.PutCheckpoint(put_request(user_id, cid, "c2", parent="c1"))
+    assert (await state_stub.PutCheckpointWrites(writes("c2"))).writes_stored == 1
+
+
 async def test_concurrent_writers_of_one_head_one_wins(state_stub: Stub, user_id: str) -> None:
     cid = await new_conversation(state_stub, user_id)
     await state_stub.PutCheckpoint(put_request(user_id, cid, "c0", expected_head=""))

@@ -46,6 +46,7 @@ _EXPORTS: dict[str, str] = {
     "ResourceExhausted": "agentstate.client.errors",
     "StateError": "agentstate.client.errors",
     "TargetHasCheckpoints": "agentstate.client.errors",
+    "CheckpointNotStored": "agentstate.client.errors",
     "Unavailable": "agentstate.client.errors",
     "VersionConflict": "agentstate.client.errors",
     "ClientSettings": "agentstate.client.settings",
@@ -105,6 +106,9 @@ if TYPE_CHECKING:
     )
     from agentstate.client.errors import (
         CheckpointConflict as CheckpointConflict,
+    )
+    from agentstate.client.errors import (
+        CheckpointNotStored as CheckpointNotStored,
     )
     from agentstate.client.errors import (
         ContextNotArray as ContextNotArray,

@@ -137,6 +137,10 @@ class NotSupported(StateError):
     checkpoints or items on a store without that capability)."""
 
 
+class CheckpointNotStored(FailedPrecondition):
+    """put_checkpoint_writes for a checkpoint that is not stored; nothing was stored."""
+
+
 class TargetHasCheckpoints(FailedPrecondition):
     """copy_checkpoints into a conversation that has checkpoints (a copy never merges)."""
 
@@ -184,6 +188,7 @@ _BY_REASON: dict[str, type[StateError]] = {
     "VERSION_CONFLICT": VersionConflict,
     "CHECKPOINT_CONFLICT": CheckpointConflict,
     "TARGET_HAS_CHECKPOINTS": TargetHasCheckpoints,
+    "CHECKPOINT_NOT_STORED": CheckpointNotStored,
     "LEASE_HELD": LeaseHeld,
     "LEASE_LOST": LeaseLost,
     "CARD_PENDING": CardPending,

@@ -145,6 +145,13 @@ class TargetHasCheckpoints(FailedPrecondition):
     reason: ClassVar[str] = "TARGET_HAS_CHECKPOINTS"
 
 
+class CheckpointNotStored(FailedPrecondition):
+    """PutCheckpointWrites for a checkpoint that is not stored: pending writes always
+    belong to a stored checkpoint, so a refused or lost put never leaves writes behind."""
+
+    reason: ClassVar[str] = "CHECKPOINT_NOT_STORED"
+
+
 class NotSupported(StateServiceError):
     """The store lacks the capability an RPC needs (storage.base.Feature)."""
 
@@ -259,6 +266,13 @@ def target_has_checkpoints(conversation_id: int) -> TargetHasCheckpoints:
     return TargetHasCheckpoints(
         f"conversation {conversation_id} already has checkpoints: "
         "a copy never merges two histories; nothing was copied"
+    )
+
+
+def checkpoint_not_stored(namespace: str, checkpoint_id: str) -> CheckpointNotStored:
+    return CheckpointNotStored(
+        f"checkpoint {checkpoint_id!r} (namespace {namespace!r}) is not stored: pending "
+        "writes need their checkpoint stored first; nothing was stored"
     )
 
 

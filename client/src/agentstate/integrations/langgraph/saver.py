@@ -12,6 +12,9 @@ What it adds to LangGraph's own savers:
   transaction, when another writer got there first (`CheckpointConflict`). Branches a
   caller makes on purpose (time travel: metadata source "fork" or "update") are not checked.
 - `put_writes` is idempotent per (checkpoint, task, idx) and atomic per call.
+- A checkpoint's pending writes are stored only once the checkpoint is (the service
+  refuses others): writes that arrive while its put is on the way wait for it, and fail
+  with it when it is refused, so a refused run leaves not even pending writes behind.
 - `delete_thread` deletes the conversation and everything of it in one transaction; a
   write that arrives later from a run that was using the thread is refused, never
   resurrecting it (`ThreadDeleted`).

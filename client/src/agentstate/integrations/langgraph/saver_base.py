@@ -59,6 +59,13 @@ MAX_CACHED = 10_000  # threads whose conversation id a saver remembers
 USERS_STATE_KEY = "langgraph.thread_users"
 MAX_INDEX_ATTEMPTS = 20
 DEFAULT_RUN_LEASE_SECONDS = 60.0
+# How long put_writes waits for its checkpoint's put (LangGraph may send a step's writes
+# before that put arrives, with durability="async") before it says the checkpoint is not
+# stored; and its polling: every WRITES_POLL_SECONDS while this saver puts that
+# checkpoint, else asking the service again with a backoff up to WRITES_RETRY_SECONDS.
+WRITES_WAIT_SECONDS = 30.0
+WRITES_POLL_SECONDS = 0.002
+WRITES_RETRY_SECONDS = 0.1
 # Channels whose update makes LangGraph run another step: a checkpoint of the run loop
 # that updated none of them is the run's last.
 _TRIGGER_PREFIXES = ("branch:to:", "join:", "__start__", "__pregel_tasks")
@@ -254,10 +261,17 @@ class SaverBase(BaseCheckpointSaver[str]):
         self._refused_threads: BoundedCache[tuple[str, str], CheckpointConflict] = BoundedCache(
             MAX_CACHED
         )
-        # Threads with a put on the way: writes to the thread wait here and are sent once
-        # it is stored, or dropped with it when it is refused (LangGraph sends a step's
-        # writes while the step's checkpoint, or the one before, is still being put).
-        self._in_flight: dict[tuple[str, str], list[tuple[str, str, list[CheckpointWrite]]]] = {}
+        # Checkpoints being put, and what became of the puts that failed (user, thread,
+        # namespace, checkpoint id): pending writes are sent only once their checkpoint is
+        # stored (the service refuses writes of a checkpoint that is not, so a refused put
+        # never leaves writes behind), and fail with their checkpoint's put.
+        self._putting: set[tuple[str, str, str, str]] = set()
+        self._put_failed: BoundedCache[tuple[str, str, str, str], str] = BoundedCache(MAX_CACHED)
+        # (user, thread) -> when and how its last put failed: writes waiting for a put
+        # that LangGraph will not send (the put before it failed) stop waiting then.
+        self._thread_put_failed: BoundedCache[tuple[str, str], tuple[float, str]] = BoundedCache(
+            MAX_CACHED
+        )
 
     # ------------------------------------------------------------ connections
 
@@ -336,31 +350,64 @@ class SaverBase(BaseCheckpointSaver[str]):
             thread, "", (), "its run was refused earlier", error
         )
 
-    def _start_put(self, user: str, thread: str) -> None:
+    def _start_put(self, key: tuple[str, str, str, str]) -> None:
         with self._lease_lock:
-            self._in_flight.setdefault((user, thread), [])
+            self._put_failed.pop(key, None)
+            self._putting.add(key)
 
-    def _end_put(self, user: str, thread: str) -> list[tuple[str, str, list[CheckpointWrite]]]:
-        """The writes that waited for this put: (namespace, checkpoint id, writes), to send
-        once it is stored or to drop when it is refused."""
+    def _end_put(self, key: tuple[str, str, str, str], failure: BaseException | None) -> None:
+        """The put ended: its writes may go (stored), or fail with it (refused, failed).
+        A refusal is recorded (self._refused) before this, so a write never sees neither."""
         with self._lease_lock:
-            return self._in_flight.pop((user, thread), [])
+            if failure is not None:
+                why = f"{type(failure).__name__}: {failure}"
+                self._put_failed[key] = why
+                self._thread_put_failed[key[:2]] = (time.monotonic(), why)
+            self._putting.discard(key)
 
-    def _wait_for_put(
-        self,
-        user: str,
-        thread: str,
-        namespace: str,
-        checkpoint_id: str,
-        writes: list[CheckpointWrite],
-    ) -> bool:
-        """Whether the writes wait for a put of their thread that is on the way."""
+    def _writes_may_go(self, key: tuple[str, str, str, str]) -> bool:
+        """False while this saver is putting the writes' checkpoint; raises when that put
+        was refused or failed (nothing of the writes is sent)."""
+        _, thread, namespace, checkpoint_id = key
         with self._lease_lock:
-            waiting = self._in_flight.get((user, thread))
-            if waiting is None:
+            if key in self._putting:
                 return False
-            waiting.append((namespace, checkpoint_id, writes))
-            return True
+            failed = self._put_failed.get(key)
+        self._writes_refused(checkpoint_id, thread)
+        if failed is not None:
+            raise state.CheckpointNotStored(
+                f"thread {thread!r}: pending writes for checkpoint {checkpoint_id!r} "
+                f"(namespace {namespace!r}) were not stored: the put of that checkpoint "
+                f"failed ({failed})"
+            )
+        return True
+
+    def _writes_not_stored(
+        self,
+        key: tuple[str, str, str, str],
+        started: float,
+        error: state.CheckpointNotStored,
+    ) -> state.CheckpointNotStored | None:
+        """The service holds no checkpoint for these writes: None to wait for its put, or
+        the error to raise (the run was refused, a put of the thread failed since the
+        writes arrived, or WRITES_WAIT_SECONDS passed)."""
+        user, thread, _, checkpoint_id = key
+        self._writer_conversation_known(user, thread)  # the run was refused: raises
+        waited = time.monotonic() - started
+        failed = self._thread_put_failed.get((user, thread))
+        if failed is not None and failed[0] >= started:
+            why = f"a put of this thread failed meanwhile ({failed[1]})"
+        elif waited > WRITES_WAIT_SECONDS:
+            why = f"waited {waited:.0f} s for its put; put the checkpoint before its writes"
+        else:
+            return None
+        return state.CheckpointNotStored(
+            f"thread {thread!r}: pending writes for checkpoint {checkpoint_id!r} were not "
+            f"stored: that checkpoint is not stored ({why})",
+            code=error.code,
+            reason=error.reason,
+            metadata=error.metadata,
+        )
 
     # --------------------------------------------------------------- run leases
 

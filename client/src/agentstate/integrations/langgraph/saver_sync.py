@@ -19,6 +19,7 @@ from langgraph.checkpoint.base import (
 )
 
 from agentstate import client as state
+from agentstate.client.pushback import pause
 from agentstate.integrations._ttl import TimeToLive
 from agentstate.integrations.langgraph.saver_base import (
     BATCH,
@@ -26,6 +27,8 @@ from agentstate.integrations.langgraph.saver_base import (
     PAGE,
     THREAD_TITLE,
     USERS_STATE_KEY,
+    WRITES_POLL_SECONDS,
+    WRITES_RETRY_SECONDS,
     CheckpointConflict,
     RunLease,
     SaverBase,
@@ -212,27 +215,17 @@ class SyncSaverMethods(SaverBase):
         self._refused_before(new, thread)
         conversation = self._conversation(user, thread, create=True, ttl=ttl)
         assert conversation is not None
-        self._start_put(user, thread)
+        # The checkpoint's writes wait for this put (put_writes), and fail with it.
+        key = (user, thread, new.namespace, new.checkpoint_id)
+        self._start_put(key)
         try:
             self._put_checkpoint(
                 user, thread, conversation, new, expected_head, checkpoint, metadata
             )
         except BaseException as exc:
-            # The writes that waited for a checkpoint of this put's run (ids are uuid6,
-            # in time order: this one or later) go with it; writes for checkpoints stored
-            # before (another run of this saver object) are still sent.
-            for namespace, checkpoint_id, writes in self._end_put(user, thread):
-                if checkpoint_id >= new.checkpoint_id:
-                    continue
-                try:
-                    self._send_writes(user, thread, conversation, namespace, checkpoint_id, writes)
-                except Exception as lost:  # noted on the error being raised
-                    exc.add_note(f"pending writes for checkpoint {checkpoint_id!r} lost: {lost}")
+            self._end_put(key, exc)
             raise
-        for namespace, checkpoint_id, writes in self._end_put(user, thread):
-            self._send_writes(user, thread, conversation, namespace, checkpoint_id, writes)
-            if not namespace and self._ended_by(user, thread, checkpoint_id, writes):
-                self._release(user, thread)  # the run interrupted or failed: it ends
+        self._end_put(key, None)
         return self._stored_config(config, checkpoint)
 
     def _put_checkpoint(
@@ -336,11 +329,27 @@ class SyncSaverMethods(SaverBase):
         user, thread, ttl = self._user(config), thread_id_of(config), self._ttl(config)
         self._writer_conversation_known(user, thread)
         self._writes_refused(checkpoint_id, thread)
-        if self._wait_for_put(user, thread, namespace, checkpoint_id, encoded):
-            return  # sent by that put once its checkpoint is stored
         conversation = self._conversation(user, thread, create=True, ttl=ttl)
         assert conversation is not None
-        self._send_writes(user, thread, conversation, namespace, checkpoint_id, encoded)
+        # Sent once their checkpoint is stored: LangGraph (durability="async") sends a
+        # step's writes while the step's checkpoint is still being put, or even before
+        # that put starts; the service refuses writes of a checkpoint it does not hold.
+        key = (user, thread, namespace, checkpoint_id)
+        started = time.monotonic()
+        retry = WRITES_POLL_SECONDS
+        while True:
+            if not self._writes_may_go(key):
+                pause(WRITES_POLL_SECONDS)  # this saver is putting it
+                continue
+            try:
+                self._send_writes(user, thread, conversation, namespace, checkpoint_id, encoded)
+                break
+            except state.CheckpointNotStored as exc:  # its put has not started yet
+                error = self._writes_not_stored(key, started, exc)
+                if error is not None:
+                    raise error from exc
+            pause(retry)
+            retry = min(retry * 2, WRITES_RETRY_SECONDS)
         if not namespace and self._ended_by(user, thread, checkpoint_id, encoded):
             self._release(user, thread)  # the run interrupted or failed: it ends
 

@@ -482,7 +482,9 @@ class StateServiceServicer:
         a write with idx >= 0 that is already stored is kept as it is (a retried
         call changes nothing); a write with idx < 0 (a runtime's special channels,
         such as LangGraph's ERROR and INTERRUPT) replaces the stored one.
-        NOT_FOUND when the conversation is absent or deleted.
+        NOT_FOUND when the conversation is absent or deleted; FAILED_PRECONDITION
+        (reason CHECKPOINT_NOT_STORED, nothing stored) when the checkpoint is not
+        stored: writes never outlive a refused or lost put.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -223,7 +223,9 @@ class StateServiceStub:
     a write with idx >= 0 that is already stored is kept as it is (a retried
     call changes nothing); a write with idx < 0 (a runtime's special channels,
     such as LangGraph's ERROR and INTERRUPT) replaces the stored one.
-    NOT_FOUND when the conversation is absent or deleted.
+    NOT_FOUND when the conversation is absent or deleted; FAILED_PRECONDITION
+    (reason CHECKPOINT_NOT_STORED, nothing stored) when the checkpoint is not
+    stored: writes never outlive a refused or lost put.
     """
     DeleteCheckpointsForRuns: _grpc.UnaryUnaryMultiCallable[_state_service_pb2.DeleteCheckpointsForRunsRequest, _state_service_pb2.DeleteCheckpointsForRunsResponse]
     """DeleteCheckpointsForRuns deletes, across all of a user's conversations,
@@ -529,7 +531,9 @@ class StateServiceAsyncStub(StateServiceStub):
     a write with idx >= 0 that is already stored is kept as it is (a retried
     call changes nothing); a write with idx < 0 (a runtime's special channels,
     such as LangGraph's ERROR and INTERRUPT) replaces the stored one.
-    NOT_FOUND when the conversation is absent or deleted.
+    NOT_FOUND when the conversation is absent or deleted; FAILED_PRECONDITION
+    (reason CHECKPOINT_NOT_STORED, nothing stored) when the checkpoint is not
+    stored: writes never outlive a refused or lost put.
     """
     DeleteCheckpointsForRuns: _aio.UnaryUnaryMultiCallable[_state_service_pb2.DeleteCheckpointsForRunsRequest, _state_service_pb2.DeleteCheckpointsForRunsResponse]  # type: ignore[assignment]
     """DeleteCheckpointsForRuns deletes, across all of a user's conversations,
@@ -970,7 +974,9 @@ class StateServiceServicer(metaclass=_abc_1.ABCMeta):
         a write with idx >= 0 that is already stored is kept as it is (a retried
         call changes nothing); a write with idx < 0 (a runtime's special channels,
         such as LangGraph's ERROR and INTERRUPT) replaces the stored one.
-        NOT_FOUND when the conversation is absent or deleted.
+        NOT_FOUND when the conversation is absent or deleted; FAILED_PRECONDITION
+        (reason CHECKPOINT_NOT_STORED, nothing stored) when the checkpoint is not
+        stored: writes never outlive a refused or lost put.
         """
 
     @_abc_1.abstractmethod

@@ -70,7 +70,8 @@ class CheckpointStore(abc.ABC):
     ) -> int:
         """Store pending writes atomically: a stored (task_id, idx >= 0) is kept, idx < 0
         replaced. Returns how many were stored or replaced. NotFound when the
-        conversation is absent."""
+        conversation is absent, CheckpointNotStored (nothing stored) when the checkpoint
+        is."""
 
     @abc.abstractmethod
     async def delete_checkpoints_for_runs(self, *, user_id: str, run_ids: Sequence[str]) -> int:

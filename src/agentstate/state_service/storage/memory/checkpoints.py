@@ -136,6 +136,8 @@ class MemoryCheckpoints(MemoryTables, CheckpointStore):
     ) -> int:
         async with self._lock:
             self._conversation(user_id, conversation_id)
+            if (namespace, checkpoint_id) not in self._checkpoints.get(conversation_id, {}):
+                raise d.checkpoint_not_stored(namespace, checkpoint_id)
             stored = self._checkpoint_writes.setdefault(conversation_id, {})
             count = 0
             for write in writes:

@@ -95,6 +95,8 @@ def refusal(detail: dict[str, Any], batch: str | None) -> d.StateServiceError:
         return d.CheckpointConflict(
             str(detail["namespace"]), str(detail["expected"]), str(detail["current"])
         )
+    if kind == "checkpoint_not_stored":
+        return d.checkpoint_not_stored(str(detail["namespace"]), str(detail["checkpoint_id"]))
     if kind == "target_has_checkpoints":
         return d.target_has_checkpoints(int(detail["conversation_id"]))
     if kind == "card_pending":

@@ -1,6 +1,8 @@
 -- PutCheckpointWrites: a key-share lock on the conversation row (writes of
 -- several tasks do not queue behind each other; a delete does wait, and a
--- write after it is NOT_FOUND), then insert; idx < 0 replaces.
+-- write after it is NOT_FOUND), a key-share lock on the checkpoint (a write
+-- for a checkpoint that is not stored is refused: no put refused or lost ever
+-- leaves writes behind; a prune of it waits), then insert; idx < 0 replaces.
 CREATE OR REPLACE FUNCTION agentstate_put_checkpoint_writes(
     p_user_id text, p_conversation_id bigint, p_namespace text, p_checkpoint_id text,
     p_task_ids text[], p_idxs integer[], p_channels text[], p_value_types text[],
@@ -15,6 +17,14 @@ BEGIN
     IF NOT FOUND THEN
         PERFORM agentstate_refuse(jsonb_build_object(
             'kind', 'not_found', 'missing', 'conversation', 'conversation_id', p_conversation_id));
+    END IF;
+    PERFORM 1 FROM t_checkpoint
+    WHERE user_id = p_user_id AND conversation_id = p_conversation_id
+      AND namespace = p_namespace AND checkpoint_id = p_checkpoint_id FOR KEY SHARE;
+    IF NOT FOUND THEN
+        PERFORM agentstate_refuse(jsonb_build_object(
+            'kind', 'checkpoint_not_stored', 'namespace', p_namespace,
+            'checkpoint_id', p_checkpoint_id));
     END IF;
     INSERT INTO t_checkpoint_write AS w
         (user_id, conversation_id, namespace, checkpoint_id, task_id, idx, channel,
