@@ -886,3 +886,62 @@ async def test_list_messages_newest_first(state_stub: Stub, user_id: str) -> Non
         if not token:
             break
     assert texts == ["4", "3", "2", "1", "0"]
+
+
+async def test_list_messages_newest_first_tokens_empty_and_bad(
+    state_stub: Stub, user_id: str
+) -> None:
+    """Both orders page through the same records; a token of one order is an id cursor
+    that the same order continues from; an empty conversation is one empty page; a bad
+    token is INVALID_ARGUMENT and changes nothing."""
+
+    async def listed(cid: str, newest_first: bool, token: str = "") -> tuple[list[str], str]:
+        page = await state_stub.ListMessages(
+            pb.ListMessagesRequest(
+                user_id=user_id,
+                conversation_id=cid,
+                page_size=3,
+                page_token=token,
+                newest_first=newest_first,
+            )
+        )
+        return [m.message_id for m in page.messages], page.next_page_token
+
+    empty = await new_conversation(state_stub, user_id)
+    assert await listed(empty, True) == ([], "")
+    assert await listed(empty, False) == ([], "")
+
+    cid = await new_conversation(state_stub, user_id)
+    for i in range(7):
+        await state_stub.AppendMessage(
+            pb.AppendMessageRequest(user_id=user_id, conversation_id=cid, message=user_text(f"{i}"))
+        )
+    pages: dict[bool, list[list[str]]] = {}
+    for newest_first in (False, True):
+        token, pages[newest_first] = "", []
+        while True:
+            ids, token = await listed(cid, newest_first, token)
+            pages[newest_first].append(ids)
+            if not token:
+                break
+    oldest = [i for page in pages[False] for i in page]
+    assert [len(p) for p in pages[True]] == [3, 3, 1] == [len(p) for p in pages[False]]
+    assert [i for page in pages[True] for i in page] == oldest[::-1]
+    # Newest first from the 4th newest record's token: the three before it.
+    ids, token = await listed(cid, True, pages[True][0][-1])
+    assert ids == pages[True][1] and token
+    for bad in ("not-a-token", "-1", "1.5"):
+        for newest_first in (False, True):
+            await expect_rpc_error(
+                state_stub.ListMessages(
+                    pb.ListMessagesRequest(
+                        user_id=user_id,
+                        conversation_id=cid,
+                        page_token=bad,
+                        newest_first=newest_first,
+                    )
+                ),
+                INVALID,
+            )
+    ids, _ = await listed(cid, False)
+    assert ids == oldest[:3]  # still there
