@@ -980,6 +980,9 @@ async def test_postgres_newest_first_page_uses_the_index(
         )
         plan = [str(next(iter(r.values()))) for r in rows]
         scans = [line for line in plan if "on t_agent_message " in line]
-        assert scans and all("Index" in line and "Backward" in line for line in scans), plan
+        assert scans and all("Index" in line and "Backward" in line for line in scans), (
+            after_id,
+            "\n".join(plan),
+        )
         read = [int(n) for line in scans for n in re.findall(r"actual rows=(\d+)", line)]
         assert read and max(read) <= 51, "\n".join(plan)  # 3000 rows, one page read
