@@ -53,6 +53,35 @@ async def test_records_and_conversations_in_the_agents_own_types(
     assert page.records[-1].status == pb.MESSAGE_STATUS_AWAITING_CONFIRM
     assert page.records[-1].message_id == card.card.message_id
 
+    # Newest first, each page token going back in time, to the very first record.
+    oldest_first = [r.message_id for r in page.records]
+    newest_first: list[str] = []
+    token = ""
+    while True:
+        back = await client.stub.ListMessages(
+            pb.ListMessagesRequest(
+                conversation_id=cid, page_size=3, page_token=token, newest_first=True
+            ),
+            metadata=metadata(user_id),
+        )
+        newest_first += [r.message_id for r in back.records]
+        assert [m.message_id for m in back.messages] == [r.message_id for r in back.records]
+        token = back.next_page_token
+        if not token:
+            break
+    assert len(oldest_first) > 3 and newest_first == oldest_first[::-1]
+    try:
+        await client.stub.ListMessages(
+            pb.ListMessagesRequest(
+                conversation_id=cid, page_token="not-a-token", newest_first=True
+            ),
+            metadata=metadata(user_id),
+        )
+        raise AssertionError("a bad page token was accepted")
+    except grpc.aio.AioRpcError as error:
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error.details()
+        assert "page_token" in (error.details() or "")
+
 
 def test_the_runtime_loads_no_grpc_nor_protobuf() -> None:
     """Only the state client and the servicer translate protobuf: importing the runtime,

@@ -112,6 +112,13 @@ async def test_messages_compactions_and_deletes(client: AsyncStateClient, user_i
     assert [m.message_id for m in page.items] == [first.message_id] and page.next_page_token
     rest = await client.list_messages(user_id, cid, page_token=page.next_page_token)
     assert [m.message_id for m in rest.items] == [reply.message_id]
+    newest = await client.list_messages(user_id, cid, page_size=1, newest_first=True)
+    assert [m.message_id for m in newest.items] == [reply.message_id]
+    older = await client.list_messages(
+        user_id, cid, page_token=newest.next_page_token, newest_first=True
+    )
+    assert [m.message_id for m in older.items] == [first.message_id]
+    assert not older.next_page_token
     assert orjson.loads((await client.get_message(user_id, cid, first.message_id)).blocks_json)
     (compaction,) = await client.list_compactions(user_id, cid)
     assert compaction.note.reason == "test" and compaction.create_time is not None

@@ -1120,3 +1120,56 @@ def test_a_model_failure_and_a_missing_user_each_have_their_own_words(
             browser.get("about:blank")
             codes = [s.terminate() for s in reversed(services)]
             assert codes == [0] * len(codes), "\n".join(s.output for s in services)
+
+
+def test_a_conversation_longer_than_5000_records_opens_at_its_newest_page(
+    console_url: str,
+) -> None:
+    """The newest page is read newest first (one page, not the whole conversation, which
+    the console once capped at 5000 records); "Show earlier messages" pages back to the
+    first record, and a call answered in a newer record shows its output on the page
+    before it. Records are written with the state client directly (in batches)."""
+    from agentstate.client import MessageRole, NewMessage, StateClient
+
+    user, count = new_user("long"), 5003
+    texts = [
+        NewMessage(MessageRole.USER, [{"type": "text", "text": f"m{i}"}]) for i in range(count)
+    ]
+    # The last three: a call, its answer in the next record, a reply (2 records a page).
+    use = {"type": "tool_use", "id": "c9", "name": "query_order", "input": {"orderNo": "1"}}
+    answer = {"type": "tool_result", "id": "c9", "state": "success", "output": "paid"}
+    texts[-3] = NewMessage(MessageRole.ASSISTANT, [use])
+    texts[-2] = NewMessage(MessageRole.USER, [answer])
+    with StateClient.connect(STATE_ADDRESS[0]) as state:
+        cid = state.create_conversation(user, "long").conversation_id
+        for start in range(0, count, 1000):
+            state.upsert_state(user, cid, {"n": start}, writes=texts[start : start + 1000])
+        ids = [m.message_id for m in state.list_messages(user, cid, page_size=3).items]
+    path = f"/api/conversations/{cid}/messages?order=newest"
+    status, newest = api(console_url, user, "GET", path)
+    assert status == 200, newest
+    # The answer's record draws no item of its own (its result shows under the call).
+    assert [[i.get("text") for i in r["items"]] for r in newest["records"]] == [
+        [],
+        [f"m{count - 1}"],
+    ]
+    assert newest["earlier"] == newest["records"][0]["message_id"]
+    status, before = api(console_url, user, "GET", f"{path}&before={newest['earlier']}")
+    assert status == 200, before
+    (call,) = before["records"][1]["items"]
+    assert call["tool_name"] == "query_order" and call["output"] == "paid"  # from a newer record
+    seen: list[str] = []
+    earlier = before["earlier"]
+    for _ in range(3):  # back, two at a time, as the page's button does
+        status, older = api(console_url, user, "GET", f"{path}&before={earlier}")
+        assert status == 200, older
+        seen[:0] = [r["items"][0]["text"] for r in older["records"]]
+        earlier = older["earlier"]
+    assert seen == [f"m{i}" for i in range(count - 10, count - 4)]
+    # ...and at the start: the page before the third record is the first two, no earlier.
+    third = ids[2]
+    status, first = api(console_url, user, "GET", f"{path}&before={third}")
+    assert [r["items"][0]["text"] for r in first["records"]] == ["m0", "m1"]
+    assert first["earlier"] == ""
+    status, bad = api(console_url, user, "GET", f"{path}&before=nope")
+    assert status == 400, bad

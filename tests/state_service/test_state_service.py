@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from typing import TypeAlias
 
 import grpc
@@ -15,6 +16,7 @@ import pytest
 from agentstate.state.v1 import state_service_pb2 as pb
 from agentstate.state.v1 import state_service_pb2_grpc as pb_grpc
 from agentstate.state_service.servicer import CURRENT_VERSION_TRAILER, MISSING_TRAILER
+from agentstate.state_service.storage.postgres import PostgresStore
 from tests.conftest import TEST_MAX_PAYLOAD_BYTES
 from tests.support.helpers import (
     all_messages,
@@ -886,3 +888,101 @@ async def test_list_messages_newest_first(state_stub: Stub, user_id: str) -> Non
         if not token:
             break
     assert texts == ["4", "3", "2", "1", "0"]
+
+
+async def test_list_messages_newest_first_tokens_empty_and_bad(
+    state_stub: Stub, user_id: str
+) -> None:
+    """Both orders page through the same records; a token of one order is an id cursor
+    that the same order continues from; an empty conversation is one empty page; a bad
+    token is INVALID_ARGUMENT and changes nothing."""
+
+    async def listed(cid: str, newest_first: bool, token: str = "") -> tuple[list[str], str]:
+        page = await state_stub.ListMessages(
+            pb.ListMessagesRequest(
+                user_id=user_id,
+                conversation_id=cid,
+                page_size=3,
+                page_token=token,
+                newest_first=newest_first,
+            )
+        )
+        return [m.message_id for m in page.messages], page.next_page_token
+
+    empty = await new_conversation(state_stub, user_id)
+    assert await listed(empty, True) == ([], "")
+    assert await listed(empty, False) == ([], "")
+
+    cid = await new_conversation(state_stub, user_id)
+    for i in range(7):
+        await state_stub.AppendMessage(
+            pb.AppendMessageRequest(user_id=user_id, conversation_id=cid, message=user_text(f"{i}"))
+        )
+    pages: dict[bool, list[list[str]]] = {}
+    for newest_first in (False, True):
+        token, pages[newest_first] = "", []
+        while True:
+            ids, token = await listed(cid, newest_first, token)
+            pages[newest_first].append(ids)
+            if not token:
+                break
+    oldest = [i for page in pages[False] for i in page]
+    assert [len(p) for p in pages[True]] == [3, 3, 1] == [len(p) for p in pages[False]]
+    assert [i for page in pages[True] for i in page] == oldest[::-1]
+    # Newest first from the 4th newest record's token: the three before it.
+    ids, token = await listed(cid, True, pages[True][0][-1])
+    assert ids == pages[True][1] and token
+    for bad in ("not-a-token", "-1", "1.5"):
+        for newest_first in (False, True):
+            await expect_rpc_error(
+                state_stub.ListMessages(
+                    pb.ListMessagesRequest(
+                        user_id=user_id,
+                        conversation_id=cid,
+                        page_token=bad,
+                        newest_first=newest_first,
+                    )
+                ),
+                INVALID,
+            )
+    ids, _ = await listed(cid, False)
+    assert ids == oldest[:3]  # still there
+
+
+async def test_postgres_newest_first_page_uses_the_index(
+    pg_store: PostgresStore, database_url: str, user_id: str
+) -> None:
+    """A newest-first page is O(page): the plan walks the (user_id, conversation_id, id)
+    index backwards and stops at the limit, from the end or from a token."""
+    import psycopg
+
+    from agentstate.state_service.storage.postgres import sql
+
+    async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
+        row = await (
+            await conn.execute(
+                "INSERT INTO t_conversation (user_id, title) VALUES (%s, 't') RETURNING id",
+                (user_id,),
+            )
+        ).fetchone()
+        assert row is not None
+        cid = row[0]
+        await conn.execute(
+            "INSERT INTO t_agent_message (user_id, conversation_id, role, blocks, status) "
+            "SELECT %s, %s, 'USER', '[]', 'NORMAL' FROM generate_series(1, 3000)",
+            (user_id, cid),
+        )
+        await conn.execute("ANALYZE t_agent_message")
+    for after_id in (None, 10**12):
+        rows = await pg_store._rows(
+            "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) " + sql.LIST_MESSAGES_NEWEST_FIRST,
+            {"user_id": user_id, "conversation_id": cid, "after_id": after_id, "limit": 51},
+        )
+        plan = [str(next(iter(r.values()))) for r in rows]
+        scans = [line for line in plan if "on t_agent_message " in line]
+        assert scans and all("Index" in line and "Backward" in line for line in scans), (
+            after_id,
+            "\n".join(plan),
+        )
+        read = [int(n) for line in scans for n in re.findall(r"actual rows=(\d+)", line)]
+        assert read and max(read) <= 51, "\n".join(plan)  # 3000 rows, one page read

@@ -360,7 +360,11 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
     ) -> pb.ListMessagesResponse:
         user_id = await self._user(context)
         page = await self._state.list_messages(
-            user_id, request.conversation_id, request.page_size, request.page_token
+            user_id,
+            request.conversation_id,
+            request.page_size,
+            request.page_token,
+            newest_first=request.newest_first,
         )
         return pb.ListMessagesResponse(
             records=[record_to_pb(r) for r in page.items],

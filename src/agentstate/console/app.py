@@ -99,9 +99,6 @@ _CODES = {
 NOT_SIGNED_IN = "You are not signed in (no user from the authenticating proxy)."
 
 
-# The page opens a conversation at its newest records; the agent lists oldest first, so
-# the console reads up to this many to find them (older ones then page oldest first).
-NEWEST_FIRST_MAX_RECORDS = 5000
 # How often an attached page's stream reads the running turn's record.
 LIVE_POLL_SECONDS = 0.25
 
@@ -314,37 +311,44 @@ def create_app(settings: ConsoleSettings, on_ready: Callable[[], None] | None = 
 
         return await handle(request, run)
 
-    async def all_records(request: Request, cid: str) -> list[Any]:
-        """Every record of a conversation, oldest first (pages of 200, at most
-        NEWEST_FIRST_MAX_RECORDS: the agent lists oldest first only)."""
-        token, records = "", []
-        while True:
-            page = await console.agent.ListMessages(
-                pb.ListMessagesRequest(conversation_id=cid, page_size=200, page_token=token),
+    async def newest_first(request: Request, cid: str) -> Response:
+        """The newest page of a conversation (`order=newest`), or the page before the
+        record `before`: a long conversation opens where it ends, read newest first (one
+        page, whatever the conversation's length). `earlier` names the oldest record
+        shown, "" when there is nothing before it."""
+        before = _id(request.query_params.get("before", ""), "before", empty_ok=True)
+        page = await console.agent.ListMessages(
+            # A record's id is the token of the records before it (agent-rpcs.md).
+            pb.ListMessagesRequest(
+                conversation_id=cid,
+                page_size=settings.history_page_size,
+                page_token=before,
+                newest_first=True,
+            ),
+            metadata=console.metadata(request),
+            timeout=console.timeout,
+        )
+        records = list(reversed(page.records))  # shown oldest first
+        outputs = tool_outputs(records)
+        if before and records and unanswered(records, outputs):
+            # A card's call is answered in a later record: the newest page has none;
+            # for a page before `before`, read on from its newest record (a record id
+            # is also the oldest-first token of the records after it).
+            after = await console.agent.ListMessages(
+                pb.ListMessagesRequest(
+                    conversation_id=cid,
+                    page_size=settings.history_page_size,
+                    page_token=records[-1].message_id,
+                ),
                 metadata=console.metadata(request),
                 timeout=console.timeout,
             )
-            records += list(page.records)
-            token = page.next_page_token
-            if not token or len(records) >= NEWEST_FIRST_MAX_RECORDS:
-                return records
-
-    async def newest_first(request: Request, cid: str) -> Response:
-        """The newest page of a conversation (`order=newest`), or the page before the
-        record `before`: a long conversation opens where it ends. `earlier` names the
-        oldest record shown, "" when there is nothing before it."""
-        before = _id(request.query_params.get("before", ""), "before", empty_ok=True)
-        records = await all_records(request, cid)
-        end = len(records)
-        if before:
-            end = next((i for i, r in enumerate(records) if r.message_id == before), 0)
-        start = max(0, end - settings.history_page_size)
-        outputs = tool_outputs(records)  # a card's call is answered in a later record
+            outputs = {**tool_outputs(after.records), **outputs}
         return JSONResponse(
             {
-                "records": [record_view(r, others=outputs) for r in records[start:end]],
+                "records": [record_view(r, others=outputs) for r in records],
                 "next_page_token": "",
-                "earlier": records[start].message_id if start > 0 else "",
+                "earlier": records[0].message_id if page.next_page_token else "",
             }
         )
 

@@ -819,22 +819,30 @@ class ListMessagesRequest(_message.Message):
     CONVERSATION_ID_FIELD_NUMBER: _builtins.int
     PAGE_SIZE_FIELD_NUMBER: _builtins.int
     PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    NEWEST_FIRST_FIELD_NUMBER: _builtins.int
     conversation_id: _builtins.str
     """The conversation. Required."""
     page_size: _builtins.int
     """0 means 100; above 1000 means 1000; negative is INVALID_ARGUMENT."""
     page_token: _builtins.str
-    """From a previous response; empty for the first page."""
+    """From a previous response (of a call with the same `newest_first`); empty
+    for the first page.
+    """
+    newest_first: _builtins.bool
+    """False (default): oldest first, for replay. True: newest first, each page
+    token going back in time, so a long conversation opens where it ends.
+    """
     def __init__(
         self,
         *,
         conversation_id: _builtins.str = ...,
         page_size: _builtins.int = ...,
         page_token: _builtins.str = ...,
+        newest_first: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "page_size", b"page_size", "page_token", b"page_token"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_id", b"conversation_id", "newest_first", b"newest_first", "page_size", b"page_size", "page_token", b"page_token"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -860,7 +868,7 @@ class ListMessagesResponse(_message.Message):
 
     @_builtins.property
     def records(self) -> _containers.RepeatedCompositeFieldContainer[Global___MessageRecord]:
-        """The message records, oldest first."""
+        """The message records, oldest first (newest first with `newest_first`)."""
 
     def __init__(
         self,

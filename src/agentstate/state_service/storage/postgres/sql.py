@@ -212,7 +212,10 @@ SELECT m.*
 FROM t_conversation AS c
 LEFT JOIN LATERAL (
     SELECT {_MESSAGE_COLUMNS} FROM t_agent_message
-    WHERE user_id = c.user_id AND conversation_id = c.id
+    -- The parameters, not c's columns: the planner then estimates this conversation's
+    -- own row count (a long one walks the index backwards to the limit, not a bitmap
+    -- scan and sort of the whole conversation).
+    WHERE user_id = %(user_id)s AND conversation_id = %(conversation_id)s
       AND (%(after_id)s::bigint IS NULL OR id < %(after_id)s::bigint)
     ORDER BY id DESC
     LIMIT %(limit)s
