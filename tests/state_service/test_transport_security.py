@@ -554,8 +554,9 @@ def test_authorize_checks_the_current_caller_against_the_current_policy(tmp_path
 
 
 async def test_listing_across_users_needs_the_setting_and_a_rule_for_every_user(
-    pki: Pki, tmp_path: Path
+    pki: Pki, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO, logger="agentstate.audit")
     policy = tmp_path / "policy.json"
     policy.write_text(json.dumps(POLICY))
     app, address = await started(
@@ -579,10 +580,21 @@ async def test_listing_across_users_needs_the_setting_and_a_rule_for_every_user(
             across = pb.ListConversationsRequest(all_users=True)
             listed = await operator.ListConversations(across)
             assert len(listed.conversations) == 2
+            # A read across users is audited (a read of one user's is not).
+            await operator.ListConversations(pb.ListConversationsRequest(user_id="alice"))
+            lines = [r for r in caplog.records if r.name == "agentstate.audit"]
+            listings = [
+                (r.audit_caller, r.audit_outcome)  # type: ignore[attr-defined]
+                for r in lines
+                if r.audit_rpc == "ListConversations"  # type: ignore[attr-defined]
+            ]
+            assert listings == [("operator", "ok")]
             # The tenant tool's rule covers its tenant's users, not every user.
             code, reason, message = await _try(tenant, "ListConversations", across)
             assert (code, reason) == (grpc.StatusCode.PERMISSION_DENIED, "PERMISSION_DENIED")
             assert "ListConversations" in message
+            refused = [r for r in caplog.records if r.name == "agentstate.audit"][-1]
+            assert refused.audit_outcome == "refused: PERMISSION_DENIED"  # type: ignore[attr-defined]
             # Its own tenant's user, asked by name, it may still list.
             code, _, _ = await _try(
                 tenant,

@@ -252,6 +252,8 @@ class CallerInterceptor(UnaryGuardInterceptor):
 
         async def guarded(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
             caller = ANONYMOUS
+            # A read across users (listing every user's conversations) is audited too.
+            audited_call = audited or (self.audit_calls and _user_of(request) is None)
             try:
                 caller = await identify(context, self.tokens, strict=self.policy is not None)
                 if self.policy is not None:
@@ -263,7 +265,7 @@ class CallerInterceptor(UnaryGuardInterceptor):
                         )
                     self.policy.check(caller, rpc, _user_of(request))
             except StateServiceError as exc:
-                if audited or isinstance(exc, PermissionDenied):
+                if audited_call or isinstance(exc, PermissionDenied):
                     audit(caller, rpc, request, f"refused: {exc.reason}")
                 await error_details.abort(
                     context, status_code(exc), str(exc), state_error_detail(exc)
@@ -273,14 +275,14 @@ class CallerInterceptor(UnaryGuardInterceptor):
             try:
                 response = await behaviour(request, context)
             except BaseException:
-                if audited:
+                if audited_call:
                     code = context.code() if hasattr(context, "code") else None
                     audit(caller, rpc, request, f"failed: {getattr(code, 'name', code)}")
                 raise
             finally:
                 reset_current_policy(policy_token)
                 reset_current_caller(token)
-            if audited:
+            if audited_call:
                 audit(caller, rpc, request, "ok", response)
             return response
 
