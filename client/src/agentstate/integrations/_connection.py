@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 from collections import OrderedDict
 from collections.abc import Coroutine
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Self, TypeVar
 
 from agentstate.client import AsyncStateClient, ChannelSecurity, ClientSettings, StateClient
 
@@ -165,3 +165,30 @@ def _run_soon(coroutine: Coroutine[Any, Any, None]) -> None:
     task = loop.create_task(coroutine)
     _background.add(task)
     task.add_done_callback(_background.discard)
+
+
+class ClosesItsConnection:
+    """close() / aclose() and both context managers, for an adapter that reaches the
+    service through `self._connection`: they close what it opened, never a client it was
+    given, and a later call opens a new connection (as SQLiteSession reopens its file).
+    (ADK's service has its own: ADK's close() is a coroutine.)"""
+
+    _connection: Connection
+
+    def close(self) -> None:
+        self._connection.close()
+
+    async def aclose(self) -> None:
+        await self._connection.aclose()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()

@@ -14,7 +14,7 @@ import time
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Self
+from typing import Any
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
@@ -42,7 +42,7 @@ from agentstate.client import (
     StateSnapshot,
     StoredCheckpoint,
 )
-from agentstate.integrations._connection import BoundedCache, Connection
+from agentstate.integrations._connection import BoundedCache, ClosesItsConnection, Connection
 from agentstate.integrations._ttl import TimeToLive, time_to_live
 
 DEFAULT_USER_ID = "langgraph"
@@ -196,7 +196,7 @@ def namespace_of(config: RunnableConfig) -> str:
     return str(_configurable(config).get("checkpoint_ns") or "")
 
 
-class SaverBase(BaseCheckpointSaver[str]):
+class SaverBase(ClosesItsConnection, BaseCheckpointSaver[str]):
     """AgentStateSaver without its checkpoint methods (saver_async.py, saver_sync.py)."""
 
     def __init__(
@@ -282,26 +282,6 @@ class SaverBase(BaseCheckpointSaver[str]):
     @property
     def sync_client(self) -> StateClient:
         return self._connection.sync_client()
-
-    async def aclose(self) -> None:
-        """Close the connections this saver opened (not clients it was given)."""
-        await self._connection.aclose()
-
-    def close(self) -> None:
-        """Close the connections this saver opened (not clients it was given)."""
-        self._connection.close()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
 
     def _user(self, config: RunnableConfig | None) -> str:
         if config is not None:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from typing import TYPE_CHECKING, Self, cast
+from typing import TYPE_CHECKING, cast
 
 from agents.memory.session import SessionABC
 from agents.memory.session_settings import SessionSettings, resolve_session_limit
@@ -34,7 +34,7 @@ from agentstate.client.errors import InvalidArgument, NotFound, PayloadTooLarge
 from agentstate.client.settings import ClientSettings
 from agentstate.client.tls import ChannelSecurity
 from agentstate.client.types import Item, NewItem
-from agentstate.integrations._connection import Connection
+from agentstate.integrations._connection import ClosesItsConnection, Connection
 from agentstate.integrations._ttl import time_to_live
 
 if TYPE_CHECKING:
@@ -51,7 +51,7 @@ def session_key(session_id: str) -> str:
     return KEY_PREFIX + session_id
 
 
-class AgentStateSession(SessionABC):
+class AgentStateSession(ClosesItsConnection, SessionABC):
     """A `Session` whose items live in the state service (see the module docstring)."""
 
     def __init__(
@@ -93,26 +93,6 @@ class AgentStateSession(SessionABC):
     @property
     def _client(self) -> AsyncStateClient:
         return self._connection.aclient()
-
-    def close(self) -> None:
-        """Close the connection this session opened (not a client it was given), as
-        SQLiteSession.close; a later call opens a new one."""
-        self._connection.close()
-
-    async def aclose(self) -> None:
-        await self._connection.aclose()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
 
     @property
     def key(self) -> str:
