@@ -65,18 +65,6 @@ class TimeToLive:
 
 
 @dataclass(frozen=True)
-class ConversationFacts:
-    """What the server knows of a conversation besides its row's core: labels, time to
-    live, status and the time of its last turn."""
-
-    labels: Mapping[str, str] = field(default_factory=dict)
-    ttl: TimeToLive | None = None
-    expire_time: datetime | None = None
-    status: ConversationStatus = ConversationStatus.IDLE
-    last_turn_time: datetime | None = None
-
-
-@dataclass(frozen=True)
 class LabelSelector:
     """A parsed selector: every clause must hold."""
 

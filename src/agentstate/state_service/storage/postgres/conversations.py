@@ -24,6 +24,31 @@ from agentstate.state_service.storage.postgres.connection import (
 )
 
 
+async def delete_selected(
+    store: PostgresConnection, select: str, params: Mapping[str, object], batch_size: int
+) -> DeleteCounts:
+    """Delete, a batch a transaction, the conversations `select` names (rows of user_id
+    and id, at most %(limit)s of them), with everything they own: the retention sweeps."""
+    total = DeleteCounts(0, 0, 0)
+    while True:
+        async with store._connection() as conn, conn.transaction():
+            cur = await conn.execute(select, {**params, "limit": batch_size})
+            rows = await cur.fetchall()
+            by_user: dict[str, list[int]] = {}
+            for row in rows:
+                by_user.setdefault(row["user_id"], []).append(int(row["id"]))
+            for user_id, ids in by_user.items():
+                cur = await conn.execute(
+                    sql.DELETE_CONVERSATIONS,
+                    {"user_id": user_id, "conversation_ids": BigintArray(sorted(ids))},
+                )
+                counts = await cur.fetchone()
+                assert counts is not None
+                total = total + delete_counts_of(counts)
+        if len(rows) < batch_size:
+            return total
+
+
 def conversation_of(row: Row) -> Conversation:
     ttl = None
     if row["ttl_seconds"] is not None:
@@ -149,23 +174,6 @@ class PostgresConversations(PostgresConnection, ConversationStore):
         return delete_counts_of(row)
 
     async def purge_inactive(self, *, before: datetime, batch_size: int = 500) -> DeleteCounts:
-        total = DeleteCounts(0, 0, 0)
-        while True:
-            async with self._connection() as conn, conn.transaction():
-                cur = await conn.execute(
-                    sql.SELECT_INACTIVE_CONVERSATIONS, {"before": before, "limit": batch_size}
-                )
-                rows = await cur.fetchall()
-                by_user: dict[str, list[int]] = {}
-                for row in rows:
-                    by_user.setdefault(row["user_id"], []).append(int(row["id"]))
-                for user_id, ids in by_user.items():
-                    cur = await conn.execute(
-                        sql.DELETE_CONVERSATIONS,
-                        {"user_id": user_id, "conversation_ids": BigintArray(ids)},
-                    )
-                    counts = await cur.fetchone()
-                    assert counts is not None
-                    total = total + delete_counts_of(counts)
-            if len(rows) < batch_size:
-                return total
+        return await delete_selected(
+            self, sql.SELECT_INACTIVE_CONVERSATIONS, {"before": before}, batch_size
+        )

@@ -26,11 +26,11 @@ from agentstate.state_service.storage.base.lifecycle import (
 )
 from agentstate.state_service.storage.postgres import lifecycle_sql as lsql
 from agentstate.state_service.storage.postgres import sql
-from agentstate.state_service.storage.postgres.codecs import BigintArray, Row
+from agentstate.state_service.storage.postgres.codecs import Row
 from agentstate.state_service.storage.postgres.connection import PostgresConnection
 from agentstate.state_service.storage.postgres.conversations import (
     conversation_of,
-    delete_counts_of,
+    delete_selected,
     ttl_params,
 )
 
@@ -163,24 +163,7 @@ class PostgresLifecycle(PostgresConnection, LifecycleStore):
         return ConversationSearch(Page(items, token), total, states)
 
     async def purge_expired(self, *, batch_size: int = 500) -> DeleteCounts:
-        total = DeleteCounts(0, 0, 0)
-        while True:
-            async with self._connection() as conn, conn.transaction():
-                cur = await conn.execute(lsql.SELECT_EXPIRED_CONVERSATIONS, {"limit": batch_size})
-                rows = await cur.fetchall()
-                by_user: dict[str, list[int]] = {}
-                for row in rows:
-                    by_user.setdefault(row["user_id"], []).append(int(row["id"]))
-                for user_id, ids in by_user.items():
-                    cur = await conn.execute(
-                        sql.DELETE_CONVERSATIONS,
-                        {"user_id": user_id, "conversation_ids": BigintArray(sorted(ids))},
-                    )
-                    counts = await cur.fetchone()
-                    assert counts is not None
-                    total = total + delete_counts_of(counts)
-            if len(rows) < batch_size:
-                return total
+        return await delete_selected(self, lsql.SELECT_EXPIRED_CONVERSATIONS, {}, batch_size)
 
     async def erase_user(self, *, user_id: str, settings: EraseSettings) -> ErasureReceipt:
         (begun,) = await self._rows(
