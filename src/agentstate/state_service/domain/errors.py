@@ -288,3 +288,32 @@ def state_not_mergeable(state_key: str) -> FailedPrecondition:
         f'state {state_key!r} holds an agent state (its "context" is an array): AppendEvent '
         "merges a state delta only into a state without one; nothing was stored"
     )
+
+
+# ------------------------------------------------------------ encryption at rest
+
+
+class EncryptionKeyUnavailable(FailedPrecondition):
+    """Stored data needs a key this service does not have: the user's data key is
+    wrapped by a key-encryption key missing from STATE_ENCRYPTION_KEY_FILE, or the row
+    is sealed and STATE_ENCRYPTION is off. Nothing was changed."""
+
+    reason: ClassVar[str] = "ENCRYPTION_KEY_UNAVAILABLE"
+
+
+class DataUnreadable(StateServiceError):
+    """Stored data that can never be read again (DATA_LOSS)."""
+
+    reason: ClassVar[str] = "DATA_UNREADABLE"
+
+
+class DataKeyDestroyed(DataUnreadable):
+    """The data was sealed with a data key destroyed when its user was erased."""
+
+    reason: ClassVar[str] = "DATA_KEY_DESTROYED"
+
+
+class CiphertextRejected(DataUnreadable):
+    """A stored ciphertext does not authenticate for its row (altered, or moved)."""
+
+    reason: ClassVar[str] = "CIPHERTEXT_REJECTED"

@@ -30,6 +30,7 @@ from agentstate.state_service.storage.postgres.codecs import (
     Row,
     configure_connection,
 )
+from agentstate.state_service.storage.postgres.encryption import OFF, Encryption, UserKeys
 from agentstate.state_service.storage.postgres.migrations import apply_migrations
 from agentstate.state_service.storage.postgres.pg_checks import Route
 from agentstate.state_service.storage.postgres.refusals import (
@@ -70,12 +71,15 @@ class PostgresConnection:
         migration_conninfo: str = "",
         migration_lock_timeout: float | None = 60.0,
         check_route: bool = True,
+        encryption: Encryption | None = None,
     ) -> None:
         """`prepared_statements` off: psycopg never prepares (prepare_threshold None), as
         a transaction pooler without prepared statement support needs. Migrations run on
         `migration_conninfo` when given (straight to PostgreSQL, past a pooler), else on a
-        pooled connection. `check_route`: the start-up checks of `open()`."""
+        pooled connection. `check_route`: the start-up checks of `open()`. `encryption`:
+        encryption at rest (None: off; encryption.py)."""
         self._migrate = migrate
+        self.encryption = encryption or OFF
         self._conninfo = conninfo
         self._max_size = max_size
         self._prepared_statements = prepared_statements
@@ -168,6 +172,13 @@ class PostgresConnection:
 
     async def close(self) -> None:
         await self._pool.close()
+
+    def _keys(self, user_id: str) -> UserKeys:
+        """The user's data key for one call (encryption.py), fetched only when needed."""
+        return UserKeys(self.encryption, self._key_rows, user_id)
+
+    async def _key_rows(self, statement: str, params: dict[str, object]) -> list[Row]:
+        return await self._rows(statement, dict(params))
 
     @contextlib.asynccontextmanager
     async def _connection(
