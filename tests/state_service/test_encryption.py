@@ -215,7 +215,8 @@ async def test_a_ciphertext_moved_to_another_row_does_not_open(
         grpc.StatusCode.DATA_LOSS,
         "moved from another row",
     )
-    assert error_info(error)[0] == "CIPHERTEXT_REJECTED"
+    reason, _ = error_info(error)
+    assert reason == "CIPHERTEXT_REJECTED"
     # The first conversation still reads; the refusal changed nothing.
     got = await sealed_stub.GetState(pb.GetStateRequest(user_id=user_id, conversation_id=first))
     assert got.payload == STATE
@@ -269,7 +270,8 @@ async def test_sealed_rows_with_encryption_off_or_without_their_kek_are_refused(
             grpc.StatusCode.FAILED_PRECONDITION,
             "STATE_ENCRYPTION is off",
         )
-        assert error_info(error)[0] == "ENCRYPTION_KEY_UNAVAILABLE"
+        reason, _ = error_info(error)
+        assert reason == "ENCRYPTION_KEY_UNAVAILABLE"
     finally:
         await channel.close(None)
         await server.stop(None)
@@ -285,7 +287,8 @@ async def test_sealed_rows_with_encryption_off_or_without_their_kek_are_refused(
             grpc.StatusCode.FAILED_PRECONDITION,
             "key-encryption key 'k1', which STATE_ENCRYPTION_KEY_FILE does not hold",
         )
-        assert error_info(error)[0] == "ENCRYPTION_KEY_UNAVAILABLE"
+        reason, _ = error_info(error)
+        assert reason == "ENCRYPTION_KEY_UNAVAILABLE"
     finally:
         await channel.close(None)
         await server.stop(None)

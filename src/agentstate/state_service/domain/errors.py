@@ -301,19 +301,14 @@ class EncryptionKeyUnavailable(FailedPrecondition):
     reason: ClassVar[str] = "ENCRYPTION_KEY_UNAVAILABLE"
 
 
-class DataUnreadable(StateServiceError):
-    """Stored data that can never be read again (DATA_LOSS)."""
+class CiphertextRejected(StateServiceError):
+    """Stored data that cannot be read (DATA_LOSS): a ciphertext that does not
+    authenticate for its row (altered, or moved from another row)."""
 
-    reason: ClassVar[str] = "DATA_UNREADABLE"
+    reason: ClassVar[str] = "CIPHERTEXT_REJECTED"
 
 
-class DataKeyDestroyed(DataUnreadable):
+class DataKeyDestroyed(CiphertextRejected):
     """The data was sealed with a data key destroyed when its user was erased."""
 
     reason: ClassVar[str] = "DATA_KEY_DESTROYED"
-
-
-class CiphertextRejected(DataUnreadable):
-    """A stored ciphertext does not authenticate for its row (altered, or moved)."""
-
-    reason: ClassVar[str] = "CIPHERTEXT_REJECTED"

@@ -178,5 +178,29 @@ async def _data_key(
     return key
 
 
+# Rotation (agentstate-state rotate-keys): a batch of keys wrapped by another KEK, in
+# user order after the last one seen; the rewrap is a compare-and-set on the old wrap,
+# so a key erased or rewrapped meanwhile is left as it is. No lock is held between.
+SELECT_KEYS_TO_REWRAP = """
+SELECT user_id, key_id, kek_id, wrapped FROM t_user_key
+WHERE kek_id <> %(primary)s AND (%(after)s::text IS NULL OR user_id > %(after)s::text)
+ORDER BY user_id
+LIMIT %(batch)s
+"""
+
+REWRAP_KEYS = """
+UPDATE t_user_key AS k
+SET kek_id = u.new_kek_id, wrapped = u.new_wrapped, wrap_time = now()
+FROM unnest(%(user_ids)s::text[], %(old_kek_ids)s::text[], %(new_kek_ids)s::text[],
+            %(new_wrapped)s::bytea[]) AS u(user_id, old_kek_id, new_kek_id, new_wrapped)
+WHERE k.user_id = u.user_id AND k.kek_id = u.old_kek_id
+RETURNING k.user_id
+"""
+
+COUNT_KEYS_BY_KEK = """
+SELECT kek_id, count(*) AS keys FROM t_user_key GROUP BY kek_id ORDER BY kek_id
+"""
+
+
 def ad(user_id: str, conversation_id: int | str, kind: str, row_key: str = "") -> bytes:
     return envelope.associated_data(user_id, conversation_id, kind, row_key)
