@@ -111,9 +111,7 @@ class UserKeys:
         if b"\x01" not in text:
             return text
         key = await self.for_read(text)
-        return envelope.open_text(
-            text, lambda token: envelope.open_token(key, token, ad, user_id=self._user_id)
-        )
+        return envelope.open_all(key, text, ad, user_id=self._user_id)
 
     async def open_str(self, text: str, ad: bytes) -> str:
         if "\x01" not in text:
