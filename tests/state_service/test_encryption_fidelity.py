@@ -35,6 +35,12 @@ from tests.state_service.test_conversation_items import (  # noqa: F401
     test_items_concurrent_appends_all_land,
     test_items_min_item_time,
 )
+from tests.state_service.test_conversation_search import (  # noqa: F401
+    operator_stub,
+    test_labels_key_prefix_title_time_and_pages,
+    test_list_over_grpc_with_states_and_across_users,
+    test_status_is_kept_by_the_server,
+)
 from tests.state_service.test_faithful_merges import (  # noqa: F401
     test_a_whole_state_reads_back_as_sent,
     test_merges_keep_every_value,
