@@ -289,6 +289,18 @@ async def test_sealed_rows_with_encryption_off_or_without_their_kek_are_refused(
         )
         reason, _ = error_info(error)
         assert reason == "ENCRYPTION_KEY_UNAVAILABLE"
+        # A write needs the user's data key too: refused before anything is written.
+        error = await expect_rpc_error(
+            stub.UpsertState(
+                pb.UpsertStateRequest(
+                    user_id=user_id, conversation_id=cid, payload=b'{"x": 1}', expected_version=1
+                )
+            ),
+            grpc.StatusCode.FAILED_PRECONDITION,
+            "put that key back in the file",
+        )
+        reason, _ = error_info(error)
+        assert reason == "ENCRYPTION_KEY_UNAVAILABLE"
     finally:
         await channel.close(None)
         await server.stop(None)
