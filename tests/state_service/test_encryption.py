@@ -56,6 +56,10 @@ def test_a_key_file_that_cannot_be_used_is_refused_with_its_reason(tmp_path: Pat
             path.write_text(text)
         with pytest.raises(KmsConfigError, match=message.replace("(", r"\(")):
             FileKms(path)
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps({"primary": "k1", "keys": {"k1": new_kek()}}))
+    with pytest.raises(KmsConfigError, match="cannot append to the erased-keys file"):
+        FileKms(good, tmp_path / "no-such-dir" / "erased")
 
 
 def test_sealing_binds_each_ciphertext_to_its_row() -> None:

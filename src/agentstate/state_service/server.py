@@ -232,7 +232,12 @@ def encryption_of(settings: StateServiceSettings) -> Encryption | None:
     try:
         kms = FileKms(settings.encryption_key_file, settings.encryption_erased_file or None)
     except KmsConfigError as exc:
-        raise ConfigError(f"STATE_ENCRYPTION_KEY_FILE: {exc}") from None
+        name = (
+            "STATE_ENCRYPTION_ERASED_FILE"
+            if "erased-keys" in str(exc)
+            else "STATE_ENCRYPTION_KEY_FILE"
+        )
+        raise ConfigError(f"{name}: {exc}") from None
     return Encryption(
         kms,
         DataKeyCache(

@@ -86,6 +86,7 @@ class FileKms:
         self._erased_stamp: tuple[int, int] | None = None
         self._erased: set[str] = set()
         self._load()
+        self._check_erased_writable()
         self._load_erased()
 
     # ------------------------------------------------------------------ loading
@@ -137,6 +138,18 @@ class FileKms:
             except KmsConfigError:
                 if not self._keys:
                     raise
+
+    def _check_erased_writable(self) -> None:
+        """An erase appends to the ledger after the data is gone: a ledger it cannot
+        write would leave a restored backup readable, so it stops the start instead."""
+        if self._erased_path is None:
+            return
+        try:
+            os.close(os.open(self._erased_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600))
+        except OSError as exc:
+            raise KmsConfigError(
+                f"cannot append to the erased-keys file {self._erased_path}: {exc.strerror}"
+            ) from None
 
     def _load_erased(self) -> None:
         if self._erased_path is None:
