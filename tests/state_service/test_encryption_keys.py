@@ -24,7 +24,7 @@ from tests.conftest import create_database, start_state_server
 from tests.state_service.test_error_details import error_info
 from tests.support.encryption import encrypted_store, write_key_file
 from tests.support.helpers import expect_rpc_error, new_conversation
-from tests.support.state_process import StateServices, run_command
+from tests.support.state_process import StateServices, on_postgres, run_command
 
 Stub: TypeAlias = "pb_grpc.StateServiceAsyncStub"
 
@@ -225,6 +225,44 @@ async def test_key_rotation_runs_online_under_reads_and_writes(
             assert (got.payload, got.version) == (_state(user), done[user])
     finally:
         await _close(server, channel, store)
+
+
+def test_the_service_process_seals_with_its_settings(
+    state_services: StateServices, database_url: str, tmp_path: Path
+) -> None:
+    key_file = write_key_file(tmp_path / "keys.json")
+    address = state_services.serve(
+        on_postgres(
+            database_url,
+            STATE_ENCRYPTION="on",
+            STATE_ENCRYPTION_KEY_FILE=str(key_file),
+            STATE_ENCRYPTION_ERASED_FILE=str(tmp_path / "erased"),
+            STATE_ENCRYPTION_KEY_CACHE_SIZE="10",
+            STATE_ENCRYPTION_KEY_CACHE_SECONDS="5",
+        )
+    )
+    user = f"process-{uuid.uuid4()}"
+    with grpc.insecure_channel(address) as channel:
+        stub = pb_grpc.StateServiceStub(channel)
+        cid = stub.CreateConversation(
+            pb.CreateConversationRequest(user_id=user)
+        ).conversation.conversation_id
+        stub.UpsertState(
+            pb.UpsertStateRequest(user_id=user, conversation_id=cid, payload=_state(user))
+        )
+        got = stub.GetState(pb.GetStateRequest(user_id=user, conversation_id=cid))
+        assert got.payload == _state(user)
+        with psycopg.connect(database_url) as conn:
+            (head,) = conn.execute(
+                "SELECT context_head FROM t_agent_state WHERE user_id = %s", (user,)
+            ).fetchone() or (None,)
+        assert str(head).startswith("\x01")  # sealed by the process
+        stub.EraseUser(pb.EraseUserRequest(user_id=user))
+    with psycopg.connect(database_url) as conn:
+        (keys,) = conn.execute(
+            "SELECT count(*) FROM t_user_key WHERE user_id = %s", (user,)
+        ).fetchone() or (None,)
+    assert keys == 0 and len((tmp_path / "erased").read_text().split()) == 1
 
 
 def test_settings_that_cannot_work_stop_the_start(
