@@ -623,6 +623,30 @@ FOR EACH ROW WHEN (NEW.user_id <> '') EXECUTE FUNCTION agentstate_erasure_fence(
 \\ir functions/agentstate_erase_batch.sql
 """,
     ),
+    # Issue 24 item 5 (encryption at rest). Number 14: 15-18 are other changes'; this
+    # one adds a table and a function, so it applies beside them in either order.
+    Migration(
+        14,
+        "encryption at rest: the users' wrapped data keys",
+        """
+-- One data key per user, wrapped by a key-encryption key (kek_id names it in the key
+-- file); key_id is in every token the key seals. Erasing the user deletes the row
+-- (crypto-shredding); agentstate-state rotate-keys rewraps rows by kek_id.
+CREATE TABLE t_user_key (
+    user_id     text PRIMARY KEY,
+    key_id      bytea NOT NULL,
+    kek_id      text NOT NULL,
+    wrapped     bytea NOT NULL,
+    create_time timestamptz NOT NULL DEFAULT now(),
+    wrap_time   timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX t_user_key_kek_idx ON t_user_key (kek_id, user_id);
+-- No key is made for a user whose erase runs (the erase deletes the key last).
+CREATE TRIGGER t_user_key_erasure_fence BEFORE INSERT ON t_user_key
+FOR EACH ROW EXECUTE FUNCTION agentstate_erasure_fence();
+\\ir functions/agentstate_plain_length.sql
+""",
+    ),
 ]
 
 

@@ -47,6 +47,9 @@ BEGIN
         DELETE FROM t_scoped_state WHERE user_id = p_user_id;
         GET DIAGNOSTICS n = ROW_COUNT;
         batch_counts := batch_counts || jsonb_build_object('scoped_states', n);
+        -- The data key last (crypto-shredding, migration 14): sealed copies of
+        -- anything above, in backups too, cannot be opened without it.
+        DELETE FROM t_user_key WHERE user_id = p_user_id;
         DELETE FROM t_erasure_fence WHERE user_id = p_user_id;
         remaining := false;
     END IF;

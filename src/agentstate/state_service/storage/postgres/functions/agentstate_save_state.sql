@@ -62,7 +62,7 @@ BEGIN
                 p_user_id, p_conversation_id, p_state_key, v_start, 0, p_context);
             SELECT p_head AS head, p_tail AS tail INTO v_frame;
             v_count := cardinality(p_context);
-            SELECT coalesce(sum(octet_length(m)), 0) INTO v_bytes FROM unnest(p_context) AS m;
+            SELECT coalesce(sum(agentstate_plain_length(m)), 0) INTO v_bytes FROM unnest(p_context) AS m;
         ELSE
             IF v_state.context_start IS NOT NULL THEN
                 DELETE FROM t_agent_state_message AS m
@@ -109,7 +109,7 @@ BEGIN
                 DELETE FROM t_agent_state_message AS m
                 WHERE m.user_id = p_user_id AND m.session_id = p_conversation_id
                   AND m.state_key = p_state_key AND m.position < v_start + p_drop_head
-                RETURNING octet_length(m.message) AS size)
+                RETURNING agentstate_plain_length(m.message) AS size)
             SELECT v_bytes - coalesce(sum(size), 0) INTO v_bytes FROM dropped;
             v_start := v_start + p_drop_head;
             v_count := v_count - p_drop_head;
@@ -122,7 +122,7 @@ BEGIN
         END IF;
         -- Each message checked by the service and kept as sent.
         v_new := coalesce(p_messages, '{}');
-        SELECT coalesce(sum(octet_length(m)), 0) INTO v_new_bytes FROM unnest(v_new) AS m;
+        SELECT coalesce(sum(agentstate_plain_length(m)), 0) INTO v_new_bytes FROM unnest(v_new) AS m;
         IF v_from = v_count THEN
             -- Appending (the common turn): no row after the end to compare or remove.
             INSERT INTO t_agent_state_message (user_id, session_id, state_key, position, message)
@@ -142,7 +142,7 @@ BEGIN
         END IF;
         IF p_max_bytes IS NOT NULL THEN
             -- The size of the whole state as GetState returns it.
-            v_size := octet_length(v_frame.head) + octet_length(v_frame.tail)
+            v_size := agentstate_plain_length(v_frame.head) + agentstate_plain_length(v_frame.tail)
                       + CASE WHEN v_count = 0 THEN 2 ELSE v_bytes + 2 * v_count END;
             IF v_size > p_max_bytes THEN
                 PERFORM agentstate_refuse(jsonb_build_object(

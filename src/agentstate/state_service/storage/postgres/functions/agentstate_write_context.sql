@@ -12,7 +12,7 @@ DECLARE
     v_old bigint;
     n integer := coalesce(array_length(p_messages, 1), 0);
 BEGIN
-    SELECT coalesce(sum(octet_length(message)), 0) INTO v_old FROM t_agent_state_message
+    SELECT coalesce(sum(agentstate_plain_length(message)), 0) INTO v_old FROM t_agent_state_message
     WHERE user_id = p_user_id AND session_id = p_session_id AND state_key = p_state_key
       AND position >= p_start + p_from;
     IF n > 0 THEN
