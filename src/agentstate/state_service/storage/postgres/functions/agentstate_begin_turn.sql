@@ -71,7 +71,9 @@ BEGIN
                 WHEN s.context_start IS NULL THEN s.payload::text
                 ELSE s.context_head || (
                     SELECT coalesce(
-                        '[' || string_agg(m.message, ', ' ORDER BY m.position) || ']', '[]')
+                        '[' || string_agg(
+                        coalesce(m.message, array_to_string(m.messages, ', ')), ', '
+                        ORDER BY m.position) || ']', '[]')
                     FROM t_agent_state_message AS m
                     WHERE m.session_id = s.session_id AND m.state_key = s.state_key
                       AND m.user_id = s.user_id) || s.context_tail END,

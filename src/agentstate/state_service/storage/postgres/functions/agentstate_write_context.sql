@@ -1,31 +1,60 @@
 -- Write a context's messages from index p_from on (positions p_start + p_from
--- ...) and remove every row after them. Rows whose text is unchanged are left
--- alone, so a whole-state save writes only the messages that changed. The
--- caller holds the conversation's row lock. Returns the octet length of the
--- rows it removed or replaced (what the tail weighed before).
+-- ...) and remove every row after them. Messages are kept in chunks (migration
+-- 16): a row holds the messages from its position on, up to about 8 KB of text,
+-- so a small state is one row and rows are large enough to be compressed. The
+-- chunk holding the last message kept is rewritten with the new ones when the
+-- cut falls inside it or it has room, so appends fill it; a chunk whose text is
+-- unchanged is left alone, so a whole-state save writes only the chunks that
+-- changed. The caller holds the conversation's row lock. Returns the octet
+-- length of the messages it removed or replaced (what the tail weighed before).
 CREATE OR REPLACE FUNCTION agentstate_write_context(
     p_user_id text, p_session_id bigint, p_state_key text, p_start bigint, p_from bigint,
     p_messages text[])
 RETURNS bigint
 LANGUAGE plpgsql AS $$
 DECLARE
+    v_cut bigint := p_start + p_from;
+    v_base bigint := p_start + p_from;
+    v_all text[] := coalesce(p_messages, '{}');
+    v_kept bigint := 0;
     v_old bigint;
-    n integer := coalesce(array_length(p_messages, 1), 0);
+    v_last record;
 BEGIN
-    SELECT coalesce(sum(octet_length(message)), 0) INTO v_old FROM t_agent_state_message
-    WHERE user_id = p_user_id AND session_id = p_session_id AND state_key = p_state_key
-      AND position >= p_start + p_from;
-    IF n > 0 THEN
-        INSERT INTO t_agent_state_message AS m (user_id, session_id, state_key, position, message)
-        SELECT p_user_id, p_session_id, p_state_key, p_start + p_from + u.i - 1, u.message
-        FROM unnest(p_messages) WITH ORDINALITY AS u(message, i)
-        ON CONFLICT (session_id, state_key, position)
-        DO UPDATE SET message = EXCLUDED.message WHERE m.message <> EXCLUDED.message;
+    IF p_from > 0 THEN
+        SELECT m.position, m.messages INTO v_last FROM t_agent_state_message AS m
+        WHERE m.user_id = p_user_id AND m.session_id = p_session_id
+          AND m.state_key = p_state_key AND m.position < v_cut
+        ORDER BY m.position DESC LIMIT 1;
+        IF v_last.messages IS NOT NULL AND (
+               v_cut - v_last.position < cardinality(v_last.messages)
+               OR octet_length(array_to_string(v_last.messages, '')) < 8192) THEN
+            v_base := v_last.position;
+            v_all := v_last.messages[1 : v_cut - v_last.position] || v_all;
+            v_kept := octet_length(array_to_string(v_last.messages[1 : v_cut - v_last.position], ''));
+        END IF;
     END IF;
-    IF v_old > 0 THEN
-        DELETE FROM t_agent_state_message
-        WHERE user_id = p_user_id AND session_id = p_session_id AND state_key = p_state_key
-          AND position >= p_start + p_from + n;
-    END IF;
+    SELECT coalesce(sum(coalesce(octet_length(m.message),
+                                 octet_length(array_to_string(m.messages, '')))), 0) - v_kept
+    INTO v_old FROM t_agent_state_message AS m
+    WHERE m.user_id = p_user_id AND m.session_id = p_session_id AND m.state_key = p_state_key
+      AND m.position >= v_base;
+    -- Chunks from v_base on: a message joins the chunk its first byte falls in.
+    WITH u AS (
+        SELECT u.message, u.i, coalesce(sum(octet_length(u.message)) OVER (
+                   ORDER BY u.i ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS before
+        FROM unnest(v_all) WITH ORDINALITY AS u(message, i)),
+    chunks AS (
+        SELECT v_base + min(u.i) - 1 AS position, array_agg(u.message ORDER BY u.i) AS messages
+        FROM u GROUP BY u.before / 8192),
+    gone AS (
+        DELETE FROM t_agent_state_message AS m
+        WHERE m.user_id = p_user_id AND m.session_id = p_session_id
+          AND m.state_key = p_state_key AND m.position >= v_base
+          AND m.position NOT IN (SELECT c.position FROM chunks AS c))
+    INSERT INTO t_agent_state_message AS m (user_id, session_id, state_key, position, messages)
+    SELECT p_user_id, p_session_id, p_state_key, c.position, c.messages FROM chunks AS c
+    ON CONFLICT (session_id, state_key, position)
+    DO UPDATE SET messages = EXCLUDED.messages, message = NULL
+    WHERE m.messages IS DISTINCT FROM EXCLUDED.messages;
     RETURN v_old;
 END $$;
