@@ -20,10 +20,10 @@ change in the machine's load hits them alike: compare the ratios, not the millis
    thread) over our slices, divided by the calls it served: CPU per call. `--before SRC`
    adds the state service of another checkout's src/ (PYTHONPATH) as a third contender.
 3. storage: `--conversations` conversations grown by 32 turns of 4 messages (delta
-   EndTurns) to 128 messages: live bytes per conversation (pg_column_size of the state's
-   rows) against the state's JSON size; then 200 more turns each (drop 4, append 4) and
-   the state tables' relation bytes (heap, TOAST, indexes; autovacuum as configured)
-   against live.
+   EndTurns, 8 sessions at a time) to 128 messages: live bytes per conversation
+   (pg_column_size of the state's rows) against the state's JSON size; then 200 more
+   turns each adding 2 messages (as bench.delta_turns): WAL bytes per turn, and the state
+   tables' relation bytes (heap, TOAST, indexes; autovacuum as configured) against live.
 """
 
 from __future__ import annotations
@@ -326,6 +326,15 @@ SELECT (SELECT coalesce(sum(pg_column_size(s.*)), 0) FROM t_agent_state AS s
      + (SELECT coalesce(sum(pg_column_size(m.*)), 0) FROM t_agent_state_message AS m
         WHERE m.session_id = ANY(%(ids)s))
 """
+_PARTS = """
+SELECT c.relname, pg_relation_size(c.oid) AS heap,
+       coalesce(pg_total_relation_size(c.reltoastrelid), 0) AS toast,
+       pg_indexes_size(c.oid) AS indexes, s.n_live_tup, s.n_dead_tup
+FROM pg_class AS c JOIN pg_stat_user_tables AS s ON s.relid = c.oid
+WHERE c.relname IN ('t_agent_state', 't_agent_state_message')
+ORDER BY c.relname
+"""
+_WAL = "SELECT pg_current_wal_lsn() - '0/0'::pg_lsn"
 _RELATIONS = """
 SELECT sum(pg_total_relation_size(c.oid)) FROM pg_class AS c
 WHERE c.relname IN ('t_agent_state', 't_agent_state_message') AND c.relkind = 'r'
@@ -338,10 +347,10 @@ async def storage(name: str, stub: Any, dsn: str, conversations: int) -> list[Ro
     for c in states:
         await c.create()
 
-    async def run_turns(count: int, drop: int) -> None:
+    async def run_turns(count: int, drop: int, add: int = 4) -> None:
         async def one(c: Conversation) -> None:
             for _ in range(count):
-                await c.turn(_new_messages(c.version, 4), drop=drop)
+                await c.turn(_new_messages(c.version, add), drop=drop)
 
         for start in range(0, len(states), 8):  # 8 sessions at a time
             await asyncio.gather(*(one(c) for c in states[start : start + 8]))
@@ -357,17 +366,29 @@ async def storage(name: str, stub: Any, dsn: str, conversations: int) -> list[Ro
             relations = int((await (await conn.execute(_RELATIONS)).fetchone() or [0])[0])
         return size / conversations, live / conversations, relations / conversations
 
-    await run_turns(32, 0)
+    await run_turns(32, 0, 4)
     size, live, _ = await measure()
     n = len(states[0].state["context"])
     results.add("storage", n, name, "state JSON KB", size / 1024)
     results.add("storage", n, name, "live KB", live / 1024)
     results.add("storage", n, name, "live / JSON", live / size)
-    await run_turns(200, 4)
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        wal_before = int((await (await conn.execute(_WAL)).fetchone() or [0])[0])
+    await run_turns(200, 0, 2)
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        wal = int((await (await conn.execute(_WAL)).fetchone() or [0])[0]) - wal_before
     size, live, relations = await measure()
+    n = len(states[0].state["context"])
+    results.add("storage", n, name, "WAL bytes per turn (+2)", wal / (200 * len(states)))
     results.add("storage", n, name, "after 200: live KB", live / 1024)
     results.add("storage", n, name, "after 200: relations KB", relations / 1024)
     results.add("storage", n, name, "after 200: relations/live", relations / live)
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        for row in await (await conn.execute(_PARTS)).fetchall():
+            table, *sizes, _live_rows, dead_rows = row
+            for part, value in zip(("heap", "TOAST", "indexes"), sizes, strict=True):
+                results.add("storage", n, name, f"{table} {part} KB", value / conversations / 1024)
+            results.add("storage", n, name, f"{table} dead rows", dead_rows / conversations)
     return results.rows
 
 

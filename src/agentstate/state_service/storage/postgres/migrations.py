@@ -640,6 +640,13 @@ ALTER TABLE t_agent_state_message ALTER COLUMN message DROP NOT NULL,
     ADD COLUMN messages text[];
 ALTER TABLE t_agent_state_message ADD CONSTRAINT t_agent_state_message_chunk_check
     CHECK ((message IS NULL) <> (messages IS NULL) AND cardinality(messages) > 0) NOT VALID;
+-- A chunk stays in its row, compressed (MAIN: out of line only if a row cannot fit a
+-- page), and a fifth of each new page is left free: an append that refills the last
+-- chunk is then often a HOT update in place, whose dead version the next update of the
+-- page prunes without waiting for vacuum (a TOASTed value's would wait). Measured in
+-- bench.small_state: 80 left fewer bytes after 200 turns than 50, 70 or 100.
+ALTER TABLE t_agent_state_message ALTER COLUMN messages SET STORAGE MAIN;
+ALTER TABLE t_agent_state_message SET (fillfactor = 80);
 -- lz4 where the server has it (faster than pglz, to write and to read); new values only.
 DO $$
 BEGIN
