@@ -122,6 +122,8 @@ class Run:
         )
         await self.store.delete_conversations(user_id=USER, conversation_ids=[twin.conversation_id])
         assert json.loads(got.payload) == json.loads(dumps(self.model))
+        if isinstance(self.store, PostgresStore):
+            await _check_context_bytes(self.store, self.cid, got.payload)
         if not self.legacy:
             assert got.payload == whole.payload
             assert got.payload == dumps(self.model)
@@ -225,14 +227,35 @@ async def _state_rows(store: PostgresStore, cid: int) -> int:
         return int(row["n"])
 
 
+async def _check_context_bytes(store: PostgresStore, cid: int, payload: bytes) -> None:
+    """The stored size of a split context (what the size limit is computed from) is
+    that of the messages GetState returns, with chunks cut by a compaction."""
+    async with store.pool.connection() as conn:
+        cur = await conn.execute(
+            "SELECT context_head, context_tail, context_count, context_bytes FROM t_agent_state "
+            "WHERE user_id = %s AND session_id = %s",
+            (USER, cid),
+        )
+        row = await cur.fetchone()
+    assert row is not None
+    if row["context_count"] is None:
+        return
+    n = int(row["context_count"])
+    frame = len(row["context_head"].encode()) + len(row["context_tail"].encode())
+    assert int(row["context_bytes"]) == len(payload) - frame - 2 - 2 * max(n - 1, 0)
+    assert n == len(json.loads(payload)["context"])
+
+
 async def _one_message_a_row(store: PostgresStore, cid: int) -> None:
     async with store.pool.connection() as conn:
         await conn.execute(
             "WITH old AS (DELETE FROM t_agent_state_message WHERE user_id = %s "
             "AND session_id = %s RETURNING *) "
             "INSERT INTO t_agent_state_message (user_id, session_id, state_key, position, message) "
-            "SELECT o.user_id, o.session_id, o.state_key, o.position + u.i - 1, u.m FROM old AS o, "
-            "unnest(coalesce(o.messages, ARRAY[o.message])) WITH ORDINALITY AS u(m, i)",
+            "SELECT o.user_id, o.session_id, o.state_key, o.position + u.i - 1, u.m FROM old AS o "
+            "JOIN t_agent_state AS s USING (user_id, session_id, state_key), "
+            "unnest(coalesce(o.messages, ARRAY[o.message])) WITH ORDINALITY AS u(m, i) "
+            "WHERE o.position + u.i - 1 >= s.context_start",  # a cut chunk's skipped head
             (USER, cid),
         )
 
@@ -395,7 +418,7 @@ async def test_begin_turn_omits_the_payload_the_caller_holds(store: StateStore) 
 async def test_a_turn_writes_only_its_messages(pg_store: PostgresStore) -> None:
     """O(delta) storage: messages are kept in chunks of about 8 KB (migration 16); a
     delta appending messages touches only the last chunk and new ones, a whole save
-    rewrites only the chunks that changed, a compaction only the chunk it cuts."""
+    rewrites only the chunks that changed, a compaction only deletes."""
 
     def message(i: int | str) -> dict[str, Any]:
         return {"i": i, "text": "x" * 1010}  # just over 1 KB: 8 to a chunk
@@ -431,12 +454,12 @@ async def test_a_turn_writes_only_its_messages(pg_store: PostgresStore) -> None:
     rewritten = await row_versions()
     assert sorted(rewritten) == sorted(after)
     assert [p for p in rewritten if rewritten[p] != after[p]] == [8]
-    # A compaction drops chunks from the front and cuts the one it ends in;
-    # positions are not renumbered.
+    # A compaction deletes the chunks before the new start and writes no other row: the
+    # chunk it ends in stays as it was (reads skip its first messages); positions are
+    # not renumbered.
     await run.delta(StateDelta(run.version, drop_head=42))
     compacted = await row_versions()
-    assert sorted(compacted) == [42, 48]
-    assert compacted[42][0] == 6 and compacted[48] == rewritten[48]
+    assert compacted == {40: rewritten[40], 48: rewritten[48]}
     got = await pg_store.get_state(user_id=USER, conversation_id=run.cid, state_key="agent_state")
     assert json.loads(got.payload)["context"] == state["context"][42:]
 

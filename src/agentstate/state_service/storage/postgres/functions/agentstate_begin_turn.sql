@@ -78,7 +78,10 @@ BEGIN
                 ELSE s.context_head || (
                     SELECT coalesce(
                         '[' || string_agg(
-                        coalesce(m.message, array_to_string(m.messages, ', ')), ', '
+                        -- A first chunk may begin before the context (a compaction cut it).
+                        coalesce(m.message, array_to_string(CASE WHEN m.position >= s.context_start
+                            THEN m.messages ELSE m.messages[s.context_start - m.position + 1 :] END,
+                            ', ')), ', '
                         ORDER BY m.position) || ']', '[]')
                     FROM t_agent_state_message AS m
                     WHERE m.session_id = s.session_id AND m.state_key = s.state_key

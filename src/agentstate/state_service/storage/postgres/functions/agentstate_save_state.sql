@@ -118,30 +118,23 @@ BEGIN
                 'length', v_count));
         END IF;
         IF p_drop_head > 0 THEN
-            -- Rows wholly before the new start go; a chunk across it keeps its tail.
+            -- Chunks wholly before the new start go; the one across it stays as it is
+            -- (reads skip its messages before context_start) until it goes too.
             WITH dropped AS (
                 DELETE FROM t_agent_state_message AS m
                 WHERE m.user_id = p_user_id AND m.session_id = p_conversation_id
                   AND m.state_key = p_state_key AND m.position < v_start + p_drop_head
                   AND m.position + coalesce(cardinality(m.messages), 1)
                       <= v_start + p_drop_head
-                RETURNING coalesce(octet_length(m.message),
-                                   octet_length(array_to_string(m.messages, ''))) AS size)
+                RETURNING coalesce(octet_length(m.message), octet_length(array_to_string(
+                    m.messages[greatest(v_start - m.position, 0) + 1 :], ''))) AS size)
             SELECT v_bytes - coalesce(sum(size), 0) INTO v_bytes FROM dropped;
-            WITH cut AS (
-                SELECT m.position, m.messages[1 : v_start + p_drop_head - m.position] AS head
-                FROM t_agent_state_message AS m
-                WHERE m.user_id = p_user_id AND m.session_id = p_conversation_id
-                  AND m.state_key = p_state_key AND m.position < v_start + p_drop_head),
-            moved AS (
-                UPDATE t_agent_state_message AS m
-                SET position = v_start + p_drop_head,
-                    messages = m.messages[v_start + p_drop_head - m.position + 1 :]
-                FROM cut
-                WHERE m.user_id = p_user_id AND m.session_id = p_conversation_id
-                  AND m.state_key = p_state_key AND m.position = cut.position
-                RETURNING octet_length(array_to_string(cut.head, '')) AS size)
-            SELECT v_bytes - coalesce(sum(size), 0) INTO v_bytes FROM moved;
+            SELECT v_bytes - coalesce(sum(octet_length(array_to_string(
+                       m.messages[greatest(v_start - m.position, 0) + 1
+                                  : v_start + p_drop_head - m.position], ''))), 0)
+            INTO v_bytes FROM t_agent_state_message AS m
+            WHERE m.user_id = p_user_id AND m.session_id = p_conversation_id
+              AND m.state_key = p_state_key AND m.position < v_start + p_drop_head;
             v_start := v_start + p_drop_head;
             v_count := v_count - p_drop_head;
         END IF;

@@ -2,11 +2,14 @@
 -- ...) and remove every row after them. Messages are kept in chunks (migration
 -- 16): a row holds the messages from its position on, up to about 8 KB of text,
 -- so a small state is one row and rows are large enough to be compressed. The
--- chunk holding the last message kept is rewritten with the new ones when the
--- cut falls inside it or it has room, so appends fill it; a chunk whose text is
--- unchanged is left alone, so a whole-state save writes only the chunks that
--- changed. The caller holds the conversation's row lock. Returns the octet
--- length of the messages it removed or replaced (what the tail weighed before).
+-- first chunk may begin before p_start (the context's start): a compaction
+-- leaves the chunk it cuts as it is, and every read skips its messages before
+-- the start. The chunk holding the last message kept is rewritten with the new
+-- ones when the cut falls inside it or it has room, so appends fill it; a chunk
+-- whose text is unchanged is left alone, so a whole-state save writes only the
+-- chunks that changed. p_from 0 replaces every row of the state. The caller
+-- holds the conversation's row lock. Returns the octet length of the messages it
+-- removed or replaced (what the tail weighed before).
 CREATE OR REPLACE FUNCTION agentstate_write_context(
     p_user_id text, p_session_id bigint, p_state_key text, p_start bigint, p_from bigint,
     p_messages text[])
@@ -18,26 +21,34 @@ DECLARE
     v_all text[] := coalesce(p_messages, '{}');
     v_kept bigint := 0;
     v_old bigint;
-    v_last record;
+    v_position bigint;
+    v_chunk text[];
 BEGIN
     IF p_from > 0 THEN
-        SELECT m.position, m.messages INTO v_last FROM t_agent_state_message AS m
+        SELECT m.position, m.messages INTO v_position, v_chunk FROM t_agent_state_message AS m
         WHERE m.user_id = p_user_id AND m.session_id = p_session_id
           AND m.state_key = p_state_key AND m.position < v_cut
         ORDER BY m.position DESC LIMIT 1;
-        IF v_last.messages IS NOT NULL AND (
-               v_cut - v_last.position < cardinality(v_last.messages)
-               OR octet_length(array_to_string(v_last.messages, '')) < 8192) THEN
-            v_base := v_last.position;
-            v_all := v_last.messages[1 : v_cut - v_last.position] || v_all;
-            v_kept := octet_length(array_to_string(v_last.messages[1 : v_cut - v_last.position], ''));
+        -- v_chunk is a variable: detoasted once for the checks and slices below.
+        IF v_chunk IS NOT NULL AND (
+               v_cut - v_position < cardinality(v_chunk)
+               OR octet_length(array_to_string(v_chunk, '')) < 8192) THEN
+            v_base := v_position;
+            v_chunk := v_chunk[1 : v_cut - v_position];
+            v_all := v_chunk || v_all;
+            -- What stays of it within the context (not before p_start).
+            v_kept := octet_length(array_to_string(
+                v_chunk[greatest(p_start - v_position, 0) + 1 :], ''));
         END IF;
     END IF;
-    SELECT coalesce(sum(coalesce(octet_length(m.message),
-                                 octet_length(array_to_string(m.messages, '')))), 0) - v_kept
+    -- The messages from v_base on (p_from 0: all of them) within the context.
+    SELECT coalesce(sum(coalesce(
+               octet_length(m.message),
+               octet_length(array_to_string(
+                   m.messages[greatest(p_start - m.position, 0) + 1 :], '')))), 0) - v_kept
     INTO v_old FROM t_agent_state_message AS m
     WHERE m.user_id = p_user_id AND m.session_id = p_session_id AND m.state_key = p_state_key
-      AND m.position >= v_base;
+      AND (p_from = 0 OR m.position >= v_base);
     -- Chunks from v_base on: a message joins the chunk its first byte falls in.
     WITH u AS (
         SELECT u.message, u.i, coalesce(sum(octet_length(u.message)) OVER (
@@ -49,7 +60,7 @@ BEGIN
     gone AS (
         DELETE FROM t_agent_state_message AS m
         WHERE m.user_id = p_user_id AND m.session_id = p_session_id
-          AND m.state_key = p_state_key AND m.position >= v_base
+          AND m.state_key = p_state_key AND (p_from = 0 OR m.position >= v_base)
           AND m.position NOT IN (SELECT c.position FROM chunks AS c))
     INSERT INTO t_agent_state_message AS m (user_id, session_id, state_key, position, messages)
     SELECT p_user_id, p_session_id, p_state_key, c.position, c.messages FROM chunks AS c
