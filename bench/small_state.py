@@ -18,7 +18,9 @@ change in the machine's load hits them alike: compare the ratios, not the millis
    `AsyncPostgresSaver` shared by the callers (`aget_tuple` + `aput` of the state).
    The state service's CPU time (/proc/PID/stat utime + stime, the process's every
    thread) over our slices, divided by the calls it served: CPU per call. `--before SRC`
-   adds the state service of another checkout's src/ (PYTHONPATH) as a third contender.
+   adds the state service of another checkout's src/ (PYTHONPATH) as a third contender;
+   `--floor` a bare gRPC server (a process answering the same RPCs with fixed responses:
+   the floor of CPU per call in Python gRPC).
 3. storage: `--conversations` conversations grown by 32 turns of 4 messages (delta
    EndTurns, 8 sessions at a time) to 128 messages: live bytes per conversation
    (pg_column_size of the state's rows) against the state's JSON size; then 200 more
@@ -47,6 +49,7 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from agentstate.common.embedded_postgres import EmbeddedPostgres
+from agentstate.dev.processes import ServiceProcess
 from agentstate.state.v1 import state_service_pb2 as pb
 from agentstate.state.v1 import state_service_pb2_grpc as pb_grpc
 from agentstate.state_service.domain import StateDelta
@@ -317,6 +320,45 @@ async def _turns_at(
             )  # fmt: skip
 
 
+# ------------------------------------------------------- the floor: gRPC alone
+
+
+class _Bare(pb_grpc.StateServiceServicer):
+    """The state service's turn RPCs answered with fixed responses, nothing else: what
+    Python gRPC (grpc.aio, protobuf) costs a call in a process of its own."""
+
+    def __init__(self) -> None:
+        self.version = 0
+
+    async def CreateConversation(self, request: Any, context: Any) -> Any:
+        return pb.CreateConversationResponse(conversation=pb.Conversation(conversation_id="1"))
+
+    async def UpsertState(self, request: Any, context: Any) -> Any:
+        self.version += 1
+        return pb.UpsertStateResponse(version=self.version)
+
+    async def BeginTurn(self, request: Any, context: Any) -> Any:
+        return pb.BeginTurnResponse(
+            lease=pb.Lease(task_id="7"),
+            messages=[pb.MessageRecord(message_id="1"), pb.MessageRecord(message_id="2")],
+            version=self.version,
+            payload_omitted=True,
+        )
+
+    async def EndTurn(self, request: Any, context: Any) -> Any:
+        self.version += 1
+        return pb.EndTurnResponse(version=self.version, lease_released=True)
+
+
+async def _serve_bare() -> None:
+    server = grpc.aio.server()
+    pb_grpc.add_StateServiceServicer_to_server(_Bare(), server)  # type: ignore[abstract]
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    print(f"listening on 127.0.0.1:{port}", flush=True)
+    await server.wait_for_termination()
+
+
 # ------------------------------------------------------------------------ 3. storage
 
 
@@ -421,6 +463,12 @@ async def run(args: argparse.Namespace) -> list[Row]:
             channel = grpc.aio.insecure_channel(process.wait_ready())
             closers.append(functools.partial(channel.close, None))
             services[name] = (pb_grpc.StateServiceStub(channel), process.proc.pid)
+        if args.floor:
+            bare = ServiceProcess("bench.small_state", {"PYTHONPATH": "."}, "--bare-server")
+            processes.append(bare)
+            channel = grpc.aio.insecure_channel(bare.wait_ready())
+            closers.append(functools.partial(channel.close, None))
+            floor = {"gRPC alone": (pb_grpc.StateServiceStub(channel), bare.proc.pid)}
         # First, so the state tables hold only its conversations.
         if "storage" in args.parts:
             for name, (stub, _pid) in services.items():
@@ -446,8 +494,9 @@ async def run(args: argparse.Namespace) -> list[Row]:
             if not args.no_langgraph:
                 made = await _langgraph(_database(server, "langgraph"), args.concurrency, closers)
                 langgraph = made[0]  # the shared saver, one checkpoint per turn
+            contenders = services | (floor if args.floor else {})
             rows += await turns(
-                services, langgraph, sizes, args.concurrency, args.seconds, args.slices
+                contenders, langgraph, sizes, args.concurrency, args.seconds, args.slices
             )
         return rows
     finally:
@@ -476,9 +525,16 @@ def main() -> None:
     parser.add_argument("--conversations", type=int, default=20)
     parser.add_argument("--before", help="another checkout's src/: its state service too")
     parser.add_argument("--no-langgraph", action="store_true")
+    parser.add_argument(
+        "--floor", action="store_true", help="add a bare gRPC server answering the turn RPCs"
+    )
+    parser.add_argument("--bare-server", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--json", type=Path, help="write the results as JSON")
     parser.add_argument("--replot", type=Path, help="print an earlier --json, measure nothing")
     args = parser.parse_args()
+    if args.bare_server:
+        asyncio.run(_serve_bare())
+        return
     if args.replot:
         print_table([Row(**r) for r in json.loads(args.replot.read_text())["rows"]])
         return

@@ -49,6 +49,20 @@ BEGIN
     INTO v_old FROM t_agent_state_message AS m
     WHERE m.user_id = p_user_id AND m.session_id = p_session_id AND m.state_key = p_state_key
       AND (p_from = 0 OR m.position >= v_base);
+    IF v_old = 0 AND p_from > 0 AND cardinality(v_all) > 0
+       AND octet_length(array_to_string(v_all[1 : cardinality(v_all) - 1], '')) < 8192 THEN
+        -- The common turn: messages appended, one chunk (the last one refilled, or a
+        -- new one), nothing after it to compare or remove.
+        IF v_base = v_position THEN
+            UPDATE t_agent_state_message AS m SET messages = v_all
+            WHERE m.user_id = p_user_id AND m.session_id = p_session_id
+              AND m.state_key = p_state_key AND m.position = v_base;
+        ELSE
+            INSERT INTO t_agent_state_message (user_id, session_id, state_key, position, messages)
+            VALUES (p_user_id, p_session_id, p_state_key, v_base, v_all);
+        END IF;
+        RETURN 0;
+    END IF;
     -- Chunks from v_base on: a message joins the chunk its first byte falls in.
     WITH u AS (
         SELECT u.message, u.i, coalesce(sum(octet_length(u.message)) OVER (
