@@ -20,7 +20,8 @@ change in the machine's load hits them alike: compare the ratios, not the millis
    thread) over our slices, divided by the calls it served: CPU per call. `--before SRC`
    adds the state service of another checkout's src/ (PYTHONPATH) as a third contender;
    `--floor` a bare gRPC server (a process answering the same RPCs with fixed responses:
-   the floor of CPU per call in Python gRPC).
+   the floor of CPU per call in Python gRPC) and our service on its in-memory store (the
+   same service without psycopg and PostgreSQL).
 3. storage: `--conversations` conversations grown by 32 turns of 4 messages (delta
    EndTurns, 8 sessions at a time) to 128 messages: live bytes per conversation
    (pg_column_size of the state's rows) against the state's JSON size; then 200 more
@@ -469,6 +470,14 @@ async def run(args: argparse.Namespace) -> list[Row]:
             channel = grpc.aio.insecure_channel(bare.wait_ready())
             closers.append(functools.partial(channel.close, None))
             floor = {"gRPC alone": (pb_grpc.StateServiceStub(channel), bare.proc.pid)}
+            memory = ServiceProcess(
+                "agentstate.state_service",
+                {"STATE_LISTEN_ADDRESS": "127.0.0.1:0", "STATE_STORE": "memory"},
+            )
+            processes.append(memory)
+            channel = grpc.aio.insecure_channel(memory.wait_ready())
+            closers.append(functools.partial(channel.close, None))
+            floor["ours, memory store"] = (pb_grpc.StateServiceStub(channel), memory.proc.pid)
         # First, so the state tables hold only its conversations.
         if "storage" in args.parts:
             for name, (stub, _pid) in services.items():
