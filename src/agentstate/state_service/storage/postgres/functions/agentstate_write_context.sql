@@ -23,6 +23,7 @@ DECLARE
     v_old bigint;
     v_position bigint;
     v_chunk text[];
+    v_inside boolean := false;
 BEGIN
     IF p_from > 0 THEN
         SELECT m.position, m.messages INTO v_position, v_chunk FROM t_agent_state_message AS m
@@ -34,6 +35,7 @@ BEGIN
                v_cut - v_position < cardinality(v_chunk)
                OR octet_length(array_to_string(v_chunk, '')) < 8192) THEN
             v_base := v_position;
+            v_inside := v_cut - v_position < cardinality(v_chunk);
             v_chunk := v_chunk[1 : v_cut - v_position];
             v_all := v_chunk || v_all;
             -- What stays of it within the context (not before p_start).
@@ -41,18 +43,14 @@ BEGIN
                 v_chunk[greatest(p_start - v_position, 0) + 1 :], ''));
         END IF;
     END IF;
-    -- The messages from v_base on (p_from 0: all of them) within the context.
-    SELECT coalesce(sum(coalesce(
-               octet_length(m.message),
-               octet_length(array_to_string(
-                   m.messages[greatest(p_start - m.position, 0) + 1 :], '')))), 0) - v_kept
-    INTO v_old FROM t_agent_state_message AS m
-    WHERE m.user_id = p_user_id AND m.session_id = p_session_id AND m.state_key = p_state_key
-      AND (p_from = 0 OR m.position >= v_base);
-    IF v_old = 0 AND p_from > 0 AND cardinality(v_all) > 0
-       AND octet_length(array_to_string(v_all[1 : cardinality(v_all) - 1], '')) < 8192 THEN
+    IF p_from > 0 AND NOT v_inside AND cardinality(v_all) > 0
+       AND octet_length(array_to_string(v_all[1 : cardinality(v_all) - 1], '')) < 8192
+       AND NOT EXISTS (
+           SELECT FROM t_agent_state_message AS m
+           WHERE m.user_id = p_user_id AND m.session_id = p_session_id
+             AND m.state_key = p_state_key AND m.position >= v_cut) THEN
         -- The common turn: messages appended, one chunk (the last one refilled, or a
-        -- new one), nothing after it to compare or remove.
+        -- new one), nothing after it to compare, remove or count.
         IF v_base = v_position THEN
             UPDATE t_agent_state_message AS m SET messages = v_all
             WHERE m.user_id = p_user_id AND m.session_id = p_session_id
@@ -63,6 +61,14 @@ BEGIN
         END IF;
         RETURN 0;
     END IF;
+    -- The messages from v_base on (p_from 0: all of them) within the context.
+    SELECT coalesce(sum(coalesce(
+               octet_length(m.message),
+               octet_length(array_to_string(
+                   m.messages[greatest(p_start - m.position, 0) + 1 :], '')))), 0) - v_kept
+    INTO v_old FROM t_agent_state_message AS m
+    WHERE m.user_id = p_user_id AND m.session_id = p_session_id AND m.state_key = p_state_key
+      AND (p_from = 0 OR m.position >= v_base);
     -- Chunks from v_base on: a message joins the chunk its first byte falls in.
     WITH u AS (
         SELECT u.message, u.i, coalesce(sum(octet_length(u.message)) OVER (
