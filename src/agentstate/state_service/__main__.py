@@ -124,7 +124,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         # An admin command's output is its answer: its diagnostics only when asked for.
         admin = args.command != "serve"
-        telemetry.configure_logging("agentstate-state", quiet=admin)
+        # Coalesced: a server writes an audit line per write call (see callers.py).
+        telemetry.configure_logging("agentstate-state", quiet=admin, coalesce=not admin)
         # The audit trail is kept even by a quiet admin command (its purge, say).
         logging.getLogger("agentstate.audit").setLevel(logging.INFO)
         settings = StateServiceSettings.from_env()
