@@ -153,7 +153,7 @@ def _rows_text(database_url: str, user_id: str) -> str:
         for statement in (
             "SELECT context_head, context_tail, member_values::text, payload::text "
             "FROM t_agent_state WHERE user_id = %s",
-            "SELECT message FROM t_agent_state_message WHERE user_id = %s",
+            "SELECT message, messages::text FROM t_agent_state_message WHERE user_id = %s",
             "SELECT blocks::text, metadata::text FROM t_agent_message WHERE user_id = %s",
             "SELECT item_text FROM t_conversation_item WHERE user_id = %s",
             "SELECT member_values::text FROM t_scoped_state WHERE user_id = %s",
@@ -203,16 +203,17 @@ async def test_a_ciphertext_moved_to_another_row_does_not_open(
         await sealed_stub.UpsertState(
             pb.UpsertStateRequest(user_id=user_id, conversation_id=cid, payload=STATE)
         )
+    # A small state's messages are one chunk (migration 16): move the first's chunk.
     with psycopg.connect(database_url, autocommit=True) as conn:
         conn.execute(
-            "UPDATE t_agent_state_message SET message = ("
-            "  SELECT message FROM t_agent_state_message WHERE user_id = %(u)s"
+            "UPDATE t_agent_state_message SET messages = ("
+            "  SELECT messages FROM t_agent_state_message WHERE user_id = %(u)s"
             "  AND session_id = %(a)s ORDER BY position LIMIT 1)"
             " WHERE user_id = %(u)s AND session_id = %(b)s",
             {"u": user_id, "a": int(first), "b": int(second)},
         )
         before = conn.execute(
-            "SELECT message FROM t_agent_state_message WHERE session_id = %s", (int(second),)
+            "SELECT messages FROM t_agent_state_message WHERE session_id = %s", (int(second),)
         ).fetchall()
     error = await expect_rpc_error(
         sealed_stub.GetState(pb.GetStateRequest(user_id=user_id, conversation_id=second)),
@@ -226,7 +227,7 @@ async def test_a_ciphertext_moved_to_another_row_does_not_open(
     assert got.payload == STATE
     with psycopg.connect(database_url) as conn:
         after = conn.execute(
-            "SELECT message FROM t_agent_state_message WHERE session_id = %s", (int(second),)
+            "SELECT messages FROM t_agent_state_message WHERE session_id = %s", (int(second),)
         ).fetchall()
     assert after == before
 

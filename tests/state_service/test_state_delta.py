@@ -232,7 +232,9 @@ async def _check_context_bytes(store: PostgresStore, cid: int, payload: bytes) -
     that of the messages GetState returns, with chunks cut by a compaction."""
     async with store.pool.connection() as conn:
         cur = await conn.execute(
-            "SELECT context_head, context_tail, context_count, context_bytes FROM t_agent_state "
+            # The frame's plaintext size (sealed when encryption is on, migration 14).
+            "SELECT agentstate_plain_length(context_head) + agentstate_plain_length(context_tail)"
+            " AS frame, context_count, context_bytes FROM t_agent_state "
             "WHERE user_id = %s AND session_id = %s",
             (USER, cid),
         )
@@ -241,7 +243,7 @@ async def _check_context_bytes(store: PostgresStore, cid: int, payload: bytes) -
     if row["context_count"] is None:
         return
     n = int(row["context_count"])
-    frame = len(row["context_head"].encode()) + len(row["context_tail"].encode())
+    frame = int(row["frame"])
     assert int(row["context_bytes"]) == len(payload) - frame - 2 - 2 * max(n - 1, 0)
     assert n == len(json.loads(payload)["context"])
 
