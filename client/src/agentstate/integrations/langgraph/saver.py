@@ -44,3 +44,13 @@ class AgentStateSaver(AsyncSaverMethods, SyncSaverMethods):
     another one with config["configurable"]["user_id"]. Give an address (the saver opens
     its connections, `close()` / `aclose()` close them) or clients of your own.
     """
+
+    def close(self) -> None:
+        """Send the pending writes still held for a put, then close what the saver opened."""
+        self._flush_thread()
+        super().close()
+
+    async def aclose(self) -> None:
+        """Send the pending writes still held for a put, then close what the saver opened."""
+        await self._aflush_thread()
+        await super().aclose()

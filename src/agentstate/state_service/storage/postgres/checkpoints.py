@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from datetime import datetime
 from typing import Any
 
 from agentstate.state_service import domain as d
 from agentstate.state_service.domain import (
+    Lease,
     Page,
     jsontext,
 )
@@ -72,34 +72,58 @@ class PostgresCheckpoints(PostgresConnection, CheckpointStore):
         conversation_id: int,
         checkpoint: d.NewCheckpoint,
         expected_head: str | None,
-    ) -> datetime:
+        parent_writes: Sequence[d.CheckpointWrite] = (),
+        lease: d.CheckpointRunLease | None = None,
+    ) -> d.PutCheckpointResult:
         d.check_json_depth(checkpoint.metadata_json, "metadata_json")
         jsontext.check_json(checkpoint.metadata_json, dict, "metadata_json")
         values = checkpoint.new_values
-        rows = await self._rows(
-            sql.PUT_CHECKPOINT,
-            {
-                "user_id": user_id,
-                "conversation_id": conversation_id,
-                "namespace": checkpoint.namespace,
-                "checkpoint_id": checkpoint.checkpoint_id,
-                "parent_id": checkpoint.parent_checkpoint_id,
-                "checkpoint_type": checkpoint.checkpoint_type,
-                "checkpoint": checkpoint.checkpoint,
-                "metadata": RawJson(d.metadata_search_copy(checkpoint.metadata_json)),
-                "metadata_text": checkpoint.metadata_json.decode(),
-                "channel_versions": RawJson(json.dumps(checkpoint.channel_versions).encode()),
-                "check_head": expected_head is not None,
-                "expected_head": expected_head or "",
-                "channels": TextArray([v.channel for v in values]),
-                "versions": TextArray([v.version for v in values]),
-                "value_types": TextArray([v.value_type for v in values]),
-                "values": [v.value for v in values],
-            },
-            json_param="metadata_json",
+        arguments: dict[str, Any] = {
+            "user_id": user_id,
+            "conversation_id": conversation_id,
+            "namespace": checkpoint.namespace,
+            "checkpoint_id": checkpoint.checkpoint_id,
+            "parent_id": checkpoint.parent_checkpoint_id,
+            "checkpoint_type": checkpoint.checkpoint_type,
+            "checkpoint": checkpoint.checkpoint,
+            "metadata": RawJson(d.metadata_search_copy(checkpoint.metadata_json)),
+            "metadata_text": checkpoint.metadata_json.decode(),
+            "channel_versions": RawJson(json.dumps(checkpoint.channel_versions).encode()),
+            "check_head": expected_head is not None,
+            "expected_head": expected_head or "",
+            "channels": TextArray([v.channel for v in values]),
+            "versions": TextArray([v.version for v in values]),
+            "value_types": TextArray([v.value_type for v in values]),
+            "values": [v.value for v in values],
+        }
+        if not parent_writes and lease is None:
+            rows = await self._rows(sql.PUT_CHECKPOINT, arguments, json_param="metadata_json")
+            return d.PutCheckpointResult(rows[0]["create_time"])
+        writes = parent_writes
+        arguments.update(
+            task_ids=TextArray([w.task_id for w in writes]),
+            idxs=BigintArray([w.idx for w in writes]),
+            write_channels=TextArray([w.channel for w in writes]),
+            write_types=TextArray([w.value_type for w in writes]),
+            write_values=[w.value for w in writes],
+            task_paths=TextArray([w.task_path for w in writes]),
+            lease_holder=lease.holder if lease is not None else "",
+            lease_task_id=lease.task_id if lease is not None else None,
+            lease_ttl_ms=lease.ttl_ms if lease is not None else 0,
+            lease_release=lease.release if lease is not None else False,
         )
-        created: datetime = rows[0]["create_time"]
-        return created
+        (row,) = await self._rows(sql.PUT_CHECKPOINT_STEP, arguments, json_param="metadata_json")
+        held = None
+        if row["lease_expire_time"] is not None:
+            held = Lease(
+                task_id=int(row["lease_task_id"]),
+                conversation_id=conversation_id,
+                user_id=user_id,
+                holder=lease.holder if lease is not None else "",
+                expire_time=row["lease_expire_time"],
+                stop_requested=bool(row["lease_stop_requested"]),
+            )
+        return d.PutCheckpointResult(row["create_time"], held)
 
     async def _select_checkpoints(
         self,

@@ -623,6 +623,14 @@ FOR EACH ROW WHEN (NEW.user_id <> '') EXECUTE FUNCTION agentstate_erasure_fence(
 \\ir functions/agentstate_erase_batch.sql
 """,
     ),
+    # Issue 22 (h22-lg): a LangGraph step's writes and the run lease in its put's call.
+    Migration(
+        17,
+        "checkpoints: a step's writes and the run lease with its put, one transaction",
+        """
+\\ir functions/agentstate_put_checkpoint_step.sql
+""",
+    ),
 ]
 
 
