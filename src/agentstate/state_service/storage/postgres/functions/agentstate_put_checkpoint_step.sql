@@ -23,9 +23,28 @@ BEGIN
         p_checkpoint, p_metadata, p_metadata_text, p_channel_versions, p_check_head,
         p_expected_head, p_channels, p_versions, p_value_types, p_values);
     IF cardinality(p_task_ids) > 0 THEN
-        PERFORM agentstate_put_checkpoint_writes(
-            p_user_id, p_conversation_id, p_namespace, coalesce(p_parent_id, ''), p_task_ids,
-            p_idxs, p_write_channels, p_write_types, p_write_values, p_task_paths);
+        -- The put holds the conversation's row lock, which a prune or a delete of
+        -- checkpoints takes too: the parent cannot go before this commits.
+        IF NOT EXISTS (
+            SELECT 1 FROM t_checkpoint
+            WHERE user_id = p_user_id AND conversation_id = p_conversation_id
+              AND namespace = p_namespace AND checkpoint_id = p_parent_id) THEN
+            PERFORM agentstate_refuse(jsonb_build_object(
+                'kind', 'checkpoint_not_stored', 'namespace', p_namespace,
+                'checkpoint_id', coalesce(p_parent_id, '')));
+        END IF;
+        -- As agentstate_put_checkpoint_writes: a stored idx >= 0 is kept, idx < 0 replaced.
+        INSERT INTO t_checkpoint_write AS w
+            (user_id, conversation_id, namespace, checkpoint_id, task_id, idx, channel,
+             value_type, value, task_path)
+        SELECT p_user_id, p_conversation_id, p_namespace, p_parent_id, x.task_id, x.idx,
+               x.channel, x.value_type, x.value, x.task_path
+        FROM unnest(p_task_ids, p_idxs, p_write_channels, p_write_types, p_write_values,
+                    p_task_paths) AS x(task_id, idx, channel, value_type, value, task_path)
+        ON CONFLICT (user_id, conversation_id, namespace, checkpoint_id, task_id, idx) DO UPDATE
+        SET channel = EXCLUDED.channel, value_type = EXCLUDED.value_type,
+            value = EXCLUDED.value, task_path = EXCLUDED.task_path
+        WHERE EXCLUDED.idx < 0;
     END IF;
     IF p_lease_task_id IS NULL AND p_lease_holder <> '' THEN
         -- The put above holds the conversation's row lock, as take_lease needs.
