@@ -8,6 +8,7 @@ thread end with 0 forks, 0 silent losses, 0 ghost inputs and a serial final stat
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -16,7 +17,7 @@ import time
 import uuid
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, TypedDict
 
 import psycopg
 from langchain_core.messages import AIMessage, HumanMessage
@@ -27,6 +28,14 @@ from tests.support import paths
 from tests.support.langgraph_invokes import State, reply
 
 INVOKES = 50
+
+
+def merge(a: list[str], b: list[str]) -> list[str]:
+    return a + b
+
+
+class Parallel(TypedDict):
+    done: Annotated[list[str], merge]
 
 
 def config(thread_id: str) -> Any:
@@ -383,4 +392,66 @@ def test_held_writes_go_with_the_child_put_or_alone_and_never_outlive_a_refusal(
         deadline = time.monotonic() + 10
         while not writes_of(database_url, thread) and time.monotonic() < deadline:
             time.sleep(0.05)
+        assert writes_of(database_url, thread) == [(first["id"], "messages")]
+
+
+def test_a_failed_step_resumes_without_rerunning_the_tasks_that_finished(
+    state_process_address: str,
+) -> None:
+    """What LangGraph relies on from pending writes: when one node of a super-step fails,
+    the writes of the nodes that finished are stored (held writes go with the error), so
+    the resumed run does not run them again."""
+    runs: Counter[str] = Counter()
+
+    def fine(state: Parallel) -> dict[str, Any]:
+        runs["fine"] += 1
+        return {"done": ["fine"]}
+
+    def flaky(state: Parallel) -> dict[str, Any]:
+        runs["flaky"] += 1
+        time.sleep(0.3)  # the other node's writes are held meanwhile
+        if runs["flaky"] == 1:
+            raise RuntimeError("first attempt fails")
+        return {"done": ["flaky"]}
+
+    builder = StateGraph(Parallel)
+    builder.add_node("fine", fine)
+    builder.add_node("flaky", flaky)
+    builder.add_edge(START, "fine")
+    builder.add_edge(START, "flaky")
+    thread = f"resume-{uuid.uuid4()}"
+    with AgentStateSaver(state_process_address, writes_delay_seconds=5) as saver:
+        graph = builder.compile(checkpointer=saver)
+        try:
+            graph.invoke({"done": []}, config(thread), durability="sync")
+            raise AssertionError("the step did not fail")
+        except RuntimeError:
+            pass
+    with AgentStateSaver(state_process_address) as fresh:  # another process, say
+        graph = builder.compile(checkpointer=fresh)
+        final = graph.invoke(None, config(thread), durability="sync")
+    assert sorted(final["done"]) == ["fine", "flaky"]
+    assert runs == Counter({"fine": 1, "flaky": 2})
+
+
+async def test_held_writes_of_an_async_run_are_sent_alone_by_its_event_loop(
+    state_process_address: str, database_url: str
+) -> None:
+    from langgraph.checkpoint.base import empty_checkpoint
+    from langgraph.checkpoint.base.id import uuid6
+
+    thread = f"held-async-{uuid.uuid4()}"
+    async with AgentStateSaver(state_process_address, writes_delay_seconds=0.1) as saver:
+        first = empty_checkpoint()
+        first["id"] = str(uuid6())
+        await saver.aput(config(thread), first, {"source": "input", "step": -1}, {})
+        target: Any = {
+            "configurable": {"thread_id": thread, "checkpoint_ns": "", "checkpoint_id": first["id"]}
+        }
+        await saver.aput_writes(target, [("messages", "alone")], "task-1")
+        assert writes_of(database_url, thread) == []
+        for _ in range(100):
+            await asyncio.sleep(0.05)
+            if writes_of(database_url, thread):
+                break
         assert writes_of(database_url, thread) == [(first["id"], "messages")]
