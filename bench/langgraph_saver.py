@@ -380,9 +380,16 @@ async def run(args: argparse.Namespace) -> tuple[list[StepTime], list[Concurrent
                     "STATE_STORE": "postgres",
                     "DATABASE_URL": _database(server, "via_service"),
                     "STATE_DB_POOL_MAX_SIZE": str(POOL_SIZE),
+                    **(
+                        {"STATE_MAX_QUEUED_CALLS": str(args.max_queued)}
+                        if args.max_queued is not None
+                        else {}
+                    ),
                 },
             )
-            ours = AgentStateSaver(service.wait_ready(), user_id="bench")
+            ours = AgentStateSaver(
+                service.wait_ready(), user_id="bench", writes_delay_seconds=args.writes_delay
+            )
             closers.append(ours.aclose)
             stack.callback(ours.close)
             kwargs = {"autocommit": True, "row_factory": dict_row, "prepare_threshold": 0}
@@ -409,14 +416,17 @@ async def run(args: argparse.Namespace) -> tuple[list[StepTime], list[Concurrent
                 for mode in args.durability.split(","):
                     if api == "sync" and mode == "async":
                         continue  # invoke's async durability runs puts on threads: as sync
+                    print(f"steps: {api} API, durability {mode}", flush=True)
                     rows += await measure(by_api[api], sizes, args.steps, args.runs, mode, api)
             many: list[Concurrent] = []
             if args.writers:
                 for api in args.api.split(","):
+                    print(f"{args.writers} writers at once: {api} API", flush=True)
                     many += await concurrent_writers(
                         by_api[api], api, args.writers, args.runs, args.steps
                     )
             if args.users:
+                print(f"{args.users} users at once", flush=True)
                 with_memory = {"InMemorySaver": InMemorySaver(), **by_api["async"]}
                 many += await users_load(with_memory, args.users, 5, 0.02)
                 many += await users_load(with_memory, max(args.users // 4, 1), 10, 0.0)
@@ -441,6 +451,15 @@ def main() -> None:
     parser.add_argument("--api", default="async,sync", help="ainvoke (async), invoke (sync)")
     parser.add_argument("--writers", type=int, default=0, help="graphs at once (0: skip)")
     parser.add_argument("--users", type=int, default=0, help="issue 7259's users (0: skip)")
+    parser.add_argument(
+        "--writes-delay", type=float, default=0.02, help="AgentStateSaver writes_delay_seconds"
+    )
+    parser.add_argument(
+        "--max-queued",
+        type=int,
+        help="the service's STATE_MAX_QUEUED_CALLS (default: its own, 32); a psycopg pool "
+        "lets every caller queue, so the users load is run with 1000",
+    )
     parser.add_argument("--plots", type=Path, help="write the PNG plot into this directory")
     parser.add_argument("--json", type=Path, help="write the results as JSON")
     parser.add_argument("--replot", type=Path, help="print and plot an earlier --json")

@@ -99,6 +99,7 @@ TWINS = [
             "_aflush": "_flush",
             "_aflush_thread": "_flush_thread",
             "_aschedule_flush": "_schedule_flush",
+            "_await_flushes": "_wait_flushes",
             "aget_tuple": "get_tuple",
             "alist": "list",
             "aput": "put",

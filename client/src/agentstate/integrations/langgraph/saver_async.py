@@ -137,6 +137,8 @@ class AsyncSaverMethods(SaverBase):
                 self._forget(user, thread)
                 continue
             self._remember_latest(user, thread, config, stored.checkpoint_id if stored else "")
+            if stored is not None:
+                self._stored_here[(user, thread, stored.namespace, stored.checkpoint_id)] = True
             return None if stored is None else self._tuple(thread, stored)
         return None
 
@@ -348,9 +350,14 @@ class AsyncSaverMethods(SaverBase):
         if not namespace and self._ended_by(user, thread, checkpoint_id, encoded):
             await self._arelease(user, thread)  # the run interrupted or failed: it ends
 
-    async def _aflush(self, key: WriteKey) -> None:
-        """Send the writes held for `key` alone (their child put did not come in time); a
-        failure is raised by the thread's next call (`_raise_flush_failure`)."""
+    async def _aflush(self, key: WriteKey, *, now: bool = False) -> None:
+        """Send the writes held for `key` alone: their child put did not come in time (the
+        timer; `now`: a reader needs them). A failure is raised by the thread's next call
+        (`_raise_flush_failure`)."""
+        if not now and not self._due_to_flush(key):
+            if key in self._held_keys(key[0], key[1]):
+                self._aschedule_flush(key)  # armed again: its checkpoint is on the way
+            return
         with self._lease_lock:
             held = self._held.get(key)
             conversation = held.conversation if held is not None else ""
@@ -361,13 +368,15 @@ class AsyncSaverMethods(SaverBase):
             await self._asend_when_stored(key, conversation, writes)
         except (state.CheckpointConflict, state.NotFound):
             pass  # the run was refused, or its thread deleted: its put says so
-        except (state.StateError, ValueError) as exc:
+        except Exception as exc:
             self._flush_failure(key, f"{type(exc).__name__}: {exc}")
 
     async def _aflush_thread(self, user: str | None = None, thread: str | None = None) -> None:
         """Send the writes held for a thread (every thread: None) now: a read sees them."""
         for key in self._held_keys(user, thread):
-            await self._aflush(key)
+            await self._aflush(key, now=True)
+        if user is None:  # and the flushes already under way (close)
+            await self._await_flushes()
 
     async def _asend_when_stored(
         self,

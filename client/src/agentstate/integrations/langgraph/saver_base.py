@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import heapq
 import json
 import os
 import random
@@ -102,7 +103,8 @@ class HeldWrites:
 
     conversation: str
     writes: list[CheckpointWrite] = field(default_factory=list)
-    timer: asyncio.TimerHandle | threading.Timer | None = None
+    timer: asyncio.TimerHandle | None = None  # the asyncio methods' timer
+    since: float = field(default_factory=time.monotonic)
 
     def cancel(self) -> None:
         if self.timer is not None:
@@ -313,8 +315,15 @@ class SaverBase(ClosesItsConnection, BaseCheckpointSaver[str]):
         # flushes under way (asyncio tasks, kept referenced); and what became of a flush
         # that failed, raised by the thread's next call (user, thread) -> error.
         self._held: dict[WriteKey, HeldWrites] = {}
+        # Checkpoints this saver stored or read: held writes of any other wait for its
+        # put before they are sent alone (no call the service must refuse).
+        self._stored_here: BoundedCache[WriteKey, bool] = BoundedCache(MAX_CACHED)
         self._carried: BoundedCache[WriteKey, bool] = BoundedCache(MAX_CACHED)
         self._flushes: set[asyncio.Task[None]] = set()
+        # When held writes are due (the synchronous methods' timer thread).
+        self._flush_due: list[tuple[float, WriteKey]] = []
+        self._flush_due_lock = threading.Condition()
+        self._flusher: threading.Thread | None = None
         self._flush_failed: BoundedCache[tuple[str, str], str] = BoundedCache(MAX_CACHED)
 
     # ------------------------------------------------------------ connections
@@ -383,7 +392,9 @@ class SaverBase(ClosesItsConnection, BaseCheckpointSaver[str]):
         """The put ended: its writes may go (stored), or fail with it (refused, failed).
         A refusal is recorded (self._refused) before this, so a write never sees neither."""
         with self._lease_lock:
-            if failure is not None:
+            if failure is None:
+                self._stored_here[key] = True
+            else:
                 why = f"{type(failure).__name__}: {failure}"
                 self._put_failed[key] = why
                 self._thread_put_failed[key[:2]] = (time.monotonic(), why)
@@ -481,12 +492,26 @@ class SaverBase(ClosesItsConnection, BaseCheckpointSaver[str]):
                 if (user is None or k[0] == user) and (thread is None or k[1] == thread)
             ]
 
+    def _due_to_flush(self, key: WriteKey) -> bool:
+        """Whether held writes whose delay is over go alone now: once their checkpoint is
+        stored (until then its own put is on the way, and the put of its child will carry
+        them), or when they waited WRITES_WAIT_SECONDS (the service then says what
+        became of that checkpoint). False: the timer is armed again."""
+        with self._lease_lock:
+            held = self._held.get(key)
+            if held is None:
+                return False
+            if self._stored_here.get(key) or time.monotonic() - held.since > WRITES_WAIT_SECONDS:
+                return True
+            held.timer = None
+            return False
+
     def _drop_held(self, thread: str) -> None:
         """Forget the writes held for a thread being deleted (of every user)."""
         for key in self._held_keys(thread=thread):
             self._take_held(key, carried=False)
 
-    def _set_timer(self, key: WriteKey, timer: asyncio.TimerHandle | threading.Timer) -> None:
+    def _set_timer(self, key: WriteKey, timer: asyncio.TimerHandle) -> None:
         with self._lease_lock:
             held = self._held.get(key)
             if held is not None and held.timer is None:
@@ -499,26 +524,54 @@ class SaverBase(ClosesItsConnection, BaseCheckpointSaver[str]):
         loop = asyncio.get_running_loop()
         self._set_timer(key, loop.call_later(self.writes_delay_seconds, self._astart_flush, key))
 
+    async def _await_flushes(self) -> None:
+        running = [t for t in self._flushes if t.get_loop() is asyncio.get_running_loop()]
+        if running:
+            await asyncio.gather(*running, return_exceptions=True)
+
+    def _wait_flushes(self) -> None:
+        """The synchronous twin has no asyncio flushes to wait for: its timer thread sends
+        held writes through the synchronous client, which close() leaves open meanwhile."""
+
     def _astart_flush(self, key: WriteKey) -> None:
         task = asyncio.ensure_future(self._aflush(key))
         self._flushes.add(task)
         task.add_done_callback(self._flushes.discard)
 
     def _schedule_flush(self, key: WriteKey) -> None:
-        """Send the held writes alone unless a put takes them first (threads)."""
-        timer = threading.Timer(self.writes_delay_seconds, self._flush_quietly, (key,))
-        timer.daemon = True
-        self._set_timer(key, timer)
-        timer.start()
+        """Send the held writes alone unless a put takes them first (threads: one timer
+        thread per saver, not one per step)."""
+        with self._flush_due_lock:
+            heapq.heappush(self._flush_due, (time.monotonic() + self.writes_delay_seconds, key))
+            if self._flusher is None or not self._flusher.is_alive():
+                self._flusher = threading.Thread(
+                    target=self._run_flusher, name="AgentStateSaver writes", daemon=True
+                )
+                self._flusher.start()
+            self._flush_due_lock.notify()
+
+    def _run_flusher(self) -> None:
+        """Send held writes whose delay is over (a key a put took meanwhile is no-op)."""
+        while True:
+            with self._flush_due_lock:
+                while not self._flush_due:
+                    self._flush_due_lock.wait()
+                when, key = self._flush_due[0]
+                wait = when - time.monotonic()
+                if wait > 0:
+                    self._flush_due_lock.wait(wait)
+                    continue
+                heapq.heappop(self._flush_due)
+            self._flush_quietly(key)
 
     def _flush_quietly(self, key: WriteKey) -> None:
         with contextlib.suppress(Exception):  # recorded by _flush for the next call
             self._flush(key)
 
-    async def _aflush(self, key: WriteKey) -> None:
+    async def _aflush(self, key: WriteKey, *, now: bool = False) -> None:
         raise NotImplementedError  # saver_async.py
 
-    def _flush(self, key: WriteKey) -> None:
+    def _flush(self, key: WriteKey, *, now: bool = False) -> None:
         raise NotImplementedError  # saver_sync.py
 
     def _flush_failure(self, key: WriteKey, why: str) -> None:
