@@ -268,6 +268,10 @@ class AsyncSaverMethods(SaverBase):
                 run.stored = []  # a new run of this saver: its lease carries on
             probe = run or RunLease("", time.monotonic())
             lease = self._lease_use(run, self._ends_run(probe, checkpoint, metadata))
+            if run is None and lease is not None and not lease.release:
+                # Taken by this put: recorded now, so that writes ending the run while
+                # it is on the way find it (RunLease.ends_at); its task id comes back.
+                run = self._leases[(user, thread)] = probe
         try:
             with langgraph_errors():
                 done = await self.aclient.put_checkpoint_step(
@@ -302,24 +306,22 @@ class AsyncSaverMethods(SaverBase):
             if run is not None and not run.stored:
                 await self._arelease(user, thread)  # nothing of the run is stored
             if carried:  # the parent is stored: its writes are not lost with this put
-                with contextlib.suppress(state.StateError):
+                with contextlib.suppress(Exception):
                     parent = (user, thread, new.namespace, new.parent_checkpoint_id)
                     await self._asend_when_stored(parent, conversation, carried)
             raise
         if lease is not None and lease.release:
             self._leases.pop((user, thread))
             return
-        elif lease is not None and done.lease is not None:
-            if run is None:
-                run = RunLease(done.lease.task_id, time.monotonic())
-                self._leases[(user, thread)] = run
+        if run is not None and lease is not None and done.lease is not None:
+            run.task_id = done.lease.task_id
             run.renewed = time.monotonic()
         if run is not None and self._stored_in_run(run, checkpoint, metadata):
             await self._arelease(user, thread)  # its writes ended the run meanwhile
 
     async def _arelease(self, user: str, thread: str) -> None:
         run = self._leases.pop((user, thread))
-        if run is not None:
+        if run is not None and run.task_id:  # "": its put did not take it
             # A release that fails only lets the lease lapse (run_lease_seconds).
             with contextlib.suppress(state.StateError):
                 await self.aclient.release_lease(user, run.task_id)

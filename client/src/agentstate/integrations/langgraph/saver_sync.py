@@ -267,6 +267,10 @@ class SyncSaverMethods(SaverBase):
                 run.stored = []  # a new run of this saver: its lease carries on
             probe = run or RunLease("", time.monotonic())
             lease = self._lease_use(run, self._ends_run(probe, checkpoint, metadata))
+            if run is None and lease is not None and not lease.release:
+                # Taken by this put: recorded now, so that writes ending the run while
+                # it is on the way find it (RunLease.ends_at); its task id comes back.
+                run = self._leases[(user, thread)] = probe
         try:
             with langgraph_errors():
                 done = self.sync_client.put_checkpoint_step(
@@ -301,24 +305,22 @@ class SyncSaverMethods(SaverBase):
             if run is not None and not run.stored:
                 self._release(user, thread)  # nothing of the run is stored
             if carried:  # the parent is stored: its writes are not lost with this put
-                with contextlib.suppress(state.StateError):
+                with contextlib.suppress(Exception):
                     parent = (user, thread, new.namespace, new.parent_checkpoint_id)
                     self._send_when_stored(parent, conversation, carried)
             raise
         if lease is not None and lease.release:
             self._leases.pop((user, thread))
             return
-        elif lease is not None and done.lease is not None:
-            if run is None:
-                run = RunLease(done.lease.task_id, time.monotonic())
-                self._leases[(user, thread)] = run
+        if run is not None and lease is not None and done.lease is not None:
+            run.task_id = done.lease.task_id
             run.renewed = time.monotonic()
         if run is not None and self._stored_in_run(run, checkpoint, metadata):
             self._release(user, thread)  # its writes ended the run meanwhile
 
     def _release(self, user: str, thread: str) -> None:
         run = self._leases.pop((user, thread))
-        if run is not None:
+        if run is not None and run.task_id:  # "": its put did not take it
             # A release that fails only lets the lease lapse (run_lease_seconds).
             with contextlib.suppress(state.StateError):
                 self.sync_client.release_lease(user, run.task_id)
