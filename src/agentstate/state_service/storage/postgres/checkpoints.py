@@ -5,12 +5,12 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Sequence
-from datetime import datetime
 from typing import Any
 
 from agentstate.state_service import domain as d
 from agentstate.state_service.crypto import envelope
 from agentstate.state_service.domain import (
+    Lease,
     Page,
     jsontext,
 )
@@ -132,6 +132,30 @@ def _write_key(namespace: str, checkpoint_id: str, write: d.CheckpointWrite) -> 
     return f"{namespace}\0{checkpoint_id}\0{write.task_id}\0{write.idx}"
 
 
+async def _sealed_writes(
+    keys: UserKeys,
+    user_id: str,
+    namespace: str,
+    checkpoint_id: str,
+    writes: Sequence[d.CheckpointWrite],
+) -> tuple[list[str], list[bytes]]:
+    """The writes' value types and values as stored: sealed, each bound to its write,
+    when encryption is on."""
+    for w in writes:
+        _check_type(w.value_type, "writes.value_type")
+    if not keys.on or not writes:
+        return [w.value_type for w in writes], [w.value for w in writes]
+    key = await keys.for_write()
+    return [SEALED_TYPE + w.value_type for w in writes], [
+        envelope.seal_bytes(
+            key,
+            w.value,
+            checkpoint_ad(user_id, "checkpoint.write", _write_key(namespace, checkpoint_id, w)),
+        )
+        for w in writes
+    ]
+
+
 def checkpoint_of(row: Row) -> d.StoredCheckpoint:
     def column(name: str) -> list[Any]:
         return row[name] or []  # array_agg over no rows is NULL
@@ -179,7 +203,9 @@ class PostgresCheckpoints(PostgresConnection, CheckpointStore):
         conversation_id: int,
         checkpoint: d.NewCheckpoint,
         expected_head: str | None,
-    ) -> datetime:
+        parent_writes: Sequence[d.CheckpointWrite] = (),
+        lease: d.CheckpointRunLease | None = None,
+    ) -> d.PutCheckpointResult:
         d.check_json_depth(checkpoint.metadata_json, "metadata_json")
         jsontext.check_json(checkpoint.metadata_json, dict, "metadata_json")
         values = checkpoint.new_values
@@ -215,30 +241,55 @@ class PostgresCheckpoints(PostgresConnection, CheckpointStore):
                 )
                 for v in values
             ]
-        rows = await self._rows(
-            sql.PUT_CHECKPOINT,
-            {
-                "user_id": user_id,
-                "conversation_id": conversation_id,
-                "namespace": checkpoint.namespace,
-                "checkpoint_id": checkpoint.checkpoint_id,
-                "parent_id": checkpoint.parent_checkpoint_id,
-                "checkpoint_type": checkpoint_type,
-                "checkpoint": stored_checkpoint,
-                "metadata": RawJson(_search_copy(checkpoint.metadata_json, keys.on)),
-                "metadata_text": metadata_text,
-                "channel_versions": RawJson(json.dumps(checkpoint.channel_versions).encode()),
-                "check_head": expected_head is not None,
-                "expected_head": expected_head or "",
-                "channels": TextArray([v.channel for v in values]),
-                "versions": TextArray([v.version for v in values]),
-                "value_types": TextArray(value_types),
-                "values": value_bytes,
-            },
-            json_param="metadata_json",
+        arguments: dict[str, Any] = {
+            "user_id": user_id,
+            "conversation_id": conversation_id,
+            "namespace": checkpoint.namespace,
+            "checkpoint_id": checkpoint.checkpoint_id,
+            "parent_id": checkpoint.parent_checkpoint_id,
+            "checkpoint_type": checkpoint_type,
+            "checkpoint": stored_checkpoint,
+            "metadata": RawJson(_search_copy(checkpoint.metadata_json, keys.on)),
+            "metadata_text": metadata_text,
+            "channel_versions": RawJson(json.dumps(checkpoint.channel_versions).encode()),
+            "check_head": expected_head is not None,
+            "expected_head": expected_head or "",
+            "channels": TextArray([v.channel for v in values]),
+            "versions": TextArray([v.version for v in values]),
+            "value_types": TextArray(value_types),
+            "values": value_bytes,
+        }
+        if not parent_writes and lease is None:
+            rows = await self._rows(sql.PUT_CHECKPOINT, arguments, json_param="metadata_json")
+            return d.PutCheckpointResult(rows[0]["create_time"])
+        writes = parent_writes
+        write_types, write_values = await _sealed_writes(
+            keys, user_id, checkpoint.namespace, checkpoint.parent_checkpoint_id or "", writes
         )
-        created: datetime = rows[0]["create_time"]
-        return created
+        arguments.update(
+            task_ids=TextArray([w.task_id for w in writes]),
+            idxs=BigintArray([w.idx for w in writes]),
+            write_channels=TextArray([w.channel for w in writes]),
+            write_types=TextArray(write_types),
+            write_values=write_values,
+            task_paths=TextArray([w.task_path for w in writes]),
+            lease_holder=lease.holder if lease is not None else "",
+            lease_task_id=lease.task_id if lease is not None else None,
+            lease_ttl_ms=lease.ttl_ms if lease is not None else 0,
+            lease_release=lease.release if lease is not None else False,
+        )
+        (row,) = await self._rows(sql.PUT_CHECKPOINT_STEP, arguments, json_param="metadata_json")
+        held = None
+        if row["lease_expire_time"] is not None:
+            held = Lease(
+                task_id=int(row["lease_task_id"]),
+                conversation_id=conversation_id,
+                user_id=user_id,
+                holder=lease.holder if lease is not None else "",
+                expire_time=row["lease_expire_time"],
+                stop_requested=bool(row["lease_stop_requested"]),
+            )
+        return d.PutCheckpointResult(row["create_time"], held)
 
     async def _select_checkpoints(
         self,
@@ -322,24 +373,9 @@ class PostgresCheckpoints(PostgresConnection, CheckpointStore):
         checkpoint_id: str,
         writes: Sequence[d.CheckpointWrite],
     ) -> int:
-        for w in writes:
-            _check_type(w.value_type, "writes.value_type")
-        keys = self._keys(user_id)
-        value_types = [w.value_type for w in writes]
-        value_bytes = [w.value for w in writes]
-        if keys.on and writes:
-            key = await keys.for_write()
-            value_types = [SEALED_TYPE + t for t in value_types]
-            value_bytes = [
-                envelope.seal_bytes(
-                    key,
-                    w.value,
-                    checkpoint_ad(
-                        user_id, "checkpoint.write", _write_key(namespace, checkpoint_id, w)
-                    ),
-                )
-                for w in writes
-            ]
+        value_types, value_bytes = await _sealed_writes(
+            self._keys(user_id), user_id, namespace, checkpoint_id, writes
+        )
         rows = await self._rows(
             sql.PUT_CHECKPOINT_WRITES,
             {

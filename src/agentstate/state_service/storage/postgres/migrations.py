@@ -688,6 +688,14 @@ END $$;
 \\ir functions/agentstate_begin_turn.sql
 """,
     ),
+    # Issue 22: a LangGraph step's writes and the run lease in its put's call.
+    Migration(
+        17,
+        "checkpoints: a step's writes and the run lease with its put, one transaction",
+        """
+\\ir functions/agentstate_put_checkpoint_step.sql
+""",
+    ),
 ]
 
 

@@ -317,6 +317,22 @@ SELECT agentstate_put_checkpoint(
 ) AS create_time
 """
 
+# A put with its parent's writes and the run lease (agentstate_put_checkpoint_step).
+PUT_CHECKPOINT_STEP: Final = """
+SELECT create_time, lease_task_id, lease_expire_time, lease_stop_requested
+FROM agentstate_put_checkpoint_step(
+    %(user_id)s, %(conversation_id)s, %(namespace)s, %(checkpoint_id)s, %(parent_id)s,
+    %(checkpoint_type)s, %(checkpoint)b, %(metadata)s, %(metadata_text)s::text,
+    %(channel_versions)s,
+    %(check_head)s, %(expected_head)s,
+    %(channels)s::text[], %(versions)s::text[], %(value_types)s::text[], %(values)b::bytea[],
+    %(task_ids)s::text[], %(idxs)s::integer[], %(write_channels)s::text[],
+    %(write_types)s::text[], %(write_values)b::bytea[], %(task_paths)s::text[],
+    %(lease_holder)s::text, %(lease_task_id)s::bigint, %(lease_ttl_ms)s::integer,
+    %(lease_release)s::boolean
+)
+"""
+
 PUT_CHECKPOINT_WRITES: Final = """
 SELECT agentstate_put_checkpoint_writes(
     %(user_id)s, %(conversation_id)s, %(namespace)s, %(checkpoint_id)s,
