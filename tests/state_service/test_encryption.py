@@ -417,6 +417,25 @@ async def test_items_events_scoped_state_and_checkpoints_are_sealed_at_rest(
             ],
         )
     )
+    # A step's writes carried on the next put (one call per LangGraph step) are sealed too.
+    await sealed_stub.PutCheckpoint(
+        pb.PutCheckpointRequest(
+            user_id=user_id,
+            conversation_id=cid,
+            namespace="",
+            checkpoint_id="c2",
+            parent_checkpoint_id="c1",
+            checkpoint_type="msgpack",
+            checkpoint=value,
+            metadata_json=b'{"source": "loop", "step": 2}',
+            channel_versions={"messages": "1"},
+            parent_writes=[
+                pb.CheckpointWrite(
+                    task_id="t2", idx=0, channel="messages", value_type="msgpack", value=value
+                )
+            ],
+        )
+    )
     # Read back as sent.
     listed = await sealed_stub.ListItems(pb.ListItemsRequest(user_id=user_id, conversation_id=cid))
     assert [i.item_json for i in listed.items] == [item, item]
@@ -429,20 +448,25 @@ async def test_items_events_scoped_state_and_checkpoints_are_sealed_at_rest(
     )
     assert scoped.app_state.payload == scoped.user_state.payload == state.payload
     got = await sealed_stub.GetCheckpoint(
-        pb.GetCheckpointRequest(user_id=user_id, conversation_id=cid, namespace="")
+        pb.GetCheckpointRequest(
+            user_id=user_id, conversation_id=cid, namespace="", checkpoint_id="c1"
+        )
     )
     checkpoint = got.checkpoint
     assert checkpoint.checkpoint == value and checkpoint.checkpoint_type == "msgpack"
     assert json.loads(checkpoint.metadata_json)["writes"] == {"n": SECRET}
     assert [(v.value_type, v.value) for v in checkpoint.channel_values] == [("msgpack", value)]
-    assert [(w.value_type, w.value) for w in checkpoint.pending_writes] == [("msgpack", value)]
+    assert sorted((w.task_id, w.value_type, w.value) for w in checkpoint.pending_writes) == [
+        ("t", "msgpack", value),
+        ("t2", "msgpack", value),
+    ]
     # Still searchable by its top-level scalars.
     found = await sealed_stub.ListCheckpoints(
         pb.ListCheckpointsRequest(
             user_id=user_id, conversation_id=cid, metadata_filter_json=b'{"source": "loop"}'
         )
     )
-    assert [c.checkpoint_id for c in found.checkpoints] == ["c1"]
+    assert sorted(c.checkpoint_id for c in found.checkpoints) == ["c1", "c2"]
     # At rest: no plaintext in any payload column.
     assert SECRET not in _rows_text(database_url, user_id)
     with psycopg.connect(database_url) as conn:

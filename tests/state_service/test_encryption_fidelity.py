@@ -23,6 +23,7 @@ from tests.state_service.test_checkpoints import (  # noqa: F401
     test_delete_for_runs_copy_and_prune,
     test_deleted_with_the_conversation_and_never_resurrected,
     test_list_filters_pages_and_namespaces,
+    test_put_carries_parent_writes_and_the_run_lease_in_one_transaction,
     test_put_get_values_and_head_compare_and_set,
     test_writes_are_idempotent_and_special_ones_replace,
     test_writes_of_a_checkpoint_not_stored_are_refused_and_store_nothing,
