@@ -184,7 +184,8 @@ BEGIN
     FROM generate_series(0, coalesce(array_length(p_compaction_reasons, 1), 0) - 1) AS i
     ORDER BY i;
     IF p_task_id IS NOT NULL THEN
-        DELETE FROM t_run_lease WHERE conversation_id = p_conversation_id AND task_id = p_task_id;
+        DELETE FROM t_run_lease
+        WHERE user_id = p_user_id AND conversation_id = p_conversation_id AND task_id = p_task_id;
         v_released := FOUND;
     END IF;
     FOR v_row IN

@@ -19,7 +19,7 @@ BEGIN
         INSERT INTO t_agent_state_message AS m (user_id, session_id, state_key, position, message)
         SELECT p_user_id, p_session_id, p_state_key, p_start + p_from + u.i - 1, u.message
         FROM unnest(p_messages) WITH ORDINALITY AS u(message, i)
-        ON CONFLICT (session_id, state_key, position)
+        ON CONFLICT (user_id, session_id, state_key, position)
         DO UPDATE SET message = EXCLUDED.message WHERE m.message <> EXCLUDED.message;
     END IF;
     IF v_old > 0 THEN
