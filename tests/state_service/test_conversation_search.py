@@ -446,3 +446,87 @@ async def test_the_sweeper_applies_time_to_live_without_global_retention(
         assert ids == [kept.conversation_id]
     finally:
         await app.stop()
+
+
+async def test_the_total_is_counted_up_to_a_bound(
+    store: StateStore, user_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """include_total counts at most MAX_COUNTED_TOTAL matches; past it the total is
+    MAX_COUNTED_TOTAL + 1 ("more"), the same in both stores."""
+    monkeypatch.setattr(d, "MAX_COUNTED_TOTAL", 3)
+    for n in range(5):
+        await store.create_conversation(user_id=user_id, title=f"t{n}", labels={"odd": str(n % 2)})
+
+    async def total(selector: str) -> int | None:
+        where = d.ConversationFilter(user_id=user_id, selector=d.parse_label_selector(selector))
+        found = await store.search_conversations(
+            where=where, page_size=1, before_id=None, include_total=True
+        )
+        return found.total
+
+    assert await total("") == 4  # five: more than three
+    assert await total("odd=0") == 3  # exactly three (n = 0, 2, 4)
+    assert await total("odd=1") == 2
+
+
+async def test_postgres_failed_page_walks_the_failed_conversations_only(
+    pg_store: PostgresStore, database_url: str, user_id: str
+) -> None:
+    """A FAILED page (and its bounded count) reads the conversations with an ERROR record
+    (t_agent_message_error_idx), not the user's 3,000 others; one whose later record
+    succeeded is read and turned down."""
+    import psycopg
+
+    from agentstate.state_service.storage.postgres import lifecycle_sql as lsql
+
+    async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
+        await conn.execute(
+            "INSERT INTO t_conversation (user_id, title) "
+            "SELECT %s, 't' FROM generate_series(1, 3000)",
+            (user_id,),
+        )
+        await conn.execute("ANALYZE t_conversation")
+    failed, recovered = [], []
+    for n in range(10):
+        cid = (await pg_store.create_conversation(user_id=user_id, title="f")).conversation_id
+        await pg_store.append_message(
+            user_id=user_id,
+            conversation_id=cid,
+            message=NewMessage(MessageRole.ASSISTANT, b"[]", MessageStatus.ERROR),
+        )
+        if n % 3 == 0:  # went on after the failure: no longer FAILED
+            await pg_store.append_message(
+                user_id=user_id,
+                conversation_id=cid,
+                message=NewMessage(MessageRole.ASSISTANT, b"[]", MessageStatus.NORMAL),
+            )
+            recovered.append(cid)
+        else:
+            failed.append(cid)
+        await pg_store.create_conversation(user_id=user_id, title="after")  # never failed
+    where = d.ConversationFilter(user_id=user_id, statuses=frozenset({d.ConversationStatus.FAILED}))
+    first = await pg_store.search_conversations(
+        where=where, page_size=4, before_id=None, include_total=True
+    )
+    assert [c.conversation_id for c in first.page.items] == sorted(failed, reverse=True)[:4]
+    assert first.total == len(failed)
+    rest = await pg_store.search_conversations(
+        where=where, page_size=4, before_id=int(first.page.next_page_token)
+    )
+    assert [c.conversation_id for c in rest.page.items] == sorted(failed, reverse=True)[4:]
+    assert rest.page.next_page_token == ""
+
+    params = {"user_id": user_id, "statuses": ["FAILED"], "limit": 5, "count_limit": 10_001}
+    for statement in (
+        lsql.page_statement([], statuses=True, by_failure=True),
+        lsql.count_statement(["user"], statuses=True, by_failure=True),
+    ):
+        rows = await pg_store._rows("EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) " + statement, params)
+        plan = [str(next(iter(r.values()))) for r in rows]
+        assert any("t_agent_message_error_idx" in line for line in plan), "\n".join(plan)
+        scans = [line for line in plan if "on t_conversation " in line]
+        assert scans and all("Index" in line for line in scans), "\n".join(plan)
+        read = [int(n) for line in scans for n in re.findall(r"actual rows=(\d+)", line)]
+        # One index probe per conversation with an ERROR record, at most: not 3,020.
+        loops = [int(n) for line in scans for n in re.findall(r"loops=(\d+)", line)]
+        assert max(read) <= 1 and max(loops) <= len(failed) + len(recovered), "\n".join(plan)

@@ -103,9 +103,16 @@ def statements() -> dict[str, str]:
             found["lifecycle_sql.search_by_label"] = lifecycle_sql.search_statement(
                 list(lifecycle_sql.SEARCH_CLAUSES), statuses=True, state=True, by_label=True
             )
-            found["lifecycle_sql.count"] = lifecycle_sql.count_statement(
-                list(lifecycle_sql.SEARCH_CLAUSES), statuses=True
+            found["lifecycle_sql.search_by_failure"] = lifecycle_sql.search_statement(
+                list(lifecycle_sql.SEARCH_CLAUSES), statuses=True, state=True, by_failure=True
             )
+            for drive in ("by_label", "by_failure", ""):
+                found[f"lifecycle_sql.count{drive}"] = lifecycle_sql.count_statement(
+                    list(lifecycle_sql.SEARCH_CLAUSES),
+                    statuses=True,
+                    by_label=drive == "by_label",
+                    by_failure=drive == "by_failure",
+                )
     for name in migrations.function_names():
         body = re.sub(r"--[^\n]*", "", migrations.function_sql(name))
         for index, part in enumerate(body.split(";")):

@@ -58,6 +58,15 @@ SEARCH_CLAUSES: Final = {
         "UNION SELECT m.conversation_id FROM t_agent_message AS m "
         "WHERE m.user_id = %(user_id)s AND m.status = 'AWAITING_CONFIRM'))"
     ),
+    # FAILED among them too: also the conversations with an ERROR record (the partial
+    # index t_agent_message_error_idx), whether or not that record is still the last.
+    "failed_candidates": (
+        "c.id = ANY(ARRAY("
+        "SELECT l.conversation_id FROM t_run_lease AS l "
+        "WHERE l.user_id = %(user_id)s AND l.expire_time > now() "
+        "UNION SELECT m.conversation_id FROM t_agent_message AS m "
+        "WHERE m.user_id = %(user_id)s AND m.status IN ('AWAITING_CONFIRM', 'ERROR')))"
+    ),
     "label_not_equal": (
         "NOT EXISTS (SELECT 1 FROM jsonb_each_text(%(label_not_equal)s::jsonb) AS ne "
         "WHERE c.labels ->> ne.key = ne.value)"
@@ -71,30 +80,60 @@ def _status_match() -> str:
     return f"({expression}) = ANY(%(statuses)s::text[])"
 
 
-def search_statement(
-    clauses: list[str], *, statuses: bool, state: bool, by_label: bool = False
+def page_statement(
+    clauses: list[str],
+    *,
+    statuses: bool,
+    by_label: bool = False,
+    by_failure: bool = False,
+    limit: str = "limit",
 ) -> str:
-    """The page first (the index walk stops at the limit), then the status and the state
-    of those rows only (the page is aliased `c`, which STATUS_COLUMNS reads). `by_label`:
-    one user's conversations with the label %(drive_key)s = %(drive_value)s, walked from
-    t_conversation_label's key (the other clauses filter)."""
+    """A page of the matching conversations, newest first, at most %(<limit>)s: an index
+    walk that stops there. `by_label`: one user's conversations with the label
+    %(drive_key)s = %(drive_value)s, walked from t_conversation_label's key (the other
+    clauses filter). `by_failure`: one user's conversations with an ERROR record, walked
+    from t_agent_message_error_idx newest first (the status clause keeps those whose last
+    record it still is): a FAILED page reads the page plus the conversations that failed
+    once and went on, never every conversation of the user. Else the (user_id, id) key."""
     where = [SEARCH_CLAUSES[name] for name in clauses]
     if statuses:
         where.append(_status_match())
+    if by_failure:
+        before = "AND f.conversation_id < %(before_id)s::bigint" if "before" in clauses else ""
+        return f"""
+SELECT {CONVERSATION_COLUMNS}
+FROM (SELECT DISTINCT f.conversation_id FROM t_agent_message AS f
+      WHERE f.user_id = %(user_id)s AND f.status = 'ERROR' {before}
+      ORDER BY f.conversation_id DESC) AS failed
+JOIN t_conversation AS c ON c.user_id = %(user_id)s AND c.id = failed.conversation_id
+WHERE {" AND ".join(where) or "true"}
+ORDER BY failed.conversation_id DESC LIMIT %({limit})s"""
     if by_label:
         where = [w.replace("c.id < ", "lb.conversation_id < ") for w in where]
-        page = f"""
+        return f"""
 SELECT {CONVERSATION_COLUMNS}
 FROM t_conversation_label AS lb
 JOIN t_conversation AS c ON c.user_id = lb.user_id AND c.id = lb.conversation_id
 WHERE lb.user_id = %(user_id)s AND lb.key = %(drive_key)s AND lb.value = %(drive_value)s
   AND {" AND ".join(where) or "true"}
-ORDER BY lb.conversation_id DESC LIMIT %(limit)s"""
-    else:
-        page = f"""
+ORDER BY lb.conversation_id DESC LIMIT %({limit})s"""
+    return f"""
 SELECT {CONVERSATION_COLUMNS} FROM t_conversation AS c
 WHERE {" AND ".join(where) or "true"}
-ORDER BY c.id DESC LIMIT %(limit)s"""
+ORDER BY c.id DESC LIMIT %({limit})s"""
+
+
+def search_statement(
+    clauses: list[str],
+    *,
+    statuses: bool,
+    state: bool,
+    by_label: bool = False,
+    by_failure: bool = False,
+) -> str:
+    """The page first (page_statement), then the status and the state of those rows only
+    (the page is aliased `c`, which STATUS_COLUMNS reads)."""
+    page = page_statement(clauses, statuses=statuses, by_label=by_label, by_failure=by_failure)
     columns = f"c.*, {STATUS_COLUMNS}"
     joined = ""
     if state:
@@ -120,13 +159,20 @@ ORDER BY c.id DESC
 """
 
 
-def count_statement(clauses: list[str], *, statuses: bool) -> str:
-    where = [SEARCH_CLAUSES[name] for name in clauses if name != "before"]
-    if statuses:
-        where.append(_status_match())
-    return "SELECT count(*) AS total FROM t_conversation AS c WHERE " + (
-        " AND ".join(where) or "true"
+def count_statement(
+    clauses: list[str], *, statuses: bool, by_label: bool = False, by_failure: bool = False
+) -> str:
+    """The matches, counted up to %(count_limit)s along the page's own walk: the scan
+    stops at the limit, so a count costs at most that many matches (plus the rows a
+    clause checked one by one turned down)."""
+    page = page_statement(
+        [name for name in clauses if name != "before"],
+        statuses=statuses,
+        by_label=by_label,
+        by_failure=by_failure,
+        limit="count_limit",
     )
+    return f"SELECT count(*) AS total FROM ({page}) AS counted"
 
 
 # Conversations past their time to live and not running a turn, as retention's

@@ -650,7 +650,7 @@ BEGIN
           AND c.relname IN ('t_conversation_user_key', 't_agent_message_user_key',
                             't_context_compaction_user_key', 't_run_lease_user_key',
                             't_run_lease_user_task_key', 't_agent_state_message_user_key',
-                            't_scoped_state_user_key')
+                            't_scoped_state_user_key', 't_agent_message_error_idx')
     LOOP
         EXECUTE format('DROP INDEX %I', v_index);
     END LOOP;
@@ -669,6 +669,10 @@ CREATE UNIQUE INDEX IF NOT EXISTS t_agent_state_message_user_key
     ON t_agent_state_message (user_id, session_id, state_key, position);
 -- user_id first: an erase finds a user's scoped states by the key.
 CREATE UNIQUE INDEX IF NOT EXISTS t_scoped_state_user_key ON t_scoped_state (user_id, app_name);
+-- ListConversations on FAILED: a user's conversations with an ERROR record, newest
+-- first, without walking the conversations that never failed (lifecycle_sql).
+CREATE INDEX IF NOT EXISTS t_agent_message_error_idx ON t_agent_message (user_id, conversation_id)
+    WHERE status = 'ERROR';
 
 -- t_conversation_user_id_id_key (UNIQUE (user_id, id)) stays: it is the target of the
 -- ten child tables' foreign keys, and pointing them at the new key would validate each
