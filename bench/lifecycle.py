@@ -1,6 +1,6 @@
 """Data lifecycle (issue 23): erasing a user, and a listing page against the user's size.
 
-    .venv/bin/python -m bench.lifecycle [--conversations 10000] [--records 20]
+    .venv/bin/python -m bench.lifecycle [--conversations 10000] [--records 20] [--erase-rounds 3]
                                         [--sizes 1000,10000,100000,1000000] [--pages 100]
                                         [--json bench/lifecycle-DATE.json]
 
@@ -13,7 +13,7 @@ over 127.0.0.1, from this process:
   default settings (100 conversations per batch, 5 ms between batches). Meanwhile another
   user's GetState runs in a closed loop against the same process; its p50/p99 is compared
   with the same loop without the erase, measured before and after it (so a drift of the
-  machine's load shows).
+  machine's load shows). `--erase-rounds` erases (each of a new user) show the spread.
 - **list**: for users with each of `--sizes` conversations (labelled, half of them with an
   `adk:shop:` key, one in a hundred with a failed last turn), the p50/p99 of
   ListConversations with a page of 50: the first page, a page deep in the listing (by page
@@ -128,10 +128,10 @@ async def timed_loop(
 
 
 async def bench_erase(
-    dsn: str, stub: pb_grpc.StateServiceAsyncStub, conversations: int, records: int
+    dsn: str, stub: pb_grpc.StateServiceAsyncStub, conversations: int, records: int, n: int
 ) -> dict[str, Any]:
-    load_user(dsn, "erased", conversations, records)
-    load_user(dsn, "bystander", 10, 5)
+    erased = f"erased-{n}"
+    load_user(dsn, erased, conversations, records)
     page = await stub.ListConversations(
         pb.ListConversationsRequest(user_id="bystander", page_size=1)
     )
@@ -142,12 +142,13 @@ async def bench_erase(
     stop = asyncio.Event()
     task = asyncio.create_task(get_state_loop(stub, "bystander", cid, stop))
     started = time.perf_counter()
-    response = await stub.EraseUser(pb.EraseUserRequest(user_id="erased"), timeout=600)
+    response = await stub.EraseUser(pb.EraseUserRequest(user_id=erased), timeout=600)
     took = time.perf_counter() - started
     stop.set()
     during = await task
     after = await timed_loop(stub, "bystander", cid, 5)
     result: dict[str, Any] = {
+        "round": n,
         "conversations": conversations,
         "records_per_conversation": records,
         "erase_seconds": round(took, 2),
@@ -156,7 +157,7 @@ async def bench_erase(
         "bystander_get_state_during": quantiles(during),
         "bystander_get_state_after": quantiles(after),
     }
-    print(f"\n## erase over gRPC: {conversations} conversations x {records} records")
+    print(f"\n## erase {n} over gRPC: {conversations} conversations x {records} records")
     print(f"EraseUser took {took:.1f} s; receipt counts: {result['receipt_counts']}")
     print("| bystander GetState (gRPC) | p50 ms | p99 ms | calls |")
     print("|---|---|---|---|")
@@ -210,6 +211,7 @@ async def bench_list(
         row_result: dict[str, Any] = {"conversations": size, "load_seconds": round(loaded, 1)}
         cells = []
         for name in LISTINGS:
+            await stub.ListConversations(requests[name], timeout=60)  # plan cached, untimed
             samples = []
             for _ in range(pages):
                 t0 = time.perf_counter()
@@ -230,9 +232,14 @@ async def run(dsn: str, address: str, args: argparse.Namespace) -> dict[str, Any
     out: dict[str, Any] = {"uptime_start": uptime()}
     async with grpc.aio.insecure_channel(address) as channel:
         stub: pb_grpc.StateServiceAsyncStub = pb_grpc.StateServiceStub(channel)
-        if args.conversations:
-            out["erase"] = await bench_erase(dsn, stub, args.conversations, args.records)
-            out["uptime_after_erase"] = uptime()
+        load_user(dsn, "bystander", 10, 5)
+        out["erase"] = []
+        for n in range(1, args.erase_rounds + 1):
+            if args.conversations:
+                out["erase"].append(
+                    await bench_erase(dsn, stub, args.conversations, args.records, n)
+                )
+        out["uptime_after_erase"] = uptime()
         sizes = [int(s) for s in args.sizes.split(",") if s]
         out["list"] = await bench_list(dsn, stub, sizes, args.pages)
     out["uptime_end"] = uptime()
@@ -243,6 +250,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--conversations", type=int, default=10_000, help="0: no erase")
     parser.add_argument("--records", type=int, default=20)
+    parser.add_argument("--erase-rounds", type=int, default=3, help="erases, each of a new user")
     parser.add_argument("--sizes", default="1000,10000,100000,1000000")
     parser.add_argument("--pages", type=int, default=100)
     parser.add_argument("--json", default="", help="also write the results here")
@@ -269,7 +277,7 @@ def main() -> None:
     print(results["uptime_end"])
     if args.json:
         results["command"] = "python -m bench.lifecycle " + " ".join(
-            f"--{k} {v}" for k, v in vars(args).items() if k != "json"
+            f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k != "json"
         )
         results["date"] = datetime.now(UTC).isoformat(timespec="seconds")
         results["note"] = (
