@@ -150,6 +150,18 @@ def test_every_module_statement_is_keyed_by_one_user() -> None:
     assert loose == {}, f"statements not keyed by one user: {loose}"
 
 
+def test_every_on_conflict_names_the_user_first() -> None:
+    """An upsert's conflict target is a key of the user's table, so it leads with user_id
+    (every such key does, test_every_tables_primary_key_starts_with_the_user)."""
+    targets = {
+        name: target
+        for name, text in statements().items()
+        for target in re.findall(r"ON CONFLICT\s*\(([^)]*)\)", text, re.IGNORECASE)
+    }
+    assert len(targets) >= 6
+    assert {n: t for n, t in targets.items() if not t.startswith("user_id")} == {}
+
+
 def test_a_statement_keyed_only_by_a_join_is_caught() -> None:
     """The check can fail: a join on user_id without a bound user is not keyed."""
     joined = "SELECT 1 FROM t_conversation c JOIN t_run_lease l ON l.user_id = c.user_id"
