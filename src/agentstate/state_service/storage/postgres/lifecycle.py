@@ -151,14 +151,14 @@ class PostgresLifecycle(PostgresConnection, LifecycleStore):
                     statuses=bool(where.statuses),
                     by_label=by_label,
                     by_failure=by_failure,
+                    limit=d.MAX_COUNTED_TOTAL + 1,
                 ),
-                {**params, "count_limit": d.MAX_COUNTED_TOTAL + 1},
+                params,
             )
             total = int(row["total"])
         if before_id is not None:
             clauses.append("before")
             params["before_id"] = before_id
-        params["limit"] = page_size + 1
         if include_state_key:
             params["state_key"] = include_state_key
         statement = lsql.search_statement(
@@ -167,6 +167,7 @@ class PostgresLifecycle(PostgresConnection, LifecycleStore):
             state=bool(include_state_key),
             by_label=by_label,
             by_failure=by_failure,
+            limit=page_size + 1,
         )
         rows = await self._rows(statement, params)
         items = [conversation_of(r) for r in rows[:page_size]]

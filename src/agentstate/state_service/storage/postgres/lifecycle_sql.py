@@ -86,15 +86,16 @@ def page_statement(
     statuses: bool,
     by_label: bool = False,
     by_failure: bool = False,
-    limit: str = "limit",
+    limit: str = "%(limit)s",
 ) -> str:
-    """A page of the matching conversations, newest first, at most %(<limit>)s: an index
-    walk that stops there. `by_label`: one user's conversations with the label
-    %(drive_key)s = %(drive_value)s, walked from t_conversation_label's key (the other
-    clauses filter). `by_failure`: one user's conversations with an ERROR record, walked
-    from t_agent_message_error_idx newest first (the status clause keeps those whose last
-    record it still is): a FAILED page reads the page plus the conversations that failed
-    once and went on, never every conversation of the user. Else the (user_id, id) key."""
+    """A page of the matching conversations, newest first, at most `limit` (a parameter,
+    or an integer written into the text): an index walk that stops there. `by_label`: one
+    user's conversations with the label %(drive_key)s = %(drive_value)s, walked from
+    t_conversation_label's key (the other clauses filter). `by_failure`: one user's
+    conversations with an ERROR record, walked from t_agent_message_error_idx newest first
+    (the status clause keeps those whose last record it still is): a FAILED page reads the
+    page plus the conversations that failed once and went on, never every conversation of
+    the user. Else the (user_id, id) key."""
     where = [SEARCH_CLAUSES[name] for name in clauses]
     if statuses:
         where.append(_status_match())
@@ -107,7 +108,7 @@ FROM (SELECT DISTINCT f.conversation_id FROM t_agent_message AS f
       ORDER BY f.conversation_id DESC) AS failed
 JOIN t_conversation AS c ON c.user_id = %(user_id)s AND c.id = failed.conversation_id
 WHERE {" AND ".join(where) or "true"}
-ORDER BY failed.conversation_id DESC LIMIT %({limit})s"""
+ORDER BY failed.conversation_id DESC LIMIT {limit}"""
     if by_label:
         where = [w.replace("c.id < ", "lb.conversation_id < ") for w in where]
         return f"""
@@ -116,11 +117,11 @@ FROM t_conversation_label AS lb
 JOIN t_conversation AS c ON c.user_id = lb.user_id AND c.id = lb.conversation_id
 WHERE lb.user_id = %(user_id)s AND lb.key = %(drive_key)s AND lb.value = %(drive_value)s
   AND {" AND ".join(where) or "true"}
-ORDER BY lb.conversation_id DESC LIMIT %({limit})s"""
+ORDER BY lb.conversation_id DESC LIMIT {limit}"""
     return f"""
 SELECT {CONVERSATION_COLUMNS} FROM t_conversation AS c
 WHERE {" AND ".join(where) or "true"}
-ORDER BY c.id DESC LIMIT %({limit})s"""
+ORDER BY c.id DESC LIMIT {limit}"""
 
 
 def search_statement(
@@ -130,10 +131,20 @@ def search_statement(
     state: bool,
     by_label: bool = False,
     by_failure: bool = False,
+    limit: int | None = None,
 ) -> str:
     """The page first (page_statement), then the status and the state of those rows only
-    (the page is aliased `c`, which STATUS_COLUMNS reads)."""
-    page = page_statement(clauses, statuses=statuses, by_label=by_label, by_failure=by_failure)
+    (the page is aliased `c`, which STATUS_COLUMNS reads). `limit` is written into the
+    text: a prepared statement's generic plan cannot see a LIMIT parameter's value, plans
+    for 10% of the rows, and then reads every row after a deep page token and sorts them
+    (measured: 36 ms for a page at 90% of 100,000 conversations, against 3 ms)."""
+    page = page_statement(
+        clauses,
+        statuses=statuses,
+        by_label=by_label,
+        by_failure=by_failure,
+        limit="%(limit)s" if limit is None else str(int(limit)),
+    )
     columns = f"c.*, {STATUS_COLUMNS}"
     joined = ""
     if state:
@@ -160,17 +171,22 @@ ORDER BY c.id DESC
 
 
 def count_statement(
-    clauses: list[str], *, statuses: bool, by_label: bool = False, by_failure: bool = False
+    clauses: list[str],
+    *,
+    statuses: bool,
+    by_label: bool = False,
+    by_failure: bool = False,
+    limit: int | None = None,
 ) -> str:
-    """The matches, counted up to %(count_limit)s along the page's own walk: the scan
-    stops at the limit, so a count costs at most that many matches (plus the rows a
-    clause checked one by one turned down)."""
+    """The matches, counted up to `limit` (written into the text, as search_statement's)
+    along the page's own walk: the scan stops at the limit, so a count costs at most that
+    many matches (plus the rows a clause checked one by one turned down)."""
     page = page_statement(
         [name for name in clauses if name != "before"],
         statuses=statuses,
         by_label=by_label,
         by_failure=by_failure,
-        limit="count_limit",
+        limit="%(count_limit)s" if limit is None else str(int(limit)),
     )
     return f"SELECT count(*) AS total FROM ({page}) AS counted"
 
