@@ -74,9 +74,16 @@ SEARCH_CLAUSES: Final = {
 }
 
 
-def _status_match() -> str:
-    """The status expression alone, for a WHERE clause."""
+def _status_match(*, likely: bool = False) -> str:
+    """The status expression alone, for a WHERE clause. `likely`: most rows it sees match,
+    and the planner is told so. It estimates `expression = ANY(…)` at 0.5%, so for a page
+    of 50 it costs a walk of 10,000 rows, and past 100,000 (jit_above_cost) it compiles
+    the statement with JIT first: 25 ms of a 0.7 ms FAILED page at 1,000,000
+    conversations. `(…) IS DISTINCT FROM false` is the same test (the expression is never
+    NULL) estimated at 99.5%."""
     expression = STATUS_COLUMNS.split(" AS status,")[0]
+    if likely:
+        return f"((({expression}) = ANY(%(statuses)s::text[])) IS DISTINCT FROM false)"
     return f"({expression}) = ANY(%(statuses)s::text[])"
 
 
@@ -98,7 +105,11 @@ def page_statement(
     the user. Else the (user_id, id) key."""
     where = [SEARCH_CLAUSES[name] for name in clauses]
     if statuses:
-        where.append(_status_match())
+        # Unless the candidates are the few open or failed ones, a walk's rows mostly
+        # match: the FAILED walk reads conversations with an ERROR record (most are
+        # FAILED), and a walk of the key is for IDLE among others (most are IDLE).
+        candidates = {"open_candidates", "failed_candidates"} & set(clauses)
+        where.append(_status_match(likely=not candidates))
     if by_failure:
         before = "AND f.conversation_id < %(before_id)s::bigint" if "before" in clauses else ""
         return f"""
