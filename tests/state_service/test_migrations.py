@@ -214,3 +214,122 @@ async def test_migration_12_keeps_the_rows_of_the_jsonb_layout(postgres: Embedde
         assert popped.item is not None and popped.item.item_json == b'{"a": [2], "b": 1}'
     finally:
         await store.close()
+
+
+async def test_migration_15_keeps_the_rows_and_adopts_indexes_built_beforehand(
+    postgres: EmbeddedPostgres,
+) -> None:
+    """Migration 15 (user_id first in every key) on a database with rows: nothing is lost,
+    an index built beforehand CONCURRENTLY (docs/scaling.md) becomes the key as it is (no
+    rebuild), one a failed concurrent build left invalid is built again, and the upserts
+    on the new keys (a lapsed lease taken again, a context rewritten) work after it."""
+    dsn = create_database(postgres, f"from_14_{uuid.uuid4().hex[:6]}")
+    await _migrate(dsn, up_to=14)
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        cur = conn.cursor(row_factory=tuple_row)
+        await cur.execute(
+            "INSERT INTO t_conversation (user_id, title) VALUES ('u', 'a'), ('u', 'b') RETURNING id"
+        )
+        cid, other = [int(r[0]) for r in await cur.fetchall()]
+        for statement in (
+            "INSERT INTO t_agent_message (user_id, conversation_id, role, blocks, status) "
+            "VALUES ('u', %(c)s, 'USER', '[]', 'NORMAL'), ('u', %(c)s, 'ASSISTANT', '[]', 'ERROR')",
+            "INSERT INTO t_context_compaction (user_id, conversation_id, messages_before, "
+            "  messages_after, tokens_before, tokens_after, summary_chars, reason) "
+            "VALUES ('u', %(c)s, 10, 2, 1000, 200, 50, 'test')",
+            # Lapsed leases (the next take goes through ON CONFLICT on the key).
+            "INSERT INTO t_run_lease (conversation_id, user_id, task_id, holder, expire_time) "
+            "VALUES (%(c)s, 'u', 1, 'h', now() - interval '1 minute'), "
+            "       (%(o)s, 'u', 2, 'h', now() - interval '1 minute')",
+            "INSERT INTO t_agent_state (user_id, session_id, state_key, payload, version, "
+            "  context_start, context_count, context_bytes, context_head, context_tail) "
+            "VALUES ('u', %(c)s, 'agent_state', '{}', 1, 0, 2, 16, '{\"context\": ', '}')",
+            "INSERT INTO t_agent_state_message (user_id, session_id, state_key, position, "
+            "  message) VALUES ('u', %(c)s, 'agent_state', 0, '{\"m\": 1}'), "
+            "  ('u', %(c)s, 'agent_state', 1, '{\"m\": 2}')",
+            "INSERT INTO t_scoped_state (app_name, user_id, payload, version) "
+            "VALUES ('app', '', '{\"x\": 1}', 1), ('app', 'u', '{\"y\": 2}', 1)",
+        ):
+            await conn.execute(statement, {"c": cid, "o": other})
+        # Built beforehand, online, as docs/scaling.md says; and one left invalid (a
+        # unique index on user_id alone fails: two leases of one user).
+        await conn.execute(
+            "CREATE UNIQUE INDEX CONCURRENTLY t_agent_message_user_key "
+            "ON t_agent_message (user_id, conversation_id, id)"
+        )
+        with pytest.raises(psycopg.errors.UniqueViolation):
+            await conn.execute(
+                "CREATE UNIQUE INDEX CONCURRENTLY t_run_lease_user_task_key "
+                "ON t_run_lease (user_id)"
+            )
+        await cur.execute(
+            "SELECT c.relname, c.oid::bigint, i.indisvalid FROM pg_index i "
+            "JOIN pg_class c ON c.oid = i.indexrelid "
+            "WHERE c.relname IN ('t_agent_message_user_key', 't_run_lease_user_task_key') "
+            "ORDER BY 1"
+        )
+        prebuilt = await cur.fetchall()
+        assert [(name, valid) for name, _, valid in prebuilt] == [
+            ("t_agent_message_user_key", True),
+            ("t_run_lease_user_task_key", False),
+        ]
+        await cur.execute(
+            "SELECT (SELECT count(*) FROM t_agent_message), (SELECT count(*) FROM t_run_lease),"
+            " (SELECT count(*) FROM t_agent_state_message), (SELECT count(*) FROM t_scoped_state),"
+            " (SELECT count(*) FROM t_context_compaction)"
+        )
+        counts = await cur.fetchone()
+
+    await _migrate(dsn)
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        cur = conn.cursor(row_factory=tuple_row)
+        await cur.execute(
+            "SELECT (SELECT count(*) FROM t_agent_message), (SELECT count(*) FROM t_run_lease),"
+            " (SELECT count(*) FROM t_agent_state_message), (SELECT count(*) FROM t_scoped_state),"
+            " (SELECT count(*) FROM t_context_compaction)"
+        )
+        assert await cur.fetchone() == counts
+        await cur.execute(
+            "SELECT conindid::bigint FROM pg_constraint WHERE conname = 't_agent_message_pkey'"
+        )
+        assert await cur.fetchone() == (prebuilt[0][1],)  # adopted, not rebuilt
+        await cur.execute(
+            "SELECT pg_get_constraintdef(oid) FROM pg_constraint WHERE conname IN "
+            "('t_run_lease_pkey', 't_run_lease_user_id_task_id_key') ORDER BY conname"
+        )
+        assert [r[0] for r in await cur.fetchall()] == [
+            "PRIMARY KEY (user_id, conversation_id)",
+            "UNIQUE (user_id, task_id)",
+        ]
+    fresh = create_database(postgres, f"fresh15_{uuid.uuid4().hex[:6]}")
+    await _migrate(fresh)
+    assert await _schema(dsn) == await _schema(fresh)
+
+    store = PostgresStore(dsn, min_size=1, max_size=2)
+    await store.open()
+    try:
+        lease = await store.acquire_lease(
+            user_id="u", conversation_id=cid, holder="h2", ttl_ms=60_000, max_user_leases=0
+        )
+        assert lease.lapsed_task_id == 1  # the old row, taken over through the new key
+        state = await store.get_state(user_id="u", conversation_id=cid, state_key="agent_state")
+        assert state.payload == b'{"context": [{"m": 1}, {"m": 2}]}'
+        saved = await store.save_state(
+            user_id="u", conversation_id=cid, state_key="agent_state",
+            payload=b'{"context": [{"m": 1}, {"m": 3}]}', expected_version=1,
+        )  # fmt: skip
+        assert saved.version == 2
+        state = await store.get_state(user_id="u", conversation_id=cid, state_key="agent_state")
+        assert state.payload == b'{"context": [{"m": 1}, {"m": 3}]}'
+        conversation = await store.get_conversation(user_id="u", conversation_id=cid)
+        assert conversation.status is d.ConversationStatus.RUNNING
+        failed = await store.search_conversations(
+            where=d.ConversationFilter(
+                user_id="u", statuses=frozenset({d.ConversationStatus.FAILED})
+            ),
+            page_size=10,
+            before_id=None,
+        )
+        assert failed.page.items == []  # its ERROR record is the last, but a turn runs
+    finally:
+        await store.close()

@@ -170,8 +170,9 @@ class Conversation:
 @dataclass(frozen=True)
 class ConversationSearch:
     """A page of ListConversations with filters: the conversations, the next page's
-    token ("" on the last), the number of matches (with include_total, else 0) and, with
-    include_state_key, each listed conversation's state under that key."""
+    token ("" on the last), the number of matches (with include_total, else 0; counted up
+    to 10,000, and 10,001 means more) and, with include_state_key, each listed
+    conversation's state under that key."""
 
     items: list[Conversation]
     next_page_token: str

@@ -114,6 +114,7 @@ from agentstate.state_service.domain.leases import (
 )
 from agentstate.state_service.domain.lifecycle import (
     ERASED_KINDS,
+    MAX_COUNTED_TOTAL,
     MAX_LABELS,
     ConversationFilter,
     ConversationStatus,
@@ -202,6 +203,7 @@ __all__ = [
     "MAX_BATCH_DELETE",
     "MAX_CHECKPOINT_ID_CHARS",
     "MAX_CHECKPOINT_WRITES",
+    "MAX_COUNTED_TOTAL",
     "MAX_EXTERNAL_KEY_CHARS",
     "MAX_HOLDER_CHARS",
     "MAX_ID",

@@ -19,6 +19,9 @@ from agentstate.state_service.domain.errors import (
 from agentstate.state_service.domain.rules import check_no_nul
 
 MAX_LABELS = 64
+# include_total counts at most this many matches (a count is then bounded, as a page is);
+# past it, ListConversations says MAX_COUNTED_TOTAL + 1: "more than MAX_COUNTED_TOTAL".
+MAX_COUNTED_TOTAL = 10_000
 MAX_LABEL_NAME_CHARS = 63
 MAX_LABEL_PREFIX_CHARS = 253
 MAX_LABEL_SELECTOR_CHARS = 4096

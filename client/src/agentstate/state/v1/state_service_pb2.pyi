@@ -912,7 +912,9 @@ class ListConversationsRequest(_message.Message):
     title_prefix: _builtins.str
     """Only conversations whose title starts with this (case-sensitive)."""
     include_total: _builtins.bool
-    """True: also count every match (total_count); it reads every match."""
+    """True: also count the matches (total_count), up to 10,000: the count
+    stops there, so it costs at most that many matches.
+    """
     all_users: _builtins.bool
     """True: list every user's conversations (user_id then filters only when
     set). An operator's ability: PERMISSION_DENIED unless the state service
@@ -991,7 +993,9 @@ class ListConversationsResponse(_message.Message):
     next_page_token: _builtins.str
     """Empty when there are no more pages."""
     total_count: _builtins.int
-    """Every match, with include_total; else 0."""
+    """The matches, with include_total, counted up to 10,000; 10,001 means
+    more than 10,000. Else 0.
+    """
     @_builtins.property
     def conversations(self) -> _containers.RepeatedCompositeFieldContainer[Global___Conversation]:
         """Newest first (by id: a stable order)."""

@@ -21,7 +21,9 @@ from agentstate.state_service.domain import (
 @dataclass(frozen=True)
 class ConversationSearch:
     page: Page[Conversation]
-    total: int | None = None  # with include_total
+    # With include_total: the matches, counted up to MAX_COUNTED_TOTAL + 1 (past it,
+    # MAX_COUNTED_TOTAL + 1 means "more").
+    total: int | None = None
     states: Mapping[int, bytes] = field(default_factory=dict)  # conversation -> state
 
 

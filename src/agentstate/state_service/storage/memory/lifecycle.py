@@ -81,7 +81,7 @@ class MemoryLifecycle(MemoryTables, LifecycleStore):
                 key=lambda c: c.conversation_id,
                 reverse=True,
             )
-            total = len(found) if include_total else None
+            total = min(len(found), d.MAX_COUNTED_TOTAL + 1) if include_total else None
             if before_id is not None:
                 found = [c for c in found if c.conversation_id < before_id]
             items = found[:page_size]

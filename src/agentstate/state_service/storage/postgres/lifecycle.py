@@ -80,8 +80,15 @@ def search_params(where: ConversationFilter) -> tuple[list[str], dict[str, Any]]
     if where.statuses:
         params["statuses"] = sorted(where.statuses)
         open_only = {d.ConversationStatus.RUNNING, d.ConversationStatus.AWAITING_CONFIRMATION}
+        failing = {*open_only, d.ConversationStatus.FAILED}
         if where.user_id is not None and where.statuses <= open_only:
             clauses.append("open_candidates")
+        elif (
+            where.user_id is not None
+            and where.statuses <= failing
+            and where.statuses != {d.ConversationStatus.FAILED}
+        ):
+            clauses.append("failed_candidates")
     return clauses, params
 
 
@@ -132,27 +139,37 @@ class PostgresLifecycle(PostgresConnection, LifecycleStore):
         include_state_key: str = "",
     ) -> ConversationSearch:
         clauses, params = search_params(where)
+        # One user's FAILED conversations: walk the ERROR records' index; else one user's
+        # label equality: walk that label's index rows (flat at any size).
+        by_failure = where.user_id is not None and where.statuses == {d.ConversationStatus.FAILED}
+        by_label = not by_failure and where.user_id is not None and bool(where.selector.equal)
+        if by_label:
+            params["drive_key"], params["drive_value"] = sorted(where.selector.equal.items())[0]
         total = None
         if include_total:
             (row,) = await self._rows(
-                lsql.count_statement(clauses, statuses=bool(where.statuses)), params
+                lsql.count_statement(
+                    clauses,
+                    statuses=bool(where.statuses),
+                    by_label=by_label,
+                    by_failure=by_failure,
+                    limit=d.MAX_COUNTED_TOTAL + 1,
+                ),
+                params,
             )
             total = int(row["total"])
         if before_id is not None:
             clauses.append("before")
             params["before_id"] = before_id
-        params["limit"] = page_size + 1
         if include_state_key:
             params["state_key"] = include_state_key
-        # One user's label equality: walk that label's index rows (flat at any size).
-        by_label = where.user_id is not None and bool(where.selector.equal)
-        if by_label:
-            params["drive_key"], params["drive_value"] = sorted(where.selector.equal.items())[0]
         statement = lsql.search_statement(
             clauses,
             statuses=bool(where.statuses),
             state=bool(include_state_key),
             by_label=by_label,
+            by_failure=by_failure,
+            limit=page_size + 1,
         )
         rows = await self._rows(statement, params)
         items = [conversation_of(r) for r in rows[:page_size]]

@@ -647,6 +647,83 @@ FOR EACH ROW EXECUTE FUNCTION agentstate_erasure_fence();
 \\ir functions/agentstate_plain_length.sql
 """,
     ),
+    # Issue 23, item 7: one key for every row, the user (docs/scaling.md,
+    # "Distributing by user"). Numbered 15: 14, 16, 17 and 18 are other changes'; this
+    # one changes keys only (no column, no payload), so they apply in any order.
+    Migration(
+        15,
+        "one key for every row: user_id in every user table's primary key",
+        """
+-- Every table of a user gets a primary key that starts with user_id, as a distributed
+-- engine (Citus, by user_id) needs and as an erase uses. Locks, in order: first the new
+-- unique indexes are built (CREATE UNIQUE INDEX: a SHARE lock on the table while it
+-- builds, reads go on, writes wait), then every key is swapped in catalog-only steps
+-- (ALTER TABLE: ACCESS EXCLUSIVE, held to the end of this migration's transaction; no
+-- scan, the columns are NOT NULL already). The migrations run in one transaction, so
+-- CONCURRENTLY cannot be used here; on a large database, build the indexes beforehand
+-- with CREATE UNIQUE INDEX CONCURRENTLY under these names (docs/scaling.md lists the
+-- statements) and this migration adopts them: its only lock is then the brief swap.
+-- An index left invalid by a failed concurrent build is dropped and built again.
+DO $$
+DECLARE
+    v_index text;
+BEGIN
+    FOR v_index IN
+        SELECT c.relname FROM pg_index AS i JOIN pg_class AS c ON c.oid = i.indexrelid
+        WHERE c.relnamespace = 'public'::regnamespace AND NOT i.indisvalid
+          AND c.relname IN ('t_conversation_user_key', 't_agent_message_user_key',
+                            't_context_compaction_user_key', 't_run_lease_user_key',
+                            't_run_lease_user_task_key', 't_agent_state_message_user_key',
+                            't_scoped_state_user_key', 't_agent_message_error_idx')
+    LOOP
+        EXECUTE format('DROP INDEX %I', v_index);
+    END LOOP;
+END $$;
+
+CREATE UNIQUE INDEX IF NOT EXISTS t_conversation_user_key ON t_conversation (user_id, id);
+-- Messages and compaction records: conversation_id in the key too, so the key is also
+-- the replay order, and the (user_id, conversation_id, id) indexes beside it go.
+CREATE UNIQUE INDEX IF NOT EXISTS t_agent_message_user_key
+    ON t_agent_message (user_id, conversation_id, id);
+CREATE UNIQUE INDEX IF NOT EXISTS t_context_compaction_user_key
+    ON t_context_compaction (user_id, conversation_id, id);
+CREATE UNIQUE INDEX IF NOT EXISTS t_run_lease_user_key ON t_run_lease (user_id, conversation_id);
+CREATE UNIQUE INDEX IF NOT EXISTS t_run_lease_user_task_key ON t_run_lease (user_id, task_id);
+CREATE UNIQUE INDEX IF NOT EXISTS t_agent_state_message_user_key
+    ON t_agent_state_message (user_id, session_id, state_key, position);
+-- user_id first: an erase finds a user's scoped states by the key.
+CREATE UNIQUE INDEX IF NOT EXISTS t_scoped_state_user_key ON t_scoped_state (user_id, app_name);
+-- ListConversations on FAILED: a user's conversations with an ERROR record, newest
+-- first, without walking the conversations that never failed (lifecycle_sql).
+CREATE INDEX IF NOT EXISTS t_agent_message_error_idx ON t_agent_message (user_id, conversation_id)
+    WHERE status = 'ERROR';
+
+-- t_conversation_user_id_id_key (UNIQUE (user_id, id)) stays: it is the target of the
+-- ten child tables' foreign keys, and pointing them at the new key would validate each
+-- child table (a scan of every message, state and checkpoint) under this migration's
+-- locks. It duplicates the key; the old key on id alone goes, so the table keeps as
+-- many indexes as before.
+ALTER TABLE t_conversation DROP CONSTRAINT t_conversation_pkey,
+    ADD CONSTRAINT t_conversation_pkey PRIMARY KEY USING INDEX t_conversation_user_key;
+ALTER TABLE t_agent_message DROP CONSTRAINT t_agent_message_pkey,
+    ADD CONSTRAINT t_agent_message_pkey PRIMARY KEY USING INDEX t_agent_message_user_key;
+DROP INDEX t_agent_message_replay_idx;
+ALTER TABLE t_context_compaction DROP CONSTRAINT t_context_compaction_pkey,
+    ADD CONSTRAINT t_context_compaction_pkey PRIMARY KEY
+        USING INDEX t_context_compaction_user_key;
+DROP INDEX t_context_compaction_conversation_idx;
+-- task_id stays unique (ids are drawn from one sequence); the key says so per user.
+ALTER TABLE t_run_lease DROP CONSTRAINT t_run_lease_pkey,
+    DROP CONSTRAINT t_run_lease_task_id_key,
+    ADD CONSTRAINT t_run_lease_pkey PRIMARY KEY USING INDEX t_run_lease_user_key,
+    ADD CONSTRAINT t_run_lease_user_id_task_id_key UNIQUE USING INDEX t_run_lease_user_task_key;
+ALTER TABLE t_agent_state_message DROP CONSTRAINT t_agent_state_message_pkey,
+    ADD CONSTRAINT t_agent_state_message_pkey PRIMARY KEY
+        USING INDEX t_agent_state_message_user_key;
+ALTER TABLE t_scoped_state DROP CONSTRAINT t_scoped_state_pkey,
+    ADD CONSTRAINT t_scoped_state_pkey PRIMARY KEY USING INDEX t_scoped_state_user_key;
+""",
+    ),
     # Issue 26 (small states, compressed storage). Number 16: 14 and 15 are other
     # changes'; this one only adds a column and changes compression settings, so the
     # three apply in any order.

@@ -298,7 +298,8 @@ SELECT_INACTIVE_CONVERSATIONS: Final = """
 SELECT c.id, c.user_id FROM t_conversation c
 WHERE c.update_time < %(before)s
   AND NOT EXISTS (
-      SELECT 1 FROM t_run_lease l WHERE l.conversation_id = c.id AND l.expire_time > now()
+      SELECT 1 FROM t_run_lease l
+      WHERE l.user_id = c.user_id AND l.conversation_id = c.id AND l.expire_time > now()
   )
 ORDER BY c.update_time
 LIMIT %(limit)s

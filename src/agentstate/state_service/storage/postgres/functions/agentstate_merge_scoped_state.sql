@@ -14,7 +14,7 @@ BEGIN
     IF NOT FOUND THEN
         INSERT INTO t_scoped_state AS s (app_name, user_id, member_keys, member_values, version)
         VALUES (p_app_name, p_user_id, p_keys, p_values, 1)
-        ON CONFLICT (app_name, user_id) DO NOTHING;
+        ON CONFLICT (user_id, app_name) DO NOTHING;
         IF FOUND THEN
             RETURN;
         END IF;

@@ -204,7 +204,8 @@ BEGIN
         ORDER BY i;
     END IF;
     IF p_task_id IS NOT NULL THEN
-        DELETE FROM t_run_lease WHERE conversation_id = p_conversation_id AND task_id = p_task_id;
+        DELETE FROM t_run_lease
+        WHERE user_id = p_user_id AND conversation_id = p_conversation_id AND task_id = p_task_id;
         v_released := FOUND;
     END IF;
     IF cardinality(p_kinds) > 0 THEN

@@ -33,7 +33,7 @@ BEGIN
     INSERT INTO t_run_lease AS l (conversation_id, user_id, task_id, holder, expire_time)
     VALUES (p_conversation_id, p_user_id, agentstate_next_id(), p_holder,
             now() + p_ttl_ms * interval '1 millisecond')
-    ON CONFLICT (conversation_id) DO UPDATE
+    ON CONFLICT (user_id, conversation_id) DO UPDATE
     SET task_id = EXCLUDED.task_id, holder = EXCLUDED.holder,
         expire_time = EXCLUDED.expire_time, stop_requested = false, create_time = now()
     RETURNING l.task_id, l.expire_time, l.stop_requested

@@ -84,7 +84,7 @@ BEGIN
           AND m.position NOT IN (SELECT c.position FROM chunks AS c))
     INSERT INTO t_agent_state_message AS m (user_id, session_id, state_key, position, messages)
     SELECT p_user_id, p_session_id, p_state_key, c.position, c.messages FROM chunks AS c
-    ON CONFLICT (session_id, state_key, position)
+    ON CONFLICT (user_id, session_id, state_key, position)
     DO UPDATE SET messages = EXCLUDED.messages, message = NULL
     WHERE m.messages IS DISTINCT FROM EXCLUDED.messages;
     RETURN v_old;
