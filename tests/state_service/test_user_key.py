@@ -38,6 +38,7 @@ USER_TABLES = {
     "t_checkpoint_write",
     "t_conversation_item",
     "t_scoped_state",
+    "t_user_key",  # the data key that seals the user's rows (migration 14)
     "t_erasure_fence",
     "t_conversation_label",
 }
