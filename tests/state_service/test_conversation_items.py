@@ -313,6 +313,64 @@ async def test_append_event_scopes_and_revision(
     )
 
 
+async def test_list_items_with_state_and_scoped_state(
+    state_stub: Stub, user_id: str, other_user_id: str
+) -> None:
+    """ListItems can carry the conversation's state and the app's scoped states (an ADK
+    session in one call), exactly as GetState and GetScopedState read them."""
+    app = f"app-{user_id}"
+    cid = await new_conversation(state_stub, user_id)
+    full = {"include_state_key": "adk.session", "include_scoped_app_name": app}
+    # Nothing written yet: the items and no states.
+    empty = await _list(state_stub, user_id, cid, **full)
+    assert empty.items == [] and empty.revision == 0
+    assert not empty.HasField("state") and not empty.HasField("app_state")
+    assert not empty.HasField("user_state")
+    await state_stub.AppendEvent(
+        pb.AppendEventRequest(
+            user_id=user_id,
+            conversation_id=cid,
+            item=_item(1),
+            state_key="adk.session",
+            state_delta_json=b'{"n": 1e21, "z": -0.0}',
+            app_name=app,
+            app_state_delta_json=b'{"motd": "hi"}',
+            user_state_delta_json=b'{"name": "Ann"}',
+        )
+    )
+    page = await _list(state_stub, user_id, cid, **full)
+    assert _contents(page.items) == ["m1"] and page.revision == 1
+    state = await state_stub.GetState(
+        pb.GetStateRequest(user_id=user_id, conversation_id=cid, state_key="adk.session")
+    )
+    assert page.state.payload == state.payload == b'{"n": 1e21, "z": -0.0}'  # its text
+    assert page.state.version == state.version == 1
+    scoped = await state_stub.GetScopedState(
+        pb.GetScopedStateRequest(user_id=user_id, app_name=app)
+    )
+    assert page.app_state == scoped.app_state and page.user_state == scoped.user_state
+    assert json.loads(page.user_state.payload) == {"name": "Ann"}
+    # Each part only when asked for; with last_n=0 no items, but the states.
+    plain = await _list(state_stub, user_id, cid)
+    assert not plain.HasField("state") and not plain.HasField("app_state")
+    only_state = await _list(state_stub, user_id, cid, last_n=0, include_state_key="adk.session")
+    assert only_state.items == [] and only_state.state.payload == state.payload
+    assert not only_state.HasField("app_state")
+    # Another user of the app sees the app's state, not this user's.
+    other_cid = await new_conversation(state_stub, other_user_id)
+    other = await _list(state_stub, other_user_id, other_cid, **full)
+    assert json.loads(other.app_state.payload) == {"motd": "hi"}
+    assert not other.HasField("user_state") and not other.HasField("state")
+    # Bad input is refused before anything is read; a missing conversation is NOT_FOUND.
+    await expect_rpc_error(
+        _list(state_stub, user_id, cid, include_state_key="bad key!"), INVALID, "state_key"
+    )
+    await expect_rpc_error(
+        _list(state_stub, user_id, cid, include_scoped_app_name="a" * 129), INVALID, "app_name"
+    )
+    await expect_rpc_error(_list(state_stub, other_user_id, cid, **full), NOT_FOUND)
+
+
 async def test_sync_client_items_and_event(state_address: str, user_id: str) -> None:
     """The blocking client has the same calls (run off the loop serving them)."""
 

@@ -625,10 +625,15 @@ class AsyncStateClient:
         min_item_time: datetime | None = None,
         page_size: int = 0,
         page_token: str = "",
+        include_state_key: str = "",
+        include_scoped_app_name: str = "",
         timeout: float | None = None,
     ) -> ItemsPage:
         """Items oldest first: all, or the newest `last_n`, optionally only those at or after
-        `min_item_time`; page_size 0 means 1000."""
+        `min_item_time`; page_size 0 means 1000. With `include_state_key` the page also
+        carries the conversation's state under that key (`state`), with
+        `include_scoped_app_name` that app's scoped states (`scoped`), both read after
+        the items in the same call."""
         return await self._call(
             ops.list_items(
                 user_id,
@@ -637,6 +642,8 @@ class AsyncStateClient:
                 min_item_time=min_item_time,
                 page_size=page_size,
                 page_token=page_token,
+                include_state_key=include_state_key,
+                include_scoped_app_name=include_scoped_app_name,
             ),
             timeout,
         )

@@ -851,9 +851,16 @@ def list_items(
     min_item_time: datetime | None,
     page_size: int,
     page_token: str,
+    include_state_key: str = "",
+    include_scoped_app_name: str = "",
 ) -> Op[ItemsPage]:
     request = pb.ListItemsRequest(
-        user_id=user_id, conversation_id=conversation_id, page_size=page_size, page_token=page_token
+        user_id=user_id,
+        conversation_id=conversation_id,
+        page_size=page_size,
+        page_token=page_token,
+        include_state_key=include_state_key,
+        include_scoped_app_name=include_scoped_app_name,
     )
     if last_n is not None:
         request.last_n = last_n
@@ -863,8 +870,20 @@ def list_items(
         "ListItems",
         request,
         lambda r: ItemsPage(
-            [item_of(i) for i in r.items], r.next_page_token, int(r.revision), _time(r.update_time)
+            [item_of(i) for i in r.items],
+            r.next_page_token,
+            int(r.revision),
+            _time(r.update_time),
+            _snapshot_of(r.state) if r.HasField("state") else None,
+            _scoped_of(r) if include_scoped_app_name else None,
         ),
+    )
+
+
+def _scoped_of(r: pb.ListItemsResponse | pb.GetScopedStateResponse) -> ScopedStates:
+    return ScopedStates(
+        _snapshot_of(r.app_state) if r.HasField("app_state") else None,
+        _snapshot_of(r.user_state) if r.HasField("user_state") else None,
     )
 
 
@@ -891,10 +910,7 @@ def get_scoped_state(user_id: str, app_name: str) -> Op[ScopedStates]:
     return Op(
         "GetScopedState",
         pb.GetScopedStateRequest(user_id=user_id, app_name=app_name),
-        lambda r: ScopedStates(
-            _snapshot_of(r.app_state) if r.HasField("app_state") else None,
-            _snapshot_of(r.user_state) if r.HasField("user_state") else None,
-        ),
+        _scoped_of,
     )
 
 

@@ -619,10 +619,15 @@ class StateClient:
         min_item_time: datetime | None = None,
         page_size: int = 0,
         page_token: str = "",
+        include_state_key: str = "",
+        include_scoped_app_name: str = "",
         timeout: float | None = None,
     ) -> ItemsPage:
         """Items oldest first: all, or the newest `last_n`, optionally only those at or after
-        `min_item_time`; page_size 0 means 1000."""
+        `min_item_time`; page_size 0 means 1000. With `include_state_key` the page also
+        carries the conversation's state under that key (`state`), with
+        `include_scoped_app_name` that app's scoped states (`scoped`), both read after
+        the items in the same call."""
         return self._call(
             ops.list_items(
                 user_id,
@@ -631,6 +636,8 @@ class StateClient:
                 min_item_time=min_item_time,
                 page_size=page_size,
                 page_token=page_token,
+                include_state_key=include_state_key,
+                include_scoped_app_name=include_scoped_app_name,
             ),
             timeout,
         )

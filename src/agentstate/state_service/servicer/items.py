@@ -74,9 +74,20 @@ class ItemRpcs(ServicerBase):
             last_n = request.last_n
             if last_n < 0:
                 raise d.InvalidArgument("last_n must not be negative")
+        user_id = d.validate_user_id(request.user_id)
+        conversation_id = d.parse_id(request.conversation_id, "conversation_id")
+        # Checked before anything is read: a bad one is refused, not half answered.
+        state_key = (
+            d.validate_state_key(request.include_state_key) if request.include_state_key else ""
+        )
+        app_name = (
+            d.validate_app_name(request.include_scoped_app_name)
+            if request.include_scoped_app_name
+            else ""
+        )
         page = await self._items().list_items(
-            user_id=d.validate_user_id(request.user_id),
-            conversation_id=d.parse_id(request.conversation_id, "conversation_id"),
+            user_id=user_id,
+            conversation_id=conversation_id,
             last_n=last_n,
             min_item_time=(
                 request.min_item_time.ToDatetime(UTC) if request.HasField("min_item_time") else None
@@ -84,12 +95,40 @@ class ItemRpcs(ServicerBase):
             page_size=d.page_size(request.page_size, default=1000, maximum=10000),
             after_seq=d.parse_page_token(request.page_token),
         )
-        return pb.ListItemsResponse(
+        response = pb.ListItemsResponse(
             items=[item_to_pb(i) for i in page.items],
             next_page_token=page.next_page_token,
             revision=page.revision,
             update_time=timestamp(page.update_time),
         )
+        # Read after the items (an ADK session in one call): the state is at least as
+        # new as the page's revision, so a session built from both is never newer than
+        # the revision it carries (its compare-and-set can only refuse, never lose).
+        if state_key:
+            try:
+                state = await self._store.get_state(
+                    user_id=user_id, conversation_id=conversation_id, state_key=state_key
+                )
+            except d.NotFound as exc:
+                if exc.missing != "state":
+                    raise
+            else:
+                response.state.CopyFrom(_scoped_to_pb(state))
+        if app_name:
+            self._scoped_to_response(
+                await self._items().get_scoped_state(user_id=user_id, app_name=app_name),
+                response,
+            )
+        return response
+
+    @staticmethod
+    def _scoped_to_response(
+        states: d.ScopedStates, response: pb.ListItemsResponse | pb.GetScopedStateResponse
+    ) -> None:
+        if states.app is not None:
+            response.app_state.CopyFrom(_scoped_to_pb(states.app))
+        if states.user is not None:
+            response.user_state.CopyFrom(_scoped_to_pb(states.user))
 
     @grpc_errors
     async def PopItem(
@@ -124,10 +163,7 @@ class ItemRpcs(ServicerBase):
             app_name=d.validate_app_name(request.app_name),
         )
         response = pb.GetScopedStateResponse()
-        if states.app is not None:
-            response.app_state.CopyFrom(_scoped_to_pb(states.app))
-        if states.user is not None:
-            response.user_state.CopyFrom(_scoped_to_pb(states.user))
+        self._scoped_to_response(states, response)
         return response
 
     @grpc_errors

@@ -57,7 +57,13 @@ from agentstate.client.errors import (
 )
 from agentstate.client.settings import ClientSettings
 from agentstate.client.tls import ChannelSecurity
-from agentstate.client.types import Conversation, NewItem, StateSnapshot
+from agentstate.client.types import (
+    Conversation,
+    ItemsPage,
+    NewItem,
+    ScopedStates,
+    StateSnapshot,
+)
 from agentstate.integrations._connection import BoundedCache, Connection
 from agentstate.integrations._ttl import TimeToLive, time_to_live
 
@@ -176,10 +182,7 @@ class AgentStateSessionService(BaseSessionService):
 
     async def _scoped(self, app_name: str, user_id: str) -> dict[str, Any]:
         """app: and user: state with their prefixes, to merge into a session's state."""
-        scoped = await self._client.get_scoped_state(user_id, app_name)
-        merged = {State.APP_PREFIX + k: v for k, v in _object(scoped.app).items()}
-        merged.update({State.USER_PREFIX + k: v for k, v in _object(scoped.user).items()})
-        return merged
+        return _scoped_state(await self._client.get_scoped_state(user_id, app_name))
 
     # ------------------------------------------------------------- the API
 
@@ -270,42 +273,64 @@ class AgentStateSessionService(BaseSessionService):
         if not session_id:
             _check_names(app_name, user_id)
             return None  # as InMemorySessionService: no session has an empty id
-        found = await self._conversation(app_name, user_id, session_id, create=False)
-        if found is None:
-            return None
-        conversation_id = found[0].conversation_id
         config = config or GetSessionConfig()
-        try:
-            # Items first: a state read after them is at least as new as their revision,
-            # so a session built from both is never newer than its marker says.
-            events, revision, update_time = await self._events(user_id, conversation_id, config)
-            session_state = _object(
-                await self._client.find_state(user_id, conversation_id, state_key=SESSION_STATE_KEY)
-            )
-        except NotFound:
-            return None  # deleted meanwhile
-        merged = {**session_state, **await self._scoped(app_name, user_id)}
+        # One ListItems call: the events, then the session state and the app: and user:
+        # state, read after them in the same call, so a session built from them is never
+        # newer than the revision its marker says (a stale marker only refuses an append).
+        # A known conversation id skips the lookup; ids are never reused, so a stale one
+        # only ever leads to NOT_FOUND, and then to one lookup by key.
+        ids_key = (app_name, user_id, session_id)
+        loaded = None
+        conversation_id = self._ids.get(ids_key)
+        if conversation_id is not None:
+            try:
+                loaded = await self._events(user_id, conversation_id, config, app_name=app_name)
+            except NotFound:
+                self._ids.pop(ids_key, None)
+        if loaded is None:
+            found = await self._conversation(app_name, user_id, session_id, create=False)
+            if found is None:
+                return None
+            try:
+                loaded = await self._events(
+                    user_id, found[0].conversation_id, config, app_name=app_name
+                )
+            except NotFound:
+                self._ids.pop(ids_key, None)
+                return None  # deleted meanwhile
+        events, page = loaded
+        # Session keys first, then app: and user: ones, as InMemorySessionService orders them.
+        merged = {**_object(page.state), **_scoped_state(page.scoped)}
         session = Session(
             app_name=app_name,
             user_id=user_id,
             id=session_id,
             state=merged,
             events=events,
-            last_update_time=update_time.timestamp(),
+            last_update_time=page.update_time.timestamp(),
         )
-        session._storage_update_marker = str(revision)
+        session._storage_update_marker = str(page.revision)
         return session
 
     async def _events(
-        self, user_id: str, conversation_id: str, config: GetSessionConfig
-    ) -> tuple[list[Event], int, datetime]:
+        self, user_id: str, conversation_id: str, config: GetSessionConfig, *, app_name: str = ""
+    ) -> tuple[list[Event], ItemsPage]:
         """The events as InMemorySessionService selects them: the newest
         `num_recent_events` (none for 0), then, with `after_timestamp`, those after the
         newest event older than it (a suffix, so an event appended out of order ends
-        it), events at exactly `after_timestamp` included."""
+        it), events at exactly `after_timestamp` included. With `app_name`, the last page
+        also carries the session state and that app's scoped states."""
+        state_key = SESSION_STATE_KEY if app_name else ""
         if config.num_recent_events == 0:
-            page = await self._client.list_items(user_id, conversation_id, last_n=0, page_size=1)
-            return [], page.revision, page.update_time
+            page = await self._client.list_items(
+                user_id,
+                conversation_id,
+                last_n=0,
+                page_size=1,
+                include_state_key=state_key,
+                include_scoped_app_name=app_name,
+            )
+            return [], page
         events: list[Event] = []
         token = ""
         while True:
@@ -315,6 +340,8 @@ class AgentStateSessionService(BaseSessionService):
                 last_n=config.num_recent_events,
                 page_size=PAGE_SIZE,
                 page_token=token,
+                include_state_key=state_key,
+                include_scoped_app_name=app_name,
             )
             events.extend(Event.model_validate_json(item.item_json) for item in page.items)
             token = page.next_page_token
@@ -325,7 +352,7 @@ class AgentStateSessionService(BaseSessionService):
             while start > 0 and events[start - 1].timestamp >= config.after_timestamp:
                 start -= 1
             events = events[start:]
-        return events, page.revision, page.update_time
+        return events, page
 
     async def list_sessions(
         self, *, app_name: str, user_id: str | None = None
@@ -451,7 +478,7 @@ class AgentStateSessionService(BaseSessionService):
     async def _stored(self, session: Session, conversation_id: str, event: Event) -> bool:
         """Whether an event equal to `event` is stored in the session."""
         try:
-            stored, _, _ = await self._events(session.user_id, conversation_id, GetSessionConfig())
+            stored, _ = await self._events(session.user_id, conversation_id, GetSessionConfig())
         except NotFound:
             return False
         return _holds(stored, event)
@@ -493,6 +520,15 @@ def _delta_json(delta: dict[str, Any]) -> bytes | None:
     """A state delta as DatabaseSessionService's JSON column writes it (json.dumps, NaN
     included); the service keeps each value's text as sent."""
     return json.dumps(delta).encode() if delta else None
+
+
+def _scoped_state(scoped: ScopedStates | None) -> dict[str, Any]:
+    """app: and user: state with their prefixes, to merge into a session's state."""
+    if scoped is None:
+        return {}
+    merged = {State.APP_PREFIX + k: v for k, v in _object(scoped.app).items()}
+    merged.update({State.USER_PREFIX + k: v for k, v in _object(scoped.user).items()})
+    return merged
 
 
 def _object(snapshot: StateSnapshot | None) -> dict[str, Any]:

@@ -2936,6 +2936,8 @@ class ListItemsRequest(_message.Message):
     MIN_ITEM_TIME_FIELD_NUMBER: _builtins.int
     PAGE_SIZE_FIELD_NUMBER: _builtins.int
     PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    INCLUDE_STATE_KEY_FIELD_NUMBER: _builtins.int
+    INCLUDE_SCOPED_APP_NAME_FIELD_NUMBER: _builtins.int
     user_id: _builtins.str
     """The owner. Required."""
     conversation_id: _builtins.str
@@ -2951,6 +2953,17 @@ class ListItemsRequest(_message.Message):
     """Empty for the first page, else a previous response's next_page_token
     (from a call with the same selection).
     """
+    include_state_key: _builtins.str
+    """When set: the response also carries the conversation's state under this
+    key (`state`, as GetState reads it; unset when it has none), read after
+    the items, so it is at least as new as `revision` (an ADK session in one
+    call). 1..64 characters of [A-Za-z0-9_.:-].
+    """
+    include_scoped_app_name: _builtins.str
+    """When set: the response also carries the app- and user-scoped state of
+    this application (`app_state`, `user_state`, as GetScopedState reads
+    them), read after the items. As GetScopedStateRequest.app_name.
+    """
     @_builtins.property
     def min_item_time(self) -> _timestamp_pb2.Timestamp:
         """When set: only items whose item_time is at or after it."""
@@ -2964,10 +2977,12 @@ class ListItemsRequest(_message.Message):
         min_item_time: _timestamp_pb2.Timestamp | None = ...,
         page_size: _builtins.int = ...,
         page_token: _builtins.str = ...,
+        include_state_key: _builtins.str = ...,
+        include_scoped_app_name: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_last_n", b"_last_n", "last_n", b"last_n", "min_item_time", b"min_item_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_last_n", b"_last_n", "conversation_id", b"conversation_id", "last_n", b"last_n", "min_item_time", b"min_item_time", "page_size", b"page_size", "page_token", b"page_token", "user_id", b"user_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_last_n", b"_last_n", "conversation_id", b"conversation_id", "include_scoped_app_name", b"include_scoped_app_name", "include_state_key", b"include_state_key", "last_n", b"last_n", "min_item_time", b"min_item_time", "page_size", b"page_size", "page_token", b"page_token", "user_id", b"user_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__last_n: _TypeAlias = _typing.Literal["last_n"]  # noqa: Y015
     _WhichOneofArgType__last_n: _TypeAlias = _typing.Literal["_last_n", b"_last_n"]  # noqa: Y015
@@ -2985,6 +3000,9 @@ class ListItemsResponse(_message.Message):
     NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
     REVISION_FIELD_NUMBER: _builtins.int
     UPDATE_TIME_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    APP_STATE_FIELD_NUMBER: _builtins.int
+    USER_STATE_FIELD_NUMBER: _builtins.int
     next_page_token: _builtins.str
     """Empty when there are no more pages."""
     revision: _builtins.int
@@ -2997,6 +3015,24 @@ class ListItemsResponse(_message.Message):
     def update_time(self) -> _timestamp_pb2.Timestamp:
         """When the conversation last changed."""
 
+    @_builtins.property
+    def state(self) -> Global___ScopedState:
+        """The conversation's state under the request's include_state_key; unset
+        when not asked for or when the conversation has none.
+        """
+
+    @_builtins.property
+    def app_state(self) -> Global___ScopedState:
+        """The app-scoped state of the request's include_scoped_app_name; unset when
+        not asked for or never written.
+        """
+
+    @_builtins.property
+    def user_state(self) -> Global___ScopedState:
+        """The user's state in that application; unset when not asked for or never
+        written.
+        """
+
     def __init__(
         self,
         *,
@@ -3004,10 +3040,13 @@ class ListItemsResponse(_message.Message):
         next_page_token: _builtins.str = ...,
         revision: _builtins.int = ...,
         update_time: _timestamp_pb2.Timestamp | None = ...,
+        state: Global___ScopedState | None = ...,
+        app_state: Global___ScopedState | None = ...,
+        user_state: Global___ScopedState | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["update_time", b"update_time"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["app_state", b"app_state", "state", b"state", "update_time", b"update_time", "user_state", b"user_state"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["items", b"items", "next_page_token", b"next_page_token", "revision", b"revision", "update_time", b"update_time"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["app_state", b"app_state", "items", b"items", "next_page_token", b"next_page_token", "revision", b"revision", "state", b"state", "update_time", b"update_time", "user_state", b"user_state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
