@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, Generic, TypeVar
 
 from google.protobuf.message import Message
@@ -135,8 +135,13 @@ def compaction_pb(note: CompactionNote) -> pb.CompactionRecord:
     )
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
 def _time(value: Timestamp) -> datetime:
-    return value.ToDatetime(tzinfo=UTC)
+    # As value.ToDatetime(tzinfo=UTC) (microseconds, nanos truncated), at half its cost:
+    # a page of items holds two times per item.
+    return _EPOCH + timedelta(seconds=value.seconds, microseconds=value.nanos // 1000)
 
 
 _CONVERSATION_STATUS = {
@@ -802,9 +807,11 @@ def prune_checkpoints(
 
 
 def _timestamp(value: datetime) -> Timestamp:
-    ts = Timestamp()
-    ts.FromDatetime(value)
-    return ts
+    # As Timestamp.FromDatetime (a naive time is UTC), built from integers.
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    since = value - _EPOCH
+    return Timestamp(seconds=since.days * 86400 + since.seconds, nanos=since.microseconds * 1000)
 
 
 def new_item_pb(item: NewItem) -> pb.NewItem:

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-from datetime import UTC
+from datetime import UTC, datetime
 from typing import Any
 
 import grpc
+from google.protobuf.timestamp_pb2 import Timestamp
 
 from agentstate.state.v1 import state_service_pb2 as pb
 from agentstate.state_service import domain as d
 from agentstate.state_service.servicer.base import ServicerBase
-from agentstate.state_service.servicer.translate import grpc_errors, timestamp
+from agentstate.state_service.servicer.translate import grpc_errors
 
 
 def _expected_revision(
@@ -23,19 +24,42 @@ def _expected_revision(
     return request.expected_revision
 
 
-def item_to_pb(item: d.ConversationItem) -> pb.ConversationItem:
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def _timestamp(value: datetime) -> Timestamp:
+    """As translate.timestamp, built from integers: a third of FromDatetime's cost, which
+    counts in a page of a thousand items (two times each)."""
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)  # as FromDatetime reads a naive time
+    since = value - _EPOCH
+    return Timestamp(seconds=since.days * 86400 + since.seconds, nanos=since.microseconds * 1000)
+
+
+def item_to_pb(item: d.ConversationItem, conversation_id: str | None = None) -> pb.ConversationItem:
+    item_time = _timestamp(item.item_time)
     return pb.ConversationItem(
-        conversation_id=str(item.conversation_id),
+        conversation_id=conversation_id or str(item.conversation_id),
         seq=item.seq,
         item_json=item.item_json,
-        item_time=timestamp(item.item_time),
-        create_time=timestamp(item.create_time),
+        item_time=item_time,
+        # Most items are appended without a time of their own: one Timestamp for both.
+        create_time=(
+            item_time if item.create_time == item.item_time else _timestamp(item.create_time)
+        ),
     )
+
+
+def _items_to_pb(items: list[d.ConversationItem]) -> list[pb.ConversationItem]:
+    if not items:
+        return []
+    conversation_id = str(items[0].conversation_id)
+    return [item_to_pb(i, conversation_id) for i in items]
 
 
 def _scoped_to_pb(state: d.StoredState) -> pb.ScopedState:
     return pb.ScopedState(
-        payload=state.payload, version=state.version, update_time=timestamp(state.update_time)
+        payload=state.payload, version=state.version, update_time=_timestamp(state.update_time)
     )
 
 
@@ -62,7 +86,7 @@ class ItemRpcs(ServicerBase):
             expected_revision=_expected_revision(request),
         )
         return pb.AppendItemsResponse(
-            items=[item_to_pb(i) for i in appended.items], revision=appended.revision
+            items=_items_to_pb(appended.items), revision=appended.revision
         )
 
     @grpc_errors
@@ -96,10 +120,10 @@ class ItemRpcs(ServicerBase):
             after_seq=d.parse_page_token(request.page_token),
         )
         response = pb.ListItemsResponse(
-            items=[item_to_pb(i) for i in page.items],
+            items=_items_to_pb(page.items),
             next_page_token=page.next_page_token,
             revision=page.revision,
-            update_time=timestamp(page.update_time),
+            update_time=_timestamp(page.update_time),
         )
         # Read after the items (an ADK session in one call): the state is at least as
         # new as the page's revision, so a session built from both is never newer than
