@@ -313,6 +313,39 @@ async def test_append_event_scopes_and_revision(
     )
 
 
+async def test_list_items_after_seq(state_stub: Stub, user_id: str) -> None:
+    """after_seq: only the items since; with nothing popped they are exactly the seqs
+    between the caller's revision and the page's."""
+    cid = await new_conversation(state_stub, user_id)
+    append = pb.AppendItemsRequest(
+        user_id=user_id, conversation_id=cid, items=[_item(i) for i in range(3)]
+    )
+    await state_stub.AppendItems(append)
+    since = await _list(state_stub, user_id, cid, after_seq=1)
+    assert [i.seq for i in since.items] == [2, 3] and since.revision == 3
+    assert (await _list(state_stub, user_id, cid, after_seq=3)).items == []
+    assert _contents((await _list(state_stub, user_id, cid, after_seq=0)).items) == [
+        "m0",
+        "m1",
+        "m2",
+    ]
+    # A pop makes a revision no item has: the caller sees the gap.
+    await state_stub.PopItem(pb.PopItemRequest(user_id=user_id, conversation_id=cid))
+    after_pop = await _list(state_stub, user_id, cid, after_seq=3)
+    assert after_pop.items == [] and after_pop.revision == 4
+    # With last_n (the newest of those after) and pages (the token goes past after_seq).
+    await state_stub.AppendItems(append)  # seqs 5, 6, 7
+    newest = await _list(state_stub, user_id, cid, after_seq=1, last_n=2)
+    assert [i.seq for i in newest.items] == [6, 7]
+    first = await _list(state_stub, user_id, cid, after_seq=1, page_size=2)
+    assert [i.seq for i in first.items] == [2, 5] and first.next_page_token
+    rest = await _list(
+        state_stub, user_id, cid, after_seq=1, page_size=2, page_token=first.next_page_token
+    )
+    assert [i.seq for i in rest.items] == [6, 7] and not rest.next_page_token
+    await expect_rpc_error(_list(state_stub, user_id, cid, after_seq=-1), INVALID, "after_seq")
+
+
 async def test_list_items_with_state_and_scoped_state(
     state_stub: Stub, user_id: str, other_user_id: str
 ) -> None:

@@ -860,6 +860,7 @@ def list_items(
     page_token: str,
     include_state_key: str = "",
     include_scoped_app_name: str = "",
+    after_seq: int | None = None,
 ) -> Op[ItemsPage]:
     request = pb.ListItemsRequest(
         user_id=user_id,
@@ -871,6 +872,8 @@ def list_items(
     )
     if last_n is not None:
         request.last_n = last_n
+    if after_seq is not None:
+        request.after_seq = after_seq
     if min_item_time is not None:
         request.min_item_time.CopyFrom(_timestamp(min_item_time))
     return Op(

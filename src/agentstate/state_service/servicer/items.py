@@ -109,6 +109,12 @@ class ItemRpcs(ServicerBase):
             if request.include_scoped_app_name
             else ""
         )
+        after_seq = d.parse_page_token(request.page_token)
+        if request.HasField("after_seq"):
+            if request.after_seq < 0:
+                raise d.InvalidArgument("after_seq must not be negative")
+            # A later page's token is past after_seq already.
+            after_seq = max(after_seq or 0, request.after_seq)
         page = await self._items().list_items(
             user_id=user_id,
             conversation_id=conversation_id,
@@ -117,7 +123,7 @@ class ItemRpcs(ServicerBase):
                 request.min_item_time.ToDatetime(UTC) if request.HasField("min_item_time") else None
             ),
             page_size=d.page_size(request.page_size, default=1000, maximum=10000),
-            after_seq=d.parse_page_token(request.page_token),
+            after_seq=after_seq,
         )
         response = pb.ListItemsResponse(
             items=_items_to_pb(page.items),

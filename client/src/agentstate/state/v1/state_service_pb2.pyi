@@ -2938,6 +2938,7 @@ class ListItemsRequest(_message.Message):
     PAGE_TOKEN_FIELD_NUMBER: _builtins.int
     INCLUDE_STATE_KEY_FIELD_NUMBER: _builtins.int
     INCLUDE_SCOPED_APP_NAME_FIELD_NUMBER: _builtins.int
+    AFTER_SEQ_FIELD_NUMBER: _builtins.int
     user_id: _builtins.str
     """The owner. Required."""
     conversation_id: _builtins.str
@@ -2964,6 +2965,14 @@ class ListItemsRequest(_message.Message):
     this application (`app_state`, `user_state`, as GetScopedState reads
     them), read after the items. As GetScopedStateRequest.app_name.
     """
+    after_seq: _builtins.int
+    """When set: only items with a larger seq (of those the other fields
+    select). A caller holding every item up to revision R reads only what
+    came since: those items are exactly seqs R+1..`revision` when nothing was
+    popped or cleared meanwhile (each append's items take the revisions it
+    makes as their seqs). Later pages: the same request with page_token.
+    Negative: INVALID_ARGUMENT.
+    """
     @_builtins.property
     def min_item_time(self) -> _timestamp_pb2.Timestamp:
         """When set: only items whose item_time is at or after it."""
@@ -2979,13 +2988,19 @@ class ListItemsRequest(_message.Message):
         page_token: _builtins.str = ...,
         include_state_key: _builtins.str = ...,
         include_scoped_app_name: _builtins.str = ...,
+        after_seq: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_last_n", b"_last_n", "last_n", b"last_n", "min_item_time", b"min_item_time"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_after_seq", b"_after_seq", "_last_n", b"_last_n", "after_seq", b"after_seq", "last_n", b"last_n", "min_item_time", b"min_item_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_last_n", b"_last_n", "conversation_id", b"conversation_id", "include_scoped_app_name", b"include_scoped_app_name", "include_state_key", b"include_state_key", "last_n", b"last_n", "min_item_time", b"min_item_time", "page_size", b"page_size", "page_token", b"page_token", "user_id", b"user_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_after_seq", b"_after_seq", "_last_n", b"_last_n", "after_seq", b"after_seq", "conversation_id", b"conversation_id", "include_scoped_app_name", b"include_scoped_app_name", "include_state_key", b"include_state_key", "last_n", b"last_n", "min_item_time", b"min_item_time", "page_size", b"page_size", "page_token", b"page_token", "user_id", b"user_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__after_seq: _TypeAlias = _typing.Literal["after_seq"]  # noqa: Y015
+    _WhichOneofArgType__after_seq: _TypeAlias = _typing.Literal["_after_seq", b"_after_seq"]  # noqa: Y015
     _WhichOneofReturnType__last_n: _TypeAlias = _typing.Literal["last_n"]  # noqa: Y015
     _WhichOneofArgType__last_n: _TypeAlias = _typing.Literal["_last_n", b"_last_n"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__after_seq) -> _WhichOneofReturnType__after_seq | None: ...
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__last_n) -> _WhichOneofReturnType__last_n | None: ...
 
 Global___ListItemsRequest: _TypeAlias = ListItemsRequest  # noqa: Y015
