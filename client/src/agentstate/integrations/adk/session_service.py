@@ -31,6 +31,7 @@ import json
 import math
 import re
 import uuid
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Self
 
@@ -59,6 +60,7 @@ from agentstate.client.settings import ClientSettings
 from agentstate.client.tls import ChannelSecurity
 from agentstate.client.types import (
     Conversation,
+    Item,
     ItemsPage,
     NewItem,
     ScopedStates,
@@ -72,6 +74,7 @@ SESSION_STATE_KEY = "adk.session"  # the conversation state holding session-scop
 PAGE_SIZE = 1000  # items per ListItems page (a page must fit one gRPC message)
 MAX_KEY_CHARS = 256
 MAX_CACHED_IDS = 10_000
+MAX_KNOWN_SESSIONS = 256  # sessions whose parsed events are kept (least recently read go)
 STALE_SESSION_MESSAGE = (
     "The session has been modified in storage since it was loaded. "
     "Please reload the session before appending more events."
@@ -123,6 +126,9 @@ class AgentStateSessionService(BaseSessionService):
         # (app, user, session id) -> conversation id, so that an event is one call. Ids are
         # never reused: a deleted session's entry only ever leads to NOT_FOUND.
         self._ids: BoundedCache[tuple[str, str, str], str] = BoundedCache(MAX_CACHED_IDS)
+        # conversation id -> its events as parsed (pydantic's parse is most of a read):
+        # a session read again reads only the events since (see _KnownEvents).
+        self._known: BoundedCache[str, _KnownEvents] = BoundedCache(MAX_KNOWN_SESSIONS)
 
     @property
     def _client(self) -> AsyncStateClient:
@@ -287,6 +293,7 @@ class AgentStateSessionService(BaseSessionService):
                 loaded = await self._events(user_id, conversation_id, config, app_name=app_name)
             except NotFound:
                 self._ids.pop(ids_key, None)
+                self._known.pop(conversation_id)
         if loaded is None:
             found = await self._conversation(app_name, user_id, session_id, create=False)
             if found is None:
@@ -331,28 +338,60 @@ class AgentStateSessionService(BaseSessionService):
                 include_scoped_app_name=app_name,
             )
             return [], page
+        known = self._known.get(conversation_id)
+        if known is not None:
+            # Only what came since the kept revision; kept when it is all that changed.
+            page = await self._client.list_items(
+                user_id,
+                conversation_id,
+                page_size=PAGE_SIZE,
+                after_seq=known.revision,
+                include_state_key=state_key,
+                include_scoped_app_name=app_name,
+            )
+            if not page.next_page_token and known.extend(page.items, page.revision):
+                # Copies: the caller may change its session's events, never the kept ones.
+                events = [e.model_copy(deep=True) for e in known.events]
+                if config.num_recent_events is not None:
+                    events = events[-config.num_recent_events :]
+                return _after_timestamp(events, config), page
+            self._known.pop(conversation_id)
+        events, page, single_page = await self._read_events(
+            user_id, conversation_id, config.num_recent_events, state_key, app_name
+        )
+        if config.num_recent_events is None and single_page:
+            self._known[conversation_id] = _KnownEvents(
+                page.revision, [e.model_copy(deep=True) for e in events]
+            )
+        return _after_timestamp(events, config), page
+
+    async def _read_events(
+        self,
+        user_id: str,
+        conversation_id: str,
+        last_n: int | None,
+        state_key: str,
+        app_name: str,
+    ) -> tuple[list[Event], ItemsPage, bool]:
+        """The newest `last_n` events (all: None), the last page, whether it was the only."""
         events: list[Event] = []
         token = ""
+        pages = 0
         while True:
             page = await self._client.list_items(
                 user_id,
                 conversation_id,
-                last_n=config.num_recent_events,
+                last_n=last_n,
                 page_size=PAGE_SIZE,
                 page_token=token,
                 include_state_key=state_key,
                 include_scoped_app_name=app_name,
             )
+            pages += 1
             events.extend(Event.model_validate_json(item.item_json) for item in page.items)
             token = page.next_page_token
             if not token:
-                break
-        if config.after_timestamp is not None:
-            start = len(events)
-            while start > 0 and events[start - 1].timestamp >= config.after_timestamp:
-                start -= 1
-            events = events[start:]
-        return events, page
+                return events, page, pages == 1
 
     async def list_sessions(
         self, *, app_name: str, user_id: str | None = None
@@ -416,6 +455,7 @@ class AgentStateSessionService(BaseSessionService):
         self._ids.pop((app_name, user_id, session_id), None)
         if found is None:
             return
+        self._known.pop(found[0].conversation_id)
         with contextlib.suppress(NotFound):  # deleted meanwhile
             await self._client.delete_conversation(user_id, found[0].conversation_id)
 
@@ -484,6 +524,27 @@ class AgentStateSessionService(BaseSessionService):
         return _holds(stored, event)
 
 
+@dataclass
+class _KnownEvents:
+    """Every event of a session up to item revision `revision`, oldest first, parsed.
+
+    A session's events are never rewritten; AppendEvent gives its item the revision it
+    makes as its seq. So when the items after `revision` are exactly seqs revision+1 up
+    to the new revision, nothing was deleted meanwhile (a pop, a clear or a state-only
+    append makes a revision no item has) and these events plus the new ones are the
+    session's events at the new revision. Otherwise the session is read again."""
+
+    revision: int
+    events: list[Event]
+
+    def extend(self, items: list[Item], revision: int) -> bool:
+        if [i.seq for i in items] != list(range(self.revision + 1, revision + 1)):
+            return False
+        self.events.extend(Event.model_validate_json(i.item_json) for i in items)
+        self.revision = revision
+        return True
+
+
 _DURATION = re.compile(r"([0-9]+(?:\.[0-9]+)?)s")
 
 
@@ -510,6 +571,17 @@ def _seconds_until(expire_time: object) -> int:
     if not isinstance(expire_time, datetime) or expire_time.tzinfo is None:
         raise ValueError(f"expire_time must be a datetime with a time zone, got {expire_time!r}")
     return math.ceil((expire_time - datetime.now(UTC)).total_seconds())
+
+
+def _after_timestamp(events: list[Event], config: GetSessionConfig) -> list[Event]:
+    """With `after_timestamp`, the events after the newest one older than it (a suffix, as
+    InMemorySessionService: an event appended out of order ends it)."""
+    if config.after_timestamp is None:
+        return events
+    start = len(events)
+    while start > 0 and events[start - 1].timestamp >= config.after_timestamp:
+        start -= 1
+    return events[start:]
 
 
 def _holds(events: list[Event], event: Event) -> bool:
