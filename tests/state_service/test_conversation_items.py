@@ -347,7 +347,7 @@ async def test_list_items_after_seq(state_stub: Stub, user_id: str) -> None:
 
 
 async def test_list_items_with_state_and_scoped_state(
-    state_stub: Stub, user_id: str, other_user_id: str
+    state_stub: Stub, store: StateStore, user_id: str, other_user_id: str
 ) -> None:
     """ListItems can carry the conversation's state and the app's scoped states (an ADK
     session in one call), exactly as GetState and GetScopedState read them."""
@@ -394,6 +394,26 @@ async def test_list_items_with_state_and_scoped_state(
     other = await _list(state_stub, other_user_id, other_cid, **full)
     assert json.loads(other.app_state.payload) == {"motd": "hi"}
     assert not other.HasField("user_state") and not other.HasField("state")
+    # Any state as GetState reads it: an agent state (its context kept apart) too.
+    agent_state = (
+        b'{"session_id": "s", "context": [{"id": "m1", "role": "USER", "content": '
+        b'[{"type": "text", "text": "\\u0000 1e21"}]}, {"id": "m2"}], "cur_iter": 1e21}'
+    )
+    await state_stub.UpsertState(
+        pb.UpsertStateRequest(user_id=user_id, conversation_id=cid, payload=agent_state)
+    )
+    stored = await state_stub.GetState(pb.GetStateRequest(user_id=user_id, conversation_id=cid))
+    listed = await _list(state_stub, user_id, cid, include_state_key="agent_state")
+    assert listed.state.payload == stored.payload and listed.state.version == stored.version
+    assert json.loads(listed.state.payload) == json.loads(agent_state)
+    if isinstance(store, PostgresStore):  # the context is kept apart (its own rows)
+        async with store.pool.connection() as conn:
+            cur = await conn.execute(
+                "SELECT context_start IS NOT NULL AS split FROM t_agent_state"
+                " WHERE session_id = %s AND state_key = 'agent_state'",
+                (int(cid),),
+            )
+            assert (await cur.fetchone()) == {"split": True}
     # Bad input is refused before anything is read; a missing conversation is NOT_FOUND.
     await expect_rpc_error(
         _list(state_stub, user_id, cid, include_state_key="bad key!"), INVALID, "state_key"

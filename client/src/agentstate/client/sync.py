@@ -627,8 +627,8 @@ class StateClient:
         """Items oldest first: all, or the newest `last_n`, optionally only those at or after
         `min_item_time`; page_size 0 means 1000. With `include_state_key` the page also
         carries the conversation's state under that key (`state`), with
-        `include_scoped_app_name` that app's scoped states (`scoped`), both read after
-        the items in the same call. `after_seq`: only items with a larger seq (those
+        `include_scoped_app_name` that app's scoped states (`scoped`), both read at the
+        same point in time as the items. `after_seq`: only items with a larger seq (those
         since revision R are seqs R+1..revision when nothing was popped or cleared)."""
         return self._call(
             ops.list_items(

@@ -124,6 +124,8 @@ class ItemRpcs(ServicerBase):
             ),
             page_size=d.page_size(request.page_size, default=1000, maximum=10000),
             after_seq=after_seq,
+            state_key=state_key,
+            scoped_app=app_name,
         )
         response = pb.ListItemsResponse(
             items=_items_to_pb(page.items),
@@ -131,24 +133,11 @@ class ItemRpcs(ServicerBase):
             revision=page.revision,
             update_time=_timestamp(page.update_time),
         )
-        # Read after the items (an ADK session in one call): the state is at least as
-        # new as the page's revision, so a session built from both is never newer than
-        # the revision it carries (its compare-and-set can only refuse, never lose).
-        if state_key:
-            try:
-                state = await self._store.get_state(
-                    user_id=user_id, conversation_id=conversation_id, state_key=state_key
-                )
-            except d.NotFound as exc:
-                if exc.missing != "state":
-                    raise
-            else:
-                response.state.CopyFrom(_scoped_to_pb(state))
-        if app_name:
-            self._scoped_to_response(
-                await self._items().get_scoped_state(user_id=user_id, app_name=app_name),
-                response,
-            )
+        # Read with the items, at the same point in time (an ADK session in one call).
+        if page.state is not None:
+            response.state.CopyFrom(_scoped_to_pb(page.state))
+        if page.scoped is not None:
+            self._scoped_to_response(page.scoped, response)
         return response
 
     @staticmethod

@@ -280,9 +280,9 @@ class AgentStateSessionService(BaseSessionService):
             _check_names(app_name, user_id)
             return None  # as InMemorySessionService: no session has an empty id
         config = config or GetSessionConfig()
-        # One ListItems call: the events, then the session state and the app: and user:
-        # state, read after them in the same call, so a session built from them is never
-        # newer than the revision its marker says (a stale marker only refuses an append).
+        # One ListItems call: the events, the session state and the app: and user: state,
+        # read at one point in time, so the session is exactly the one its marker (the
+        # revision) names.
         # A known conversation id skips the lookup; ids are never reused, so a stale one
         # only ever leads to NOT_FOUND, and then to one lookup by key.
         ids_key = (app_name, user_id, session_id)

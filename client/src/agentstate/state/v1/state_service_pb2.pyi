@@ -2956,14 +2956,15 @@ class ListItemsRequest(_message.Message):
     """
     include_state_key: _builtins.str
     """When set: the response also carries the conversation's state under this
-    key (`state`, as GetState reads it; unset when it has none), read after
-    the items, so it is at least as new as `revision` (an ADK session in one
+    key (`state`, as GetState reads it; unset when it has none), read at the
+    same point in time as the items and `revision` (an ADK session in one
     call). 1..64 characters of [A-Za-z0-9_.:-].
     """
     include_scoped_app_name: _builtins.str
     """When set: the response also carries the app- and user-scoped state of
     this application (`app_state`, `user_state`, as GetScopedState reads
-    them), read after the items. As GetScopedStateRequest.app_name.
+    them), read at the same point in time as the items. As
+    GetScopedStateRequest.app_name.
     """
     after_seq: _builtins.int
     """When set: only items with a larger seq (of those the other fields
