@@ -313,6 +313,31 @@ async def test_append_event_scopes_and_revision(
     )
 
 
+async def test_appends_without_the_texts_sent_back(state_stub: Stub, user_id: str) -> None:
+    """omit_item_json: the response's items carry seq and times, not the texts; the
+    texts are stored all the same."""
+    cid = await new_conversation(state_stub, user_id)
+    appended = await state_stub.AppendItems(
+        pb.AppendItemsRequest(
+            user_id=user_id, conversation_id=cid, items=[_item(0), _item(1)], omit_item_json=True
+        )
+    )
+    assert [(i.seq, i.item_json) for i in appended.items] == [(1, b""), (2, b"")]
+    assert appended.items[0].HasField("item_time") and appended.revision == 2
+    event = await state_stub.AppendEvent(
+        pb.AppendEventRequest(
+            user_id=user_id, conversation_id=cid, item=_item(2), omit_item_json=True
+        )
+    )
+    assert event.item.seq == 3 and event.item.item_json == b"" and event.revision == 3
+    listed = await _list(state_stub, user_id, cid)
+    assert [i.item_json for i in listed.items] == [_item(n).item_json for n in range(3)]
+    echoed = await state_stub.AppendItems(
+        pb.AppendItemsRequest(user_id=user_id, conversation_id=cid, items=[_item(3)])
+    )
+    assert echoed.items[0].item_json == _item(3).item_json  # sent back by default
+
+
 async def test_list_items_after_seq(state_stub: Stub, user_id: str) -> None:
     """after_seq: only the items since; with nothing popped they are exactly the seqs
     between the caller's revision and the page's."""
@@ -458,7 +483,11 @@ async def test_sync_client_items_and_event(state_address: str, user_id: str) -> 
         scenario
     )
     assert [i.seq for i in appended.items] == [1, 2] and appended.revision == 2
+    # The texts as sent (the service does not send them back: omit_item_json).
+    assert [i.item_json for i in appended.items] == [b'{"n":1}', b'{"n": 2}']
     assert event.revision == 3 and event.item.seq == 3 and event.state_version == 1
+    assert event.item.item_json == b'{"n":3}' == page.items[-1].item_json
+    assert event.item.item_time == page.items[-1].item_time  # the stored time
     assert conflict == 3
     assert [json.loads(i.item_json)["n"] for i in page.items] == [2, 3] and page.revision == 3
     assert popped.item is not None and json.loads(popped.item.item_json) == {"n": 3}

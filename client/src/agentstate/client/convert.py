@@ -821,11 +821,11 @@ def new_item_pb(item: NewItem) -> pb.NewItem:
     return message
 
 
-def item_of(message: pb.ConversationItem) -> Item:
+def item_of(message: pb.ConversationItem, item_json: bytes | None = None) -> Item:
     return Item(
         conversation_id=message.conversation_id,
         seq=int(message.seq),
-        item_json=message.item_json,
+        item_json=message.item_json if item_json is None else item_json,
         item_time=_time(message.item_time),
         create_time=_time(message.create_time),
     )
@@ -838,15 +838,22 @@ def _snapshot_of(message: pb.ScopedState) -> StateSnapshot:
 def append_items(
     user_id: str, conversation_id: str, items: Sequence[NewItem], expected_revision: int | None
 ) -> Op[AppendedItems]:
+    # The service stores each item as the text sent: it need not send the texts back.
     request = pb.AppendItemsRequest(
-        user_id=user_id, conversation_id=conversation_id, items=[new_item_pb(i) for i in items]
+        user_id=user_id,
+        conversation_id=conversation_id,
+        items=[new_item_pb(i) for i in items],
+        omit_item_json=True,
     )
     if expected_revision is not None:
         request.expected_revision = expected_revision
+    sent = [i.item_json for i in request.items]
     return Op(
         "AppendItems",
         request,
-        lambda r: AppendedItems([item_of(i) for i in r.items], int(r.revision)),
+        lambda r: AppendedItems(
+            [item_of(i, text) for i, text in zip(r.items, sent, strict=True)], int(r.revision)
+        ),
     )
 
 
@@ -949,12 +956,16 @@ def append_event(
     )
     if item is not None:
         request.item.CopyFrom(new_item_pb(item))
+        request.omit_item_json = True  # stored as sent (as in append_items)
     if expected_revision is not None:
         request.expected_revision = expected_revision
+    sent = request.item.item_json
     return Op(
         "AppendEvent",
         request,
         lambda r: AppendedEvent(
-            item_of(r.item) if r.HasField("item") else None, int(r.revision), int(r.state_version)
+            item_of(r.item, sent) if r.HasField("item") else None,
+            int(r.revision),
+            int(r.state_version),
         ),
     )

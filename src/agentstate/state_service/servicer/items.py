@@ -36,12 +36,14 @@ def _timestamp(value: datetime) -> Timestamp:
     return Timestamp(seconds=since.days * 86400 + since.seconds, nanos=since.microseconds * 1000)
 
 
-def item_to_pb(item: d.ConversationItem, conversation_id: str | None = None) -> pb.ConversationItem:
+def item_to_pb(
+    item: d.ConversationItem, conversation_id: str | None = None, *, with_json: bool = True
+) -> pb.ConversationItem:
     item_time = _timestamp(item.item_time)
     return pb.ConversationItem(
         conversation_id=conversation_id or str(item.conversation_id),
         seq=item.seq,
-        item_json=item.item_json,
+        item_json=item.item_json if with_json else b"",
         item_time=item_time,
         # Most items are appended without a time of their own: one Timestamp for both.
         create_time=(
@@ -50,11 +52,13 @@ def item_to_pb(item: d.ConversationItem, conversation_id: str | None = None) -> 
     )
 
 
-def _items_to_pb(items: list[d.ConversationItem]) -> list[pb.ConversationItem]:
+def _items_to_pb(
+    items: list[d.ConversationItem], *, with_json: bool = True
+) -> list[pb.ConversationItem]:
     if not items:
         return []
     conversation_id = str(items[0].conversation_id)
-    return [item_to_pb(i, conversation_id) for i in items]
+    return [item_to_pb(i, conversation_id, with_json=with_json) for i in items]
 
 
 def _scoped_to_pb(state: d.StoredState) -> pb.ScopedState:
@@ -86,7 +90,8 @@ class ItemRpcs(ServicerBase):
             expected_revision=_expected_revision(request),
         )
         return pb.AppendItemsResponse(
-            items=_items_to_pb(appended.items), revision=appended.revision
+            items=_items_to_pb(appended.items, with_json=not request.omit_item_json),
+            revision=appended.revision,
         )
 
     @grpc_errors
@@ -215,5 +220,5 @@ class ItemRpcs(ServicerBase):
             revision=appended.revision, state_version=appended.state_version
         )
         if appended.item is not None:
-            response.item.CopyFrom(item_to_pb(appended.item))
+            response.item.CopyFrom(item_to_pb(appended.item, with_json=not request.omit_item_json))
         return response

@@ -2866,6 +2866,7 @@ class AppendItemsRequest(_message.Message):
     CONVERSATION_ID_FIELD_NUMBER: _builtins.int
     ITEMS_FIELD_NUMBER: _builtins.int
     EXPECTED_REVISION_FIELD_NUMBER: _builtins.int
+    OMIT_ITEM_JSON_FIELD_NUMBER: _builtins.int
     user_id: _builtins.str
     """The owner. Required."""
     conversation_id: _builtins.str
@@ -2873,6 +2874,11 @@ class AppendItemsRequest(_message.Message):
     expected_revision: _builtins.int
     """Compare-and-set on the item revision. Absent: append unconditionally.
     N >= 0: append only if the current revision is N (0: never changed).
+    """
+    omit_item_json: _builtins.bool
+    """True: the response's items carry no item_json (the caller has what it
+    sent; seq and the times are still there), so the payloads are not sent
+    back.
     """
     @_builtins.property
     def items(self) -> _containers.RepeatedCompositeFieldContainer[Global___NewItem]:
@@ -2885,10 +2891,11 @@ class AppendItemsRequest(_message.Message):
         conversation_id: _builtins.str = ...,
         items: _abc.Iterable[Global___NewItem] | None = ...,
         expected_revision: _builtins.int | None = ...,
+        omit_item_json: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_expected_revision", b"_expected_revision", "expected_revision", b"expected_revision"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_expected_revision", b"_expected_revision", "conversation_id", b"conversation_id", "expected_revision", b"expected_revision", "items", b"items", "user_id", b"user_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_expected_revision", b"_expected_revision", "conversation_id", b"conversation_id", "expected_revision", b"expected_revision", "items", b"items", "omit_item_json", b"omit_item_json", "user_id", b"user_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__expected_revision: _TypeAlias = _typing.Literal["expected_revision"]  # noqa: Y015
     _WhichOneofArgType__expected_revision: _TypeAlias = _typing.Literal["_expected_revision", b"_expected_revision"]  # noqa: Y015
@@ -3285,6 +3292,7 @@ class AppendEventRequest(_message.Message):
     APP_NAME_FIELD_NUMBER: _builtins.int
     APP_STATE_DELTA_JSON_FIELD_NUMBER: _builtins.int
     USER_STATE_DELTA_JSON_FIELD_NUMBER: _builtins.int
+    OMIT_ITEM_JSON_FIELD_NUMBER: _builtins.int
     user_id: _builtins.str
     """The owner. Required."""
     conversation_id: _builtins.str
@@ -3313,6 +3321,10 @@ class AppendEventRequest(_message.Message):
     """A UTF-8 JSON object merged into the app-scoped state; empty: none."""
     user_state_delta_json: _builtins.bytes
     """A UTF-8 JSON object merged into the user-scoped state; empty: none."""
+    omit_item_json: _builtins.bool
+    """True: the response's item carries no item_json (as in
+    AppendItemsRequest).
+    """
     @_builtins.property
     def item(self) -> Global___NewItem:
         """The event to append as an item; unset: apply only the state deltas."""
@@ -3329,10 +3341,11 @@ class AppendEventRequest(_message.Message):
         app_name: _builtins.str = ...,
         app_state_delta_json: _builtins.bytes = ...,
         user_state_delta_json: _builtins.bytes = ...,
+        omit_item_json: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_expected_revision", b"_expected_revision", "expected_revision", b"expected_revision", "item", b"item"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_expected_revision", b"_expected_revision", "app_name", b"app_name", "app_state_delta_json", b"app_state_delta_json", "conversation_id", b"conversation_id", "expected_revision", b"expected_revision", "item", b"item", "state_delta_json", b"state_delta_json", "state_key", b"state_key", "user_id", b"user_id", "user_state_delta_json", b"user_state_delta_json"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_expected_revision", b"_expected_revision", "app_name", b"app_name", "app_state_delta_json", b"app_state_delta_json", "conversation_id", b"conversation_id", "expected_revision", b"expected_revision", "item", b"item", "omit_item_json", b"omit_item_json", "state_delta_json", b"state_delta_json", "state_key", b"state_key", "user_id", b"user_id", "user_state_delta_json", b"user_state_delta_json"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__expected_revision: _TypeAlias = _typing.Literal["expected_revision"]  # noqa: Y015
     _WhichOneofArgType__expected_revision: _TypeAlias = _typing.Literal["_expected_revision", b"_expected_revision"]  # noqa: Y015
