@@ -75,6 +75,7 @@ PAGE_SIZE = 1000  # items per ListItems page (a page must fit one gRPC message)
 MAX_KEY_CHARS = 256
 MAX_CACHED_IDS = 10_000
 MAX_KNOWN_SESSIONS = 256  # sessions whose parsed events are kept (least recently read go)
+MAX_KNOWN_EVENTS = 1000  # a longer session is read whole each time, not kept
 STALE_SESSION_MESSAGE = (
     "The session has been modified in storage since it was loaded. "
     "Please reload the session before appending more events."
@@ -359,7 +360,7 @@ class AgentStateSessionService(BaseSessionService):
         events, page, single_page = await self._read_events(
             user_id, conversation_id, config.num_recent_events, state_key, app_name
         )
-        if config.num_recent_events is None and single_page:
+        if config.num_recent_events is None and single_page and len(events) <= MAX_KNOWN_EVENTS:
             self._known[conversation_id] = _KnownEvents(
                 page.revision, [e.model_copy(deep=True) for e in events]
             )
@@ -540,6 +541,8 @@ class _KnownEvents:
     def extend(self, items: list[Item], revision: int) -> bool:
         if [i.seq for i in items] != list(range(self.revision + 1, revision + 1)):
             return False
+        if len(self.events) + len(items) > MAX_KNOWN_EVENTS:
+            return False  # memory stays bounded: read whole from now on
         self.events.extend(Event.model_validate_json(i.item_json) for i in items)
         self.revision = revision
         return True
