@@ -28,6 +28,7 @@ from google.genai import types
 from agentstate.client.aio import AsyncStateClient
 from agentstate.client.errors import NotFound
 from agentstate.integrations.adk import SESSION_STATE_KEY, AgentStateSessionService, session_key
+from agentstate.integrations.adk import session_service as adk_module
 
 T0 = 1_760_000_000.0
 
@@ -176,6 +177,11 @@ async def test_get_session_is_one_call_reading_only_what_came_since(
     await append(elsewhere, 4)
     await get([("ListItems", 0), ("ResolveConversation", 0), ("ListItems", 1)])
     await get([("ListItems", 0)])
+    # A session longer than the kept bound is read whole, every time.
+    monkeypatch.setattr(adk_module, "MAX_KNOWN_EVENTS", 1)
+    await append(elsewhere, 5)
+    await get([("ListItems", 1), ("ListItems", 2)])  # since: 1, over the bound: all
+    await get([("ListItems", 2)])
 
 
 async def test_create_existing_id_and_missing_session(
