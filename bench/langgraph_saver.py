@@ -1,15 +1,18 @@
-"""A LangGraph graph checkpointing every step: AgentStateSaver against AsyncPostgresSaver,
-on one PostgreSQL, in one run.
+"""A LangGraph graph checkpointing every step: AgentStateSaver against LangGraph's own
+PostgreSQL savers, on one PostgreSQL, in one run.
 
     .venv/bin/pip install -e '.[bench]'      # LangGraph's PostgreSQL saver and matplotlib
     .venv/bin/python -m bench.langgraph_saver [--sizes 8,64] [--steps 10] [--runs 30]
-        [--durability sync,async] [--plots docs/img] [--json results.json]
+        [--durability sync,async] [--api async,sync] [--writers 2] [--users 200]
+        [--plots docs/img] [--json results.json]
 
 - ours: `AgentStateSaver` (agentstate.integrations.langgraph) calling the state service,
   which runs as its own process (`python -m agentstate.state_service`, pool of 10) on
   database `via_service`.
-- LangGraph: `AsyncPostgresSaver` (langgraph-checkpoint-postgres) in this process over a
-  pool of 10 on database `langgraph` of the same server.
+- LangGraph: `AsyncPostgresSaver` (`ainvoke`, api "async") and `PostgresSaver` (`invoke`,
+  api "sync"; langgraph-checkpoint-postgres) in this process, each over a pool of 10 on
+  database `langgraph` of the same server. Ours is the same saver object for both APIs
+  (its synchronous methods use the synchronous gRPC client: no event loop, no thread hop).
 
 The graph is the same for both: a thread holding N messages (the source's 8-message
 example repeated, each message as an AIMessage whose content is its JSON), and one node
@@ -20,17 +23,26 @@ next step starts: the saver's whole cost is on the step) and `"async"` (LangGrap
 the write overlaps the next step). Time per step = the wall time of one `ainvoke` / its
 steps; runs alternate between the savers, so machine load hits both alike. Ratio = ours /
 LangGraph's, p50 of per-step times.
+
+Two concurrent writers (`--writers 2`): that many graphs run at once, each on its own thread
+id (asyncio tasks with `ainvoke`; OS threads with `invoke`), for `--runs` invokes each;
+steps per second over all of them, the savers alternating round by round. `--users N`: the
+method of langgraph issue 7259 (issue 26 item 6): N users at once, each 5 `ainvoke`s of a
+two-node graph on its own thread, once with 20 ms of sleep per node and once (N/4 users,
+10 invokes) with none; invokes per second and p99 latency, InMemorySaver as the ceiling.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import operator
 import os
 import shutil
 import statistics
+import threading
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -59,9 +71,26 @@ class StepTime:
     p50_ms: float
     p90_ms: float
     mean_ms: float
+    api: str = "async"  # ainvoke (async) or invoke (sync)
 
 
-SAVERS = ("AgentStateSaver", "AsyncPostgresSaver")
+@dataclass
+class Concurrent:
+    """Several graphs at once: `writers` threads of the graph, `invokes` each."""
+
+    load: str
+    api: str
+    saver: str
+    writers: int
+    invokes: int
+    steps_per_s: float  # checkpointed steps (or invokes, for the users load) per second
+    p50_ms: float  # per invoke
+    p99_ms: float
+
+
+OURS = "AgentStateSaver"
+THEIRS = {"async": "AsyncPostgresSaver", "sync": "PostgresSaver"}
+SAVERS = (OURS, "AsyncPostgresSaver")
 
 
 class State(TypedDict):
@@ -94,12 +123,20 @@ def seed_messages(n: int) -> list[AnyMessage]:
     return [*messages, AIMessage(id="m-last", content="start")]
 
 
+async def _invoke(graph: Any, api: str, value: Any, cfg: Any, durability: str) -> None:
+    if api == "sync":
+        graph.invoke(value, cfg, durability=durability)
+    else:
+        await graph.ainvoke(value, cfg, durability=durability)
+
+
 async def measure(
     savers: dict[str, BaseCheckpointSaver[Any]],
     sizes: list[int],
     steps: int,
     runs: int,
     durability: str,
+    api: str = "async",
 ) -> list[StepTime]:
     rows = []
     for n in sizes:
@@ -110,15 +147,15 @@ async def measure(
         state_bytes = len(json.dumps([m.content for m in messages]).encode())
         for name, graph in graphs.items():  # seed the thread, warm connections
             cfg = {"configurable": {"thread_id": threads[name]}}
-            await graph.ainvoke(seed, cfg, durability=durability)
+            await _invoke(graph, api, seed, cfg, durability)
             for _ in range(3):
-                await graph.ainvoke({"step": 0}, cfg, durability=durability)
+                await _invoke(graph, api, {"step": 0}, cfg, durability)
         samples: dict[str, list[float]] = {name: [] for name in savers}
         for _ in range(runs):
             for name, graph in graphs.items():  # alternate: load hits both alike
                 cfg = {"configurable": {"thread_id": threads[name]}}
                 started = time.perf_counter()
-                await graph.ainvoke({"step": 0}, cfg, durability=durability)
+                await _invoke(graph, api, {"step": 0}, cfg, durability)
                 samples[name].append((time.perf_counter() - started) * 1000 / steps)
         for name, values in samples.items():
             ordered = sorted(values)
@@ -131,25 +168,153 @@ async def measure(
                     p50_ms=statistics.median(ordered),
                     p90_ms=statistics.quantiles(ordered, n=10, method="inclusive")[8],
                     mean_ms=statistics.fmean(ordered),
+                    api=api,
                 )
             )
     return rows
 
 
+def _summary(
+    load: str, api: str, name: str, writers: int, invokes: int, per: float, lat: list[float]
+) -> Concurrent:
+    ordered = sorted(lat)
+    return Concurrent(
+        load=load,
+        api=api,
+        saver=name,
+        writers=writers,
+        invokes=invokes,
+        steps_per_s=per,
+        p50_ms=statistics.median(ordered) * 1000,
+        p99_ms=statistics.quantiles(ordered, n=100, method="inclusive")[98] * 1000,
+    )
+
+
+async def concurrent_writers(
+    savers: dict[str, BaseCheckpointSaver[Any]],
+    api: str,
+    writers: int,
+    invokes: int,
+    steps: int,
+    rounds: int = 3,
+) -> list[Concurrent]:
+    """`writers` graphs at once on their own threads ids, 8 messages each, sync
+    durability; steps per second over all of them, best of `rounds` alternating rounds."""
+    best: dict[str, tuple[float, list[float]]] = {}
+    for _ in range(rounds):
+        for name, saver in savers.items():
+            graph = build(saver, steps)
+            cfgs = [{"configurable": {"thread_id": f"w-{uuid.uuid4()}"}} for _ in range(writers)]
+            seed = {"messages": seed_messages(8), "step": 0}
+            for cfg in cfgs:
+                await _invoke(graph, api, seed, cfg, "sync")
+            latencies: list[float] = []
+
+            async def one_async(
+                cfg: Any, graph: Any = graph, latencies: list[float] = latencies
+            ) -> None:
+                for _ in range(invokes):
+                    t = time.perf_counter()
+                    await graph.ainvoke({"step": 0}, cfg, durability="sync")
+                    latencies.append(time.perf_counter() - t)
+
+            def one_sync(cfg: Any, graph: Any = graph, latencies: list[float] = latencies) -> None:
+                for _ in range(invokes):
+                    t = time.perf_counter()
+                    graph.invoke({"step": 0}, cfg, durability="sync")
+                    latencies.append(time.perf_counter() - t)
+
+            started = time.perf_counter()
+            if api == "async":
+                await asyncio.gather(*(one_async(cfg) for cfg in cfgs))
+            else:
+                workers = [threading.Thread(target=one_sync, args=(cfg,)) for cfg in cfgs]
+                for w in workers:
+                    w.start()
+                for w in workers:
+                    w.join()
+            per = writers * invokes * steps / (time.perf_counter() - started)
+            if name not in best or per > best[name][0]:
+                best[name] = (per, latencies)
+    return [
+        _summary("writers", api, name, writers, invokes, per, lat)
+        for name, (per, lat) in best.items()
+    ]
+
+
+class TwoNodes(TypedDict):
+    messages: Annotated[list[AnyMessage], add_messages]
+
+
+def two_nodes(saver: BaseCheckpointSaver[Any], sleep_s: float) -> Any:
+    async def node(state: TwoNodes) -> dict[str, Any]:
+        if sleep_s:
+            await asyncio.sleep(sleep_s)
+        return {"messages": [AIMessage(content="ok")]}
+
+    builder = StateGraph(TwoNodes)
+    builder.add_node("a", node)
+    builder.add_node("b", node)
+    builder.add_edge(START, "a")
+    builder.add_edge("a", "b")
+    return builder.compile(checkpointer=saver)
+
+
+async def users_load(
+    savers: dict[str, BaseCheckpointSaver[Any]], users: int, invokes: int, sleep_s: float
+) -> list[Concurrent]:
+    """langgraph issue 7259's method: `users` at once, `invokes` each on its own thread."""
+    rows = []
+    load = f"{users} users x {invokes}, {sleep_s * 1000:.0f} ms/node"
+    for name, saver in savers.items():
+        graph = two_nodes(saver, sleep_s)
+        latencies: list[float] = []
+
+        async def user(graph: Any = graph, latencies: list[float] = latencies) -> None:
+            cfg = {"configurable": {"thread_id": f"u-{uuid.uuid4()}"}}
+            for _ in range(invokes):
+                t = time.perf_counter()
+                await graph.ainvoke({"messages": [AIMessage(content="hi")]}, cfg)
+                latencies.append(time.perf_counter() - t)
+
+        started = time.perf_counter()
+        await asyncio.gather(*(user() for _ in range(users)))
+        per = users * invokes / (time.perf_counter() - started)
+        rows.append(_summary(load, "async", name, users, invokes, per, latencies))
+    return rows
+
+
 def print_table(rows: list[StepTime]) -> None:
     print(
-        "\n| durability | messages | state bytes | AgentStateSaver p50 / p90 ms "
-        "| AsyncPostgresSaver p50 / p90 ms | ratio p50 |"
+        "\n| API | durability | messages | state bytes | AgentStateSaver p50 / p90 ms "
+        "| LangGraph's saver p50 / p90 ms | ratio p50 |"
     )
-    print("|---|---:|---:|---:|---:|---:|")
-    for mode, n in dict.fromkeys((r.durability, r.messages) for r in rows):
+    print("|---|---|---:|---:|---:|---:|---:|")
+    for api, mode, n in dict.fromkeys((r.api, r.durability, r.messages) for r in rows):
         ours, theirs = (
-            next(r for r in rows if (r.durability, r.messages, r.saver) == (mode, n, name))
-            for name in SAVERS
+            next(
+                r
+                for r in rows
+                if (r.api, r.durability, r.messages, r.saver) == (api, mode, n, name)
+            )
+            for name in (OURS, THEIRS[api])
         )
         print(
-            f"| {mode} | {n} | {ours.state_bytes} | {ours.p50_ms:.2f} / {ours.p90_ms:.2f} | "
+            f"| {api} ({theirs.saver}) | {mode} | {n} | {ours.state_bytes} | "
+            f"{ours.p50_ms:.2f} / {ours.p90_ms:.2f} | "
             f"{theirs.p50_ms:.2f} / {theirs.p90_ms:.2f} | {ours.p50_ms / theirs.p50_ms:.2f}x |"
+        )
+
+
+def print_concurrent(rows: list[Concurrent]) -> None:
+    if not rows:
+        return
+    print("\n| load | API | saver | per second | p50 / p99 ms per invoke |")
+    print("|---|---|---|---:|---:|")
+    for r in rows:
+        print(
+            f"| {r.load} ({r.writers} at once, {r.invokes} invokes each) | {r.api} | {r.saver} "
+            f"| {r.steps_per_s:.0f} | {r.p50_ms:.1f} / {r.p99_ms:.1f} |"
         )
 
 
@@ -160,27 +325,32 @@ def plot(rows: list[StepTime], out_dir: Path) -> Path:
     import matplotlib.pyplot as plt
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    modes = list(dict.fromkeys(r.durability for r in rows))
+    apis = list(dict.fromkeys(r.api for r in rows))
+    panels = list(dict.fromkeys((r.api, r.durability) for r in rows))
     sizes = list(dict.fromkeys(r.messages for r in rows))
-    fig, axes = plt.subplots(1, len(modes), figsize=(5 * len(modes), 4), squeeze=False)
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 4), squeeze=False)
     width = 0.38
-    for ax, mode in zip(axes[0], modes, strict=True):
-        p50 = {(r.messages, r.saver): r.p50_ms for r in rows if r.durability == mode}
-        for i, name in enumerate(SAVERS):
+    for ax, (api, mode) in zip(axes[0], panels, strict=True):
+        names = (OURS, THEIRS[api])
+        p50 = {
+            (r.messages, r.saver): r.p50_ms for r in rows if (r.api, r.durability) == (api, mode)
+        }
+        for i, name in enumerate(names):
             values = [p50[(n, name)] for n in sizes]
             bars = ax.bar([x + i * width for x in range(len(sizes))], values, width, label=name)
             ax.bar_label(bars, fmt="%.2f", fontsize=8)
         for x, n in enumerate(sizes):
-            ours, theirs = (p50[(n, name)] for name in SAVERS)
+            ours, theirs = (p50[(n, name)] for name in names)
             ax.annotate(
                 f"{ours / theirs:.2f}x", (x + width / 2, max(ours, theirs) * 1.12), ha="center"
             )
         ax.set_xticks([x + width / 2 for x in range(len(sizes))], [f"{n} messages" for n in sizes])
         ax.set_ylabel("p50 ms per checkpointed step")
-        ax.set_title(f'durability="{mode}"')
+        ax.set_title(f'{"invoke" if api == "sync" else "ainvoke"}, durability="{mode}"')
         ax.set_ylim(top=ax.get_ylim()[1] * 1.15)
         ax.grid(axis="y", alpha=0.3)
         ax.legend(fontsize=8)
+    del apis
     fig.suptitle("A LangGraph graph checkpointing every step, one PostgreSQL")
     fig.tight_layout()
     path = out_dir / "langgraph_saver.png"
@@ -189,53 +359,85 @@ def plot(rows: list[StepTime], out_dir: Path) -> Path:
     return path
 
 
-async def run(args: argparse.Namespace) -> list[StepTime]:
+async def run(args: argparse.Namespace) -> tuple[list[StepTime], list[Concurrent]]:
+    from langgraph.checkpoint.memory import InMemorySaver
+    from langgraph.checkpoint.postgres import PostgresSaver
     from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
     from psycopg.rows import dict_row
-    from psycopg_pool import AsyncConnectionPool
+    from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
     root = _scratch_dir()
     server = EmbeddedPostgres(root / "pgdata")
     server.start()
     service = None
     closers: list[Callable[[], Awaitable[object]]] = []
-    try:
-        service = ServiceProcess(
-            "agentstate.state_service",
-            {
-                "STATE_LISTEN_ADDRESS": "127.0.0.1:0",
-                "STATE_STORE": "postgres",
-                "DATABASE_URL": _database(server, "via_service"),
-                "STATE_DB_POOL_MAX_SIZE": str(POOL_SIZE),
-            },
-        )
-        ours = AgentStateSaver(service.wait_ready(), user_id="bench")
-        closers.append(ours.aclose)
-        kwargs = {"autocommit": True, "row_factory": dict_row, "prepare_threshold": 0}
-        pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
-            _database(server, "langgraph"),
-            min_size=POOL_SIZE,
-            max_size=POOL_SIZE,
-            kwargs=kwargs,
-            open=False,
-        )
-        await pool.open(wait=True)
-        closers.append(pool.close)
-        theirs = AsyncPostgresSaver(pool)
-        await theirs.setup()
-        sizes = [int(s) for s in args.sizes.split(",")]
-        savers: dict[str, BaseCheckpointSaver[Any]] = dict(zip(SAVERS, (ours, theirs), strict=True))
-        rows = []
-        for mode in args.durability.split(","):
-            rows += await measure(savers, sizes, args.steps, args.runs, mode)
-        return rows
-    finally:
-        for close in reversed(closers):
-            await close()
-        if service is not None:
-            service.terminate()
-        server.stop()
-        shutil.rmtree(root, ignore_errors=True)
+    with contextlib.ExitStack() as stack:
+        try:
+            service = ServiceProcess(
+                "agentstate.state_service",
+                {
+                    "STATE_LISTEN_ADDRESS": "127.0.0.1:0",
+                    "STATE_STORE": "postgres",
+                    "DATABASE_URL": _database(server, "via_service"),
+                    "STATE_DB_POOL_MAX_SIZE": str(POOL_SIZE),
+                    **(
+                        {"STATE_MAX_QUEUED_CALLS": str(args.max_queued)}
+                        if args.max_queued is not None
+                        else {}
+                    ),
+                },
+            )
+            ours = AgentStateSaver(
+                service.wait_ready(), user_id="bench", writes_delay_seconds=args.writes_delay
+            )
+            closers.append(ours.aclose)
+            stack.callback(ours.close)
+            kwargs = {"autocommit": True, "row_factory": dict_row, "prepare_threshold": 0}
+            url = _database(server, "langgraph")
+            pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
+                url, min_size=POOL_SIZE, max_size=POOL_SIZE, kwargs=kwargs, open=False
+            )
+            await pool.open(wait=True)
+            closers.append(pool.close)
+            theirs = AsyncPostgresSaver(pool)
+            await theirs.setup()
+            sync_pool: ConnectionPool[Any] = ConnectionPool(
+                url, min_size=POOL_SIZE, max_size=POOL_SIZE, kwargs=kwargs, open=True
+            )
+            stack.callback(sync_pool.close)
+            theirs_sync = PostgresSaver(sync_pool)
+            by_api: dict[str, dict[str, BaseCheckpointSaver[Any]]] = {
+                "async": {OURS: ours, THEIRS["async"]: theirs},
+                "sync": {OURS: ours, THEIRS["sync"]: theirs_sync},
+            }
+            sizes = [int(s) for s in args.sizes.split(",")]
+            rows: list[StepTime] = []
+            for api in args.api.split(","):
+                for mode in args.durability.split(","):
+                    if api == "sync" and mode == "async":
+                        continue  # invoke's async durability runs puts on threads: as sync
+                    print(f"steps: {api} API, durability {mode}", flush=True)
+                    rows += await measure(by_api[api], sizes, args.steps, args.runs, mode, api)
+            many: list[Concurrent] = []
+            if args.writers:
+                for api in args.api.split(","):
+                    print(f"{args.writers} writers at once: {api} API", flush=True)
+                    many += await concurrent_writers(
+                        by_api[api], api, args.writers, args.runs, args.steps
+                    )
+            if args.users:
+                print(f"{args.users} users at once", flush=True)
+                with_memory = {"InMemorySaver": InMemorySaver(), **by_api["async"]}
+                many += await users_load(with_memory, args.users, 5, 0.02)
+                many += await users_load(with_memory, max(args.users // 4, 1), 10, 0.0)
+            return rows, many
+        finally:
+            for close in reversed(closers):
+                await close()
+            if service is not None:
+                service.terminate()
+            server.stop()
+            shutil.rmtree(root, ignore_errors=True)
 
 
 def main() -> None:
@@ -246,22 +448,42 @@ def main() -> None:
     parser.add_argument(
         "--durability", default="sync,async", help="LangGraph durability modes to measure"
     )
+    parser.add_argument("--api", default="async,sync", help="ainvoke (async), invoke (sync)")
+    parser.add_argument("--writers", type=int, default=0, help="graphs at once (0: skip)")
+    parser.add_argument("--users", type=int, default=0, help="issue 7259's users (0: skip)")
+    parser.add_argument(
+        "--writes-delay", type=float, default=0.02, help="AgentStateSaver writes_delay_seconds"
+    )
+    parser.add_argument(
+        "--max-queued",
+        type=int,
+        help="the service's STATE_MAX_QUEUED_CALLS (default: its own, 32); a psycopg pool "
+        "lets every caller queue, so the users load is run with 1000",
+    )
     parser.add_argument("--plots", type=Path, help="write the PNG plot into this directory")
     parser.add_argument("--json", type=Path, help="write the results as JSON")
     parser.add_argument("--replot", type=Path, help="print and plot an earlier --json")
     args = parser.parse_args()
     if args.replot:
-        rows = [StepTime(**row) for row in json.loads(args.replot.read_text())["steps"]]
+        saved = json.loads(args.replot.read_text())
+        rows = [StepTime(**row) for row in saved["steps"]]
+        many = [Concurrent(**row) for row in saved.get("concurrent", [])]
     else:
         print(
             f"{os.cpu_count()} cores; PostgreSQL embedded, fsync on; sizes {args.sizes}; "
             f"{args.steps} steps x {args.runs} runs per saver and size",
             flush=True,
         )
-        rows = asyncio.run(run(args))
+        rows, many = asyncio.run(run(args))
         if args.json:
-            args.json.write_text(json.dumps({"steps": [asdict(r) for r in rows]}, indent=1))
+            args.json.write_text(
+                json.dumps(
+                    {"steps": [asdict(r) for r in rows], "concurrent": [asdict(r) for r in many]},
+                    indent=1,
+                )
+            )
     print_table(rows)
+    print_concurrent(many)
     if args.plots:
         print(f"wrote {plot(rows, args.plots)}")
 

@@ -85,3 +85,56 @@ def test_a_bad_log_setting_stops_the_service_with_a_clear_message(
     assert service.wait(30) == 2
     assert "AGENTSTATE_LOG_FORMAT='xml' must be one of json, text" in service.output
     assert "Traceback" not in service.output
+
+
+COALESCE_PROBE = """
+import asyncio, logging, os, sys
+from agentstate.common import telemetry
+
+writes = []
+class Counted:
+    def write(self, text):
+        writes.append(text)
+    def flush(self):
+        pass
+
+sys.stderr = Counted()
+telemetry.configure_logging("agentstate-probe", coalesce=True)
+log = logging.getLogger("agentstate.audit")
+log.info("before the loop")
+
+async def main():
+    for i in range(5):
+        log.info("in the loop %d", i)
+    await asyncio.sleep(0)  # the end of this pass: the five lines in one write
+    log.info("next pass")
+    await asyncio.sleep(0)
+    log.info("left pending at the end")
+
+asyncio.run(main())
+logging.shutdown()
+sys.__stdout__.write(repr([w.count(chr(10)) for w in writes]) + chr(10))
+sys.__stdout__.write(chr(10).join(writes))
+"""
+
+
+def test_coalesced_lines_are_written_once_per_loop_pass_in_order() -> None:
+    """The state service's handler: the lines of one event-loop pass in one write, in
+    the order logged; none is lost at the end (logging's shutdown writes the rest)."""
+    done = subprocess.run(
+        [sys.executable, "-c", COALESCE_PROBE],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "AGENTSTATE_LOG_FORMAT": "json"},
+        check=True,
+    )
+    counts, *lines = done.stdout.splitlines()
+    assert counts == "[1, 5, 1, 1]"
+    messages = [json.loads(line)["message"] for line in lines if line]
+    assert messages == [
+        "before the loop",
+        *[f"in the loop {i}" for i in range(5)],
+        "next pass",
+        "left pending at the end",
+    ]

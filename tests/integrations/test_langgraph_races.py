@@ -8,6 +8,7 @@ thread end with 0 forks, 0 silent losses, 0 ghost inputs and a serial final stat
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -16,7 +17,7 @@ import time
 import uuid
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, TypedDict
 
 import psycopg
 from langchain_core.messages import AIMessage, HumanMessage
@@ -27,6 +28,14 @@ from tests.support import paths
 from tests.support.langgraph_invokes import State, reply
 
 INVOKES = 50
+
+
+def merge(a: list[str], b: list[str]) -> list[str]:
+    return a + b
+
+
+class Parallel(TypedDict):
+    done: Annotated[list[str], merge]
 
 
 def config(thread_id: str) -> Any:
@@ -241,7 +250,8 @@ def test_writes_sent_before_their_checkpoint_wait_for_it_or_go_with_its_refusal(
     """The race behind "writes of no checkpoint": a step's writes reach the saver before
     its checkpoint's put has started. They are stored once the checkpoint is; when the put
     is refused they are refused with it and nothing of them is stored; writes for a
-    checkpoint that never comes fail saying so."""
+    checkpoint that never comes fail saying so. (Writes sent at once,
+    writes_delay_seconds=0; the next test is about writes held for their child's put.)"""
     from langgraph.checkpoint.base import empty_checkpoint
     from langgraph.checkpoint.base.id import uuid6
 
@@ -256,8 +266,8 @@ def test_writes_sent_before_their_checkpoint_wait_for_it_or_go_with_its_refusal(
     thread = f"early-writes-{uuid.uuid4()}"
     errors: list[BaseException] = []
     with (
-        AgentStateSaver(state_process_address) as holder,
-        AgentStateSaver(state_process_address) as other,
+        AgentStateSaver(state_process_address, writes_delay_seconds=0) as holder,
+        AgentStateSaver(state_process_address, writes_delay_seconds=0) as other,
     ):
         first = checkpoint()
         sender = put_writes_soon(holder, thread, first["id"], errors)
@@ -290,4 +300,158 @@ def test_writes_sent_before_their_checkpoint_wait_for_it_or_go_with_its_refusal(
         put_writes_soon(holder, thread, str(uuid6()), errors).join(30)
         assert len(errors) == 1 and isinstance(errors[0], CheckpointNotStored), errors
         assert "is not stored" in str(errors[0]) and "were not stored" in str(errors[0])
+        assert writes_of(database_url, thread) == [(first["id"], "messages")]
+
+
+def checkpoints_of(database_url: str, thread: str) -> list[str]:
+    with psycopg.connect(database_url) as db:
+        rows = db.execute(
+            "SELECT k.checkpoint_id FROM t_checkpoint k JOIN t_conversation c"
+            " ON c.user_id = k.user_id AND c.id = k.conversation_id"
+            " WHERE c.external_key = %s ORDER BY 1",
+            [thread],
+        ).fetchall()
+    return [str(r[0]) for r in rows]
+
+
+def test_held_writes_go_with_the_child_put_or_alone_and_never_outlive_a_refusal(
+    state_process_address: str, database_url: str
+) -> None:
+    """A task's ordinary writes wait (writes_delay_seconds) for the put of their
+    checkpoint's child, which stores them in its own transaction: one call per step.
+    A reader of the saver sees them at once; a refused child put stores none of them;
+    without a child put they are sent alone; interrupt and error writes go at once."""
+    from langgraph.checkpoint.base import empty_checkpoint
+    from langgraph.checkpoint.base.id import uuid6
+
+    def checkpoint() -> Any:
+        made = empty_checkpoint()
+        made["id"] = str(uuid6())
+        return made
+
+    def at(thread: str, checkpoint_id: str) -> Any:
+        return {
+            "configurable": {
+                "thread_id": thread,
+                "checkpoint_ns": "",
+                "checkpoint_id": checkpoint_id,
+            }
+        }
+
+    thread = f"held-writes-{uuid.uuid4()}"
+    with (
+        AgentStateSaver(state_process_address, writes_delay_seconds=5) as saver,
+        AgentStateSaver(state_process_address, writes_delay_seconds=5) as other,
+    ):
+        first = checkpoint()
+        saver.put(config(thread), first, {"source": "input", "step": -1}, {})
+        saver.put_writes(at(thread, first["id"]), [("messages", "a")], "task-1")
+        assert writes_of(database_url, thread) == []  # held for the child's put
+        second = checkpoint()
+        saver.put(at(thread, first["id"]), second, {"source": "loop", "step": 0}, {})
+        assert writes_of(database_url, thread) == [(first["id"], "messages")]
+
+        # A reader sees held writes: get_tuple sends them first.
+        saver.put_writes(at(thread, second["id"]), [("messages", "b")], "task-1")
+        found = saver.get_tuple(at(thread, second["id"]))
+        assert found is not None and found.pending_writes == [("task-1", "messages", "b")]
+
+        # A refused child put stores none of the writes it carried.
+        third = checkpoint()
+        other.get_tuple(config(thread))
+        other.put_writes(at(thread, second["id"]), [("other", "ghost")], "task-2")
+        try:
+            other.put(at(thread, second["id"]), third, {"source": "loop", "step": 1}, {})
+            raise AssertionError("the put was not refused")
+        except CheckpointConflict as exc:
+            assert "nothing of this run was stored" in str(exc), exc
+        assert writes_of(database_url, thread) == [
+            (first["id"], "messages"),
+            (second["id"], "messages"),
+        ]
+        assert third["id"] not in checkpoints_of(database_url, thread)
+
+        # An interrupt goes at once, with the writes held for its checkpoint.
+        saver.put_writes(at(thread, second["id"]), [("later", "c")], "task-3")
+        saver.put_writes(at(thread, second["id"]), [("__interrupt__", "stop")], "task-4")
+        assert sorted(writes_of(database_url, thread)) == sorted(
+            [
+                (first["id"], "messages"),
+                (second["id"], "messages"),
+                (second["id"], "later"),
+                (second["id"], "__interrupt__"),
+            ]
+        )
+
+    # Without a child put, held writes are sent alone once the delay is over.
+    thread = f"held-alone-{uuid.uuid4()}"
+    with AgentStateSaver(state_process_address, writes_delay_seconds=0.2) as saver:
+        first = checkpoint()
+        saver.put(config(thread), first, {"source": "input", "step": -1}, {})
+        saver.put_writes(at(thread, first["id"]), [("messages", "alone")], "task-1")
+        deadline = time.monotonic() + 10
+        while not writes_of(database_url, thread) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert writes_of(database_url, thread) == [(first["id"], "messages")]
+
+
+def test_a_failed_step_resumes_without_rerunning_the_tasks_that_finished(
+    state_process_address: str,
+) -> None:
+    """What LangGraph relies on from pending writes: when one node of a super-step fails,
+    the writes of the nodes that finished are stored (held writes go with the error), so
+    the resumed run does not run them again."""
+    runs: Counter[str] = Counter()
+
+    def fine(state: Parallel) -> dict[str, Any]:
+        runs["fine"] += 1
+        return {"done": ["fine"]}
+
+    def flaky(state: Parallel) -> dict[str, Any]:
+        runs["flaky"] += 1
+        time.sleep(0.3)  # the other node's writes are held meanwhile
+        if runs["flaky"] == 1:
+            raise RuntimeError("first attempt fails")
+        return {"done": ["flaky"]}
+
+    builder = StateGraph(Parallel)
+    builder.add_node("fine", fine)
+    builder.add_node("flaky", flaky)
+    builder.add_edge(START, "fine")
+    builder.add_edge(START, "flaky")
+    thread = f"resume-{uuid.uuid4()}"
+    with AgentStateSaver(state_process_address, writes_delay_seconds=5) as saver:
+        graph = builder.compile(checkpointer=saver)
+        try:
+            graph.invoke({"done": []}, config(thread), durability="sync")
+            raise AssertionError("the step did not fail")
+        except RuntimeError:
+            pass
+    with AgentStateSaver(state_process_address) as fresh:  # another process, say
+        graph = builder.compile(checkpointer=fresh)
+        final = graph.invoke(None, config(thread), durability="sync")
+    assert sorted(final["done"]) == ["fine", "flaky"]
+    assert runs == Counter({"fine": 1, "flaky": 2})
+
+
+async def test_held_writes_of_an_async_run_are_sent_alone_by_its_event_loop(
+    state_process_address: str, database_url: str
+) -> None:
+    from langgraph.checkpoint.base import empty_checkpoint
+    from langgraph.checkpoint.base.id import uuid6
+
+    thread = f"held-async-{uuid.uuid4()}"
+    async with AgentStateSaver(state_process_address, writes_delay_seconds=0.1) as saver:
+        first = empty_checkpoint()
+        first["id"] = str(uuid6())
+        await saver.aput(config(thread), first, {"source": "input", "step": -1}, {})
+        target: Any = {
+            "configurable": {"thread_id": thread, "checkpoint_ns": "", "checkpoint_id": first["id"]}
+        }
+        await saver.aput_writes(target, [("messages", "alone")], "task-1")
+        assert writes_of(database_url, thread) == []
+        for _ in range(100):
+            await asyncio.sleep(0.05)
+            if writes_of(database_url, thread):
+                break
         assert writes_of(database_url, thread) == [(first["id"], "messages")]

@@ -454,3 +454,109 @@ async def test_postgres_rows_go_with_the_conversation(pg_store: PostgresStore) -
                 f"SELECT conversation_id FROM {table} WHERE user_id = %s", (user,)
             )
             assert [row["conversation_id"] for row in await cur.fetchall()] == [kept], table
+
+
+async def test_put_carries_parent_writes_and_the_run_lease_in_one_transaction(
+    state_stub: Stub, user_id: str
+) -> None:
+    """A step in one call (issue 22): PutCheckpoint stores the parent's pending writes and
+    takes, renews or releases the run lease with the checkpoint. On any refusal (the
+    lease held by another, the head moved, the parent not stored, a lost lease) nothing
+    of it is stored and the lease is as it was."""
+    cid = await new_conversation(state_stub, user_id)
+    lease_of = pb.GetLeaseRequest(user_id=user_id, conversation_id=cid)
+
+    def step(
+        checkpoint_id: str, parent: str, writes: list[str], lease: pb.CheckpointRunLease | None
+    ) -> pb.PutCheckpointRequest:
+        request = put_request(user_id, cid, checkpoint_id, parent=parent, expected_head=parent)
+        request.parent_writes.extend(
+            pb.CheckpointWrite(task_id="t", idx=i, channel=ch, value=ch.encode())
+            for i, ch in enumerate(writes)
+        )
+        if lease is not None:
+            request.run_lease.CopyFrom(lease)
+        return request
+
+    taken = await state_stub.PutCheckpoint(
+        step("c1", "", [], pb.CheckpointRunLease(holder="run-a", ttl_ms=60_000))
+    )
+    task = taken.lease.task_id
+    assert task and taken.lease.holder == "run-a"
+    held = await state_stub.GetLease(lease_of)
+    assert held.lease.task_id == task
+
+    # Another holder's put is refused while the lease runs: nothing stored.
+    refused = await expect_rpc_error(
+        state_stub.PutCheckpoint(
+            step("c2-b", "c1", ["b"], pb.CheckpointRunLease(holder="run-b", ttl_ms=60_000))
+        ),
+        grpc.StatusCode.FAILED_PRECONDITION,
+    )
+    assert error_info(refused)[0] == "LEASE_HELD"
+    assert await ids(state_stub, user_id, cid) == ["c1"]
+
+    # The step: c1's writes with c2, the lease renewed.
+    renewed = await state_stub.PutCheckpoint(
+        step("c2", "c1", ["x", "y"], pb.CheckpointRunLease(task_id=task, ttl_ms=90_000))
+    )
+    assert renewed.lease.task_id == task
+    stored = await get(state_stub, user_id, cid, "c1")
+    assert stored is not None
+    assert [(w.idx, w.channel) for w in stored.pending_writes] == [(0, "x"), (1, "y")]
+    # A head that moved refuses the writes with the put.
+    await expect_rpc_error(state_stub.PutCheckpoint(step("c3-old", "c1", ["z"], None)), ABORTED)
+    stored = await get(state_stub, user_id, cid, "c1")
+    assert stored is not None and len(stored.pending_writes) == 2
+    # A parent that is not stored refuses it all.
+    orphan = step("c3-orphan", "c-none", ["z"], None)
+    orphan.ClearField("expected_head_checkpoint_id")
+    refused = await expect_rpc_error(
+        state_stub.PutCheckpoint(orphan), grpc.StatusCode.FAILED_PRECONDITION, "is not stored"
+    )
+    assert error_info(refused) == ("CHECKPOINT_NOT_STORED", {})
+    # The run's last put releases the lease.
+    last = await state_stub.PutCheckpoint(
+        step("c3", "c2", ["w"], pb.CheckpointRunLease(task_id=task, release=True))
+    )
+    assert not last.HasField("lease")
+    assert not (await state_stub.GetLease(lease_of)).HasField("lease")
+    assert await ids(state_stub, user_id, cid) == ["c3", "c2", "c1"]
+    # Renewing a lease that is gone is refused, and stores nothing.
+    lost = await expect_rpc_error(
+        state_stub.PutCheckpoint(
+            step("c4", "c3", ["v"], pb.CheckpointRunLease(task_id=task, ttl_ms=60_000))
+        ),
+        grpc.StatusCode.FAILED_PRECONDITION,
+        "lost",
+    )
+    assert error_info(lost)[0] == "LEASE_LOST"
+    assert await ids(state_stub, user_id, cid) == ["c3", "c2", "c1"]
+    stored = await get(state_stub, user_id, cid, "c3")
+    assert stored is not None and stored.pending_writes == []
+    # Taken and released by one put (a run of one checkpoint).
+    await state_stub.PutCheckpoint(
+        step("c4", "c3", [], pb.CheckpointRunLease(holder="run-c", ttl_ms=1000, release=True))
+    )
+    assert not (await state_stub.GetLease(lease_of)).HasField("lease")
+
+    # Bad input: writes without a parent, a lease without holder or action, too many.
+    bad = put_request(user_id, cid, "c5")
+    bad.parent_writes.add(task_id="t", idx=0, channel="ch")
+    await expect_rpc_error(state_stub.PutCheckpoint(bad), INVALID, "parent_checkpoint_id")
+    for lease, says in (
+        (pb.CheckpointRunLease(ttl_ms=1000), "holder"),
+        (pb.CheckpointRunLease(task_id=task), "ttl_ms"),
+        (pb.CheckpointRunLease(holder="h", ttl_ms=1), "ttl_ms"),
+        (pb.CheckpointRunLease(task_id="x", release=True), "task_id"),
+    ):
+        request = put_request(user_id, cid, "c5", parent="c4")
+        request.run_lease.CopyFrom(lease)
+        await expect_rpc_error(state_stub.PutCheckpoint(request), INVALID, says)
+    many = put_request(user_id, cid, "c5", parent="c4")
+    many.parent_writes.extend(
+        pb.CheckpointWrite(task_id="t", idx=i, channel="c")
+        for i in range(d.MAX_CHECKPOINT_WRITES + 1)
+    )
+    await expect_rpc_error(state_stub.PutCheckpoint(many), INVALID, "parent_writes")
+    assert await ids(state_stub, user_id, cid) == ["c4", "c3", "c2", "c1"]

@@ -68,6 +68,9 @@ steps = st.one_of(
     st.tuples(st.just("refused"), st.sampled_from(["nul", "deep", "json", "range", "context"])),
     st.tuples(st.just("delete"), st.none()),
     st.tuples(st.just("legacy"), st.none()),
+    # Messages of a few KB: states of several chunks, cuts inside them (migration 16).
+    st.tuples(st.just("big"), st.lists(st.integers(1500, 7000), min_size=1, max_size=3)),
+    st.tuples(st.just("rows"), st.none()),
 )
 
 
@@ -119,6 +122,8 @@ class Run:
         )
         await self.store.delete_conversations(user_id=USER, conversation_ids=[twin.conversation_id])
         assert json.loads(got.payload) == json.loads(dumps(self.model))
+        if isinstance(self.store, PostgresStore):
+            await _check_context_bytes(self.store, self.cid, got.payload)
         if not self.legacy:
             assert got.payload == whole.payload
             assert got.payload == dumps(self.model)
@@ -200,16 +205,61 @@ class Run:
             # A state as it was stored before migration 10: whole, in one row.
             await _store_whole(self.store, self.cid, self.model)
             self.legacy = True
+        elif kind == "big":
+            big = [{"pad": "p" * size, "n": len(context) + i} for i, size in enumerate(arg)]
+            await self.delta(StateDelta(self.version, messages=tuple(map(dumps, big))))
+            context.extend(big)
+        elif kind == "rows" and isinstance(self.store, PostgresStore):
+            # Split as before migration 16: one message a row.
+            await _one_message_a_row(self.store, self.cid)
 
 
 async def _state_rows(store: PostgresStore, cid: int) -> int:
     async with store.pool.connection() as conn:
         cur = await conn.execute(
-            "SELECT count(*) AS n FROM t_agent_state_message WHERE session_id = %s", (cid,)
+            # Messages, in chunks (migration 16) or, written before, one to a row.
+            "SELECT coalesce(sum(coalesce(cardinality(messages), 1)), 0) AS n "
+            "FROM t_agent_state_message WHERE session_id = %s",
+            (cid,),
         )
         row = await cur.fetchone()
         assert row is not None
         return int(row["n"])
+
+
+async def _check_context_bytes(store: PostgresStore, cid: int, payload: bytes) -> None:
+    """The stored size of a split context (what the size limit is computed from) is
+    that of the messages GetState returns, with chunks cut by a compaction."""
+    async with store.pool.connection() as conn:
+        cur = await conn.execute(
+            # The frame's plaintext size (sealed when encryption is on, migration 14).
+            "SELECT agentstate_plain_length(context_head) + agentstate_plain_length(context_tail)"
+            " AS frame, context_count, context_bytes FROM t_agent_state "
+            "WHERE user_id = %s AND session_id = %s",
+            (USER, cid),
+        )
+        row = await cur.fetchone()
+    assert row is not None
+    if row["context_count"] is None:
+        return
+    n = int(row["context_count"])
+    frame = int(row["frame"])
+    assert int(row["context_bytes"]) == len(payload) - frame - 2 - 2 * max(n - 1, 0)
+    assert n == len(json.loads(payload)["context"])
+
+
+async def _one_message_a_row(store: PostgresStore, cid: int) -> None:
+    async with store.pool.connection() as conn:
+        await conn.execute(
+            "WITH old AS (DELETE FROM t_agent_state_message WHERE user_id = %s "
+            "AND session_id = %s RETURNING *) "
+            "INSERT INTO t_agent_state_message (user_id, session_id, state_key, position, message) "
+            "SELECT o.user_id, o.session_id, o.state_key, o.position + u.i - 1, u.m FROM old AS o "
+            "JOIN t_agent_state AS s USING (user_id, session_id, state_key), "
+            "unnest(coalesce(o.messages, ARRAY[o.message])) WITH ORDINALITY AS u(m, i) "
+            "WHERE o.position + u.i - 1 >= s.context_start",  # a cut chunk's skipped head
+            (USER, cid),
+        )
 
 
 async def _store_whole(store: PostgresStore, cid: int, model: dict[str, Any]) -> None:
@@ -368,39 +418,52 @@ async def test_begin_turn_omits_the_payload_the_caller_holds(store: StateStore) 
 
 
 async def test_a_turn_writes_only_its_messages(pg_store: PostgresStore) -> None:
-    """O(delta) storage: a delta appending messages touches only their rows; a whole
-    save rewrites only the rows that changed."""
+    """O(delta) storage: messages are kept in chunks of about 8 KB (migration 16); a
+    delta appending messages touches only the last chunk and new ones, a whole save
+    rewrites only the chunks that changed, a compaction only deletes."""
+
+    def message(i: int | str) -> dict[str, Any]:
+        return {"i": i, "text": "x" * 1010}  # just over 1 KB: 8 to a chunk
+
     run = await _conversation_with_state(
-        pg_store, {"context": [{"i": i} for i in range(50)], "summary": "s"}
+        pg_store, {"context": [message(i) for i in range(50)], "summary": "s"}
     )
 
-    async def row_versions() -> dict[int, str]:
+    async def row_versions() -> dict[int, tuple[int, str]]:
         async with pg_store.pool.connection() as conn:
             cur = await conn.execute(
-                "SELECT position, xmin::text AS x FROM t_agent_state_message "
-                "WHERE session_id = %s ORDER BY position",
+                "SELECT position, cardinality(messages) AS n, xmin::text AS x "
+                "FROM t_agent_state_message WHERE session_id = %s ORDER BY position",
                 (run.cid,),
             )
-            return {int(r["position"]): r["x"] for r in await cur.fetchall()}
+            return {int(r["position"]): (int(r["n"]), r["x"]) for r in await cur.fetchall()}
 
     before = await row_versions()
-    await run.delta(StateDelta(run.version, messages=(b'{"i": 50}', b'{"i": 51}')))
+    assert sorted(before) == [0, 8, 16, 24, 32, 40, 48]
+    assert sum(n for n, _ in before.values()) == 50
+    await run.delta(StateDelta(run.version, messages=(dumps(message(50)), dumps(message(51)))))
     after = await row_versions()
-    assert {p: x for p, x in after.items() if p < 50} == before
-    assert len(after) == 52
-    # A whole save changing one message rewrites that row only.
-    state: dict[str, Any] = {"context": [{"i": i} for i in range(52)], "summary": "s"}
-    state["context"][10] = {"i": "ten"}
+    assert {p: v for p, v in after.items() if p < 48} == {p: v for p, v in before.items() if p < 48}
+    assert after[48][0] == 4 and after[48][1] != before[48][1]  # the last chunk, filled
+    # A whole save changing one message rewrites that chunk only.
+    state: dict[str, Any] = {"context": [message(i) for i in range(52)], "summary": "s"}
+    state["context"][10] = message("ten")
     await pg_store.save_state(
         user_id=USER, conversation_id=run.cid, state_key="agent_state",
         payload=dumps(state), expected_version=run.version,
     )  # fmt: skip
-    rewritten = await row_versions()
-    assert [p for p in rewritten if rewritten[p] != after[p]] == [10]
-    # A compaction drops rows from the front; positions are not renumbered.
     run.version += 1
-    await run.delta(StateDelta(run.version, drop_head=40))
-    assert sorted(await row_versions()) == list(range(40, 52))
+    rewritten = await row_versions()
+    assert sorted(rewritten) == sorted(after)
+    assert [p for p in rewritten if rewritten[p] != after[p]] == [8]
+    # A compaction deletes the chunks before the new start and writes no other row: the
+    # chunk it ends in stays as it was (reads skip its first messages); positions are
+    # not renumbered.
+    await run.delta(StateDelta(run.version, drop_head=42))
+    compacted = await row_versions()
+    assert compacted == {40: rewritten[40], 48: rewritten[48]}
+    got = await pg_store.get_state(user_id=USER, conversation_id=run.cid, state_key="agent_state")
+    assert json.loads(got.payload)["context"] == state["context"][42:]
 
 
 async def test_deleting_a_conversation_removes_its_state_rows(pg_store: PostgresStore) -> None:

@@ -8,6 +8,8 @@
     agentstate-state health [--ca-file F] [--server-name N]   # exit 0 when it serves
                                                      # (an exec probe for a TLS port)
     agentstate-state erase-user USER   # remove every row of USER, print the receipt
+    agentstate-state rotate-keys [--batch-size N]   # rewrap every data key with the key
+                                                     # file's primary KEK, online, in batches
 
 Settings come from environment variables: see state_service/config.py and
 docs/reference/settings.md.
@@ -28,6 +30,7 @@ from agentstate.common.config import ConfigError
 from agentstate.common.embedded_postgres import EmbeddedPostgres, EmbeddedPostgresError
 from agentstate.state_service.config import StateServiceSettings, erase_settings
 from agentstate.state_service.domain import (
+    CiphertextRejected,
     FailedPrecondition,
     InvalidArgument,
     NotFound,
@@ -85,7 +88,15 @@ def main(argv: list[str] | None = None) -> int:
         "command",
         nargs="?",
         default="serve",
-        choices=["serve", "migrate", "purge", "split-states", "health", "erase-user"],
+        choices=[
+            "serve",
+            "migrate",
+            "purge",
+            "split-states",
+            "health",
+            "erase-user",
+            "rotate-keys",
+        ],
     )
     parser.add_argument("--ca-file", default="", help="health: the CA of a TLS service")
     parser.add_argument(
@@ -101,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         "--batch-size",
         type=int,
         default=200,
-        help="split-states: states per transaction",
+        help="split-states: states per transaction; rotate-keys: data keys per statement",
     )
     args = parser.parse_args(argv)
     if args.command == "purge" and (args.older_than_days is None or args.older_than_days <= 0):
@@ -113,7 +124,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         # An admin command's output is its answer: its diagnostics only when asked for.
         admin = args.command != "serve"
-        telemetry.configure_logging("agentstate-state", quiet=admin)
+        # Coalesced: a server writes an audit line per write call (see callers.py).
+        telemetry.configure_logging("agentstate-state", quiet=admin, coalesce=not admin)
         # The audit trail is kept even by a quiet admin command (its purge, say).
         logging.getLogger("agentstate.audit").setLevel(logging.INFO)
         settings = StateServiceSettings.from_env()
@@ -131,6 +143,23 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"split {count} states stored whole into rows; none is left")
 
             asyncio.run(_with_store(settings, split))
+        elif args.command == "rotate-keys":
+
+            async def rotated(store: PostgresStore) -> None:
+                count = await store.rotate_data_keys(batch_size=args.batch_size, pause=0.01)
+                assert store.encryption.kms is not None
+                primary = store.encryption.kms.primary_id()
+                left = {k: n for k, n in (await store.data_keys_by_kek()).items() if k != primary}
+                print(f"rewrapped {count} data keys with key-encryption key {primary!r}")
+                if left:
+                    others = ", ".join(f"{k!r}: {n}" for k, n in sorted(left.items()))
+                    print(f"still wrapped by other keys (written meanwhile; run again): {others}")
+                else:
+                    print("no data key is wrapped by another key: the others can be removed")
+
+            if settings.encryption != "on":
+                raise ConfigError("rotate-keys needs STATE_ENCRYPTION=on")
+            asyncio.run(_with_store(settings, rotated))
         elif args.command == "purge":
             before = datetime.now(UTC) - timedelta(days=args.older_than_days)
 
@@ -171,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, EmbeddedPostgresError, StoreUnavailable) as exc:
         print(f"agentstate-state: {exc}", file=sys.stderr)
         return 2
-    except (NotFound, FailedPrecondition, InvalidArgument) as exc:  # erase-user's refusals
+    except (NotFound, FailedPrecondition, InvalidArgument, CiphertextRejected) as exc:  # refusals
         print(f"agentstate-state: {exc}", file=sys.stderr)
         return 2
     finally:

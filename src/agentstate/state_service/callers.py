@@ -171,41 +171,51 @@ def _conversations_of(request: Any) -> list[str]:
     return ([one] if one else []) + [str(c) for c in many]
 
 
+_COUNTS_OF: dict[type, tuple[str, ...]] = {}
+
+
+def _count_fields(response: Any) -> tuple[str, ...]:
+    """The count fields a response type has (looked up once per type: this is per call)."""
+    kind = type(response)
+    found = _COUNTS_OF.get(kind)
+    if found is None:
+        found = _COUNTS_OF[kind] = tuple(n for n in _COUNT_FIELDS if hasattr(response, n))
+    return found
+
+
 def audit(
     caller: Caller,
     rpc: str,
     request: Any,
     outcome: str,
     response: Any = None,
+    group: str | None = None,
 ) -> None:
-    """One structured line and one span event: who did what to whose data."""
-    counts = {
-        name: int(getattr(response, name))
-        for name in _COUNT_FIELDS
-        if response is not None and hasattr(response, name)
+    """One structured line and one span event: who did what to whose data. Every write
+    pays for it, so it builds its fields once, with the log's names (`audit_caller`)."""
+    user = _user_of(request) or ""
+    extra: dict[str, Any] = {
+        "audit_caller": caller.name or "anonymous",
+        "audit_via": caller.via,
+        "audit_peer": caller.peer,
+        "audit_rpc": rpc,
+        "audit_group": group or group_of(rpc),
+        "audit_user_id": user,
+        "audit_conversation_ids": _conversations_of(request),
+        "audit_outcome": outcome,
     }
-    fields: dict[str, Any] = {
-        "audit.caller": caller.name or "anonymous",
-        "audit.via": caller.via,
-        "audit.peer": caller.peer,
-        "audit.rpc": rpc,
-        "audit.group": group_of(rpc),
-        "audit.user_id": _user_of(request) or "",
-        "audit.conversation_ids": _conversations_of(request),
-        "audit.outcome": outcome,
-        **{f"audit.{k}": v for k, v in counts.items()},
-    }
+    if response is not None:
+        for name in _count_fields(response):
+            extra[f"audit_{name}"] = int(getattr(response, name))
     audit_log.info(
-        "audit: %s %s user=%s outcome=%s",
-        fields["audit.caller"],
-        rpc,
-        fields["audit.user_id"],
-        outcome,
-        extra={k.replace(".", "_"): v for k, v in fields.items()},
+        "audit: %s %s user=%s outcome=%s", extra["audit_caller"], rpc, user, outcome, extra=extra
     )
     span = trace.get_current_span()
     if span.is_recording():
-        span.add_event("agentstate.audit", {k: v for k, v in fields.items() if v != []})
+        span.add_event(
+            "agentstate.audit",
+            {"audit." + k[6:]: v for k, v in extra.items() if v != []},
+        )
 
 
 def audit_operation(by: str, operation: str, counts: dict[str, int], **ids: str) -> None:
@@ -248,7 +258,8 @@ class CallerInterceptor(UnaryGuardInterceptor):
 
     def guard(self, behaviour: UnaryBehaviour, method: str) -> UnaryBehaviour:
         rpc = method.rsplit("/", 1)[-1]
-        audited = self.audit_calls and group_of(rpc) != "read"
+        group = group_of(rpc)
+        audited = self.audit_calls and group != "read"
 
         async def guarded(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
             caller = ANONYMOUS
@@ -283,7 +294,7 @@ class CallerInterceptor(UnaryGuardInterceptor):
                 reset_current_policy(policy_token)
                 reset_current_caller(token)
             if audited_call:
-                audit(caller, rpc, request, "ok", response)
+                audit(caller, rpc, request, "ok", response, group)
             return response
 
         return guarded

@@ -263,6 +263,39 @@ class StateServiceSettings(EnvSettings):
         validation_alias="STATE_TOKEN_CALLER_CLAIM",
         description="service tokens: the claim naming the caller (what the policy matches)",
     )
+    encryption: OnOff = Field(
+        default="off",
+        validation_alias="STATE_ENCRYPTION",
+        description="on: payloads are sealed at rest with a data key per user, wrapped by a "
+        "key-encryption key from STATE_ENCRYPTION_KEY_FILE (docs/security.md); off: "
+        "plaintext, and rows stored sealed are refused",
+    )
+    encryption_key_file: str = Field(
+        default="",
+        validation_alias="STATE_ENCRYPTION_KEY_FILE",
+        description='STATE_ENCRYPTION=on: JSON {"primary": ID, "keys": {ID: base64 of 32 '
+        "bytes}}, the key-encryption keys (read again when it changes: rotation)",
+    )
+    encryption_erased_file: str = Field(
+        default="",
+        validation_alias="STATE_ENCRYPTION_ERASED_FILE",
+        description="STATE_ENCRYPTION=on: a file, outside the database and its backups, "
+        "where erasures list the data keys they destroyed (a restored backup's copy of one "
+        "is refused); empty: none",
+    )
+    encryption_key_cache_size: int = Field(
+        default=10_000,
+        validation_alias="STATE_ENCRYPTION_KEY_CACHE_SIZE",
+        ge=1,
+        description="STATE_ENCRYPTION=on: unwrapped data keys kept in memory (users)",
+    )
+    encryption_key_cache_seconds: float = Field(
+        default=60.0,
+        validation_alias="STATE_ENCRYPTION_KEY_CACHE_SECONDS",
+        ge=0,
+        description="STATE_ENCRYPTION=on: how long an unwrapped data key is kept (another "
+        "replica's erasure or key rotation is seen within it)",
+    )
 
     @model_validator(mode="after")
     def _database_matches_store(self) -> Self:
@@ -288,6 +321,16 @@ class StateServiceSettings(EnvSettings):
                 f"STATE_WORKERS={self.workers} needs a host:port STATE_LISTEN_ADDRESS: "
                 "worker processes share a TCP port, not a unix socket (a sidecar needs one "
                 "worker)"
+            )
+        if self.encryption == "on" and not self.encryption_key_file:
+            raise ValueError(
+                "STATE_ENCRYPTION=on needs STATE_ENCRYPTION_KEY_FILE, which is not set: "
+                "nothing is stored unencrypted in its place (docs/security.md)"
+            )
+        if self.encryption == "on" and self.store == "memory":
+            raise ValueError(
+                "STATE_ENCRYPTION=on needs a PostgreSQL store (STATE_STORE=embedded or "
+                "postgres): STATE_STORE=memory keeps nothing at rest"
             )
         if self.store != "postgres" and self.database_url:
             raise ValueError(

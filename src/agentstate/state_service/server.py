@@ -29,12 +29,14 @@ from agentstate.state.v1 import state_service_pb2 as pb
 from agentstate.state.v1 import state_service_pb2_grpc as pb_grpc
 from agentstate.state_service.callers import CallerInterceptor, TokenVerifier, audit_operation
 from agentstate.state_service.config import StateServiceSettings, erase_settings
+from agentstate.state_service.crypto import DataKeyCache, FileKms, KmsConfigError
 from agentstate.state_service.domain import DeleteCounts, StateServiceError
 from agentstate.state_service.policy import load_policy
 from agentstate.state_service.servicer import StateServicer
 from agentstate.state_service.storage.base import StateStore
 from agentstate.state_service.storage.memory import MemoryStore
 from agentstate.state_service.storage.postgres import MisconfiguredStore, PostgresStore
+from agentstate.state_service.storage.postgres.encryption import Encryption
 from agentstate.state_service.storage.postgres.migrations import MigrationLockTimeout
 
 log = logging.getLogger(__name__)
@@ -222,12 +224,35 @@ _CHECKED_SETTINGS = {
 }
 
 
+def encryption_of(settings: StateServiceSettings) -> Encryption | None:
+    """Encryption at rest as the settings ask (None: off); a key file that cannot be
+    used is a ConfigError naming it."""
+    if settings.encryption != "on":
+        return None
+    try:
+        kms = FileKms(settings.encryption_key_file, settings.encryption_erased_file or None)
+    except KmsConfigError as exc:
+        name = (
+            "STATE_ENCRYPTION_ERASED_FILE"
+            if "erased-keys" in str(exc)
+            else "STATE_ENCRYPTION_KEY_FILE"
+        )
+        raise ConfigError(f"{name}: {exc}") from None
+    return Encryption(
+        kms,
+        DataKeyCache(
+            size=settings.encryption_key_cache_size, ttl=settings.encryption_key_cache_seconds
+        ),
+    )
+
+
 def postgres_store(
     settings: StateServiceSettings, dsn: str, *, min_size: int, max_size: int, migrate: bool
 ) -> PostgresStore:
     """The PostgreSQL store as the settings describe it (serve, migrate and purge)."""
     return PostgresStore(
         dsn,
+        encryption=encryption_of(settings),
         min_size=min_size,
         max_size=max_size,
         timeout=settings.pool_timeout_seconds,

@@ -58,6 +58,8 @@ _EXPORTS: dict[str, str] = {
     "BegunTurn": "agentstate.client.types",
     "CardGuard": "agentstate.client.types",
     "ChannelValue": "agentstate.client.types",
+    "CheckpointPut": "agentstate.client.types",
+    "CheckpointRunLease": "agentstate.client.types",
     "CheckpointWrite": "agentstate.client.types",
     "ClearedItems": "agentstate.client.types",
     "Compaction": "agentstate.client.types",
@@ -199,6 +201,12 @@ if TYPE_CHECKING:
     )
     from agentstate.client.types import (
         ChannelValue as ChannelValue,
+    )
+    from agentstate.client.types import (
+        CheckpointPut as CheckpointPut,
+    )
+    from agentstate.client.types import (
+        CheckpointRunLease as CheckpointRunLease,
     )
     from agentstate.client.types import (
         CheckpointWrite as CheckpointWrite,

@@ -32,6 +32,8 @@ from agentstate.client.types import (
     AppendedEvent,
     AppendedItems,
     BegunTurn,
+    CheckpointPut,
+    CheckpointRunLease,
     CheckpointWrite,
     ClearedItems,
     Compaction,
@@ -506,6 +508,28 @@ class AsyncStateClient:
         CheckpointConflict (nothing stored). NotFound when the conversation is gone."""
         return await self._call(
             ops.put_checkpoint(user_id, conversation_id, checkpoint, expected_head), timeout
+        )
+
+    async def put_checkpoint_step(
+        self,
+        user_id: str,
+        conversation_id: str,
+        checkpoint: NewCheckpoint,
+        *,
+        expected_head: str | None = None,
+        parent_writes: Sequence[CheckpointWrite] = (),
+        run_lease: CheckpointRunLease | None = None,
+        timeout: float | None = None,
+    ) -> CheckpointPut:
+        """put_checkpoint, in the same transaction storing `parent_writes` (pending writes
+        of the parent checkpoint, as put_checkpoint_writes; CheckpointNotStored when the
+        parent is not stored) and taking, renewing or releasing the run lease
+        (`run_lease`; LeaseHeld, LeaseLost). On any error nothing is stored."""
+        return await self._call(
+            ops.put_checkpoint_step(
+                user_id, conversation_id, checkpoint, expected_head, parent_writes, run_lease
+            ),
+            timeout,
         )
 
     async def get_checkpoint(

@@ -22,6 +22,8 @@ from agentstate.client.types import (
     AppendedItems,
     BegunTurn,
     ChannelValue,
+    CheckpointPut,
+    CheckpointRunLease,
     CheckpointWrite,
     ClearedItems,
     Compaction,
@@ -706,6 +708,35 @@ def put_checkpoint(
     if expected_head is not None:
         request.expected_head_checkpoint_id = expected_head
     return Op("PutCheckpoint", request, lambda r: _time(r.create_time))
+
+
+def put_checkpoint_step(
+    user_id: str,
+    conversation_id: str,
+    checkpoint: NewCheckpoint,
+    expected_head: str | None,
+    parent_writes: Sequence[CheckpointWrite],
+    run_lease: CheckpointRunLease | None,
+) -> Op[CheckpointPut]:
+    request = put_checkpoint(user_id, conversation_id, checkpoint, expected_head).request
+    assert isinstance(request, pb.PutCheckpointRequest)
+    request.parent_writes.extend(_checkpoint_write_pb(w) for w in parent_writes)
+    if run_lease is not None:
+        request.run_lease.CopyFrom(
+            pb.CheckpointRunLease(
+                holder=run_lease.holder,
+                task_id=run_lease.task_id,
+                ttl_ms=run_lease.ttl_ms,
+                release=run_lease.release,
+            )
+        )
+    return Op(
+        "PutCheckpoint",
+        request,
+        lambda r: CheckpointPut(
+            _time(r.create_time), lease_of(r.lease) if r.HasField("lease") else None
+        ),
+    )
 
 
 def get_checkpoint(

@@ -309,6 +309,26 @@ class NewCheckpoint:
 
 
 @dataclass(frozen=True)
+class CheckpointRunLease:
+    """What put_checkpoint_step does with the conversation's run lease: take it (`holder`,
+    no `task_id`), renew the one `task_id` holds (`ttl_ms`), release it once stored."""
+
+    holder: str = ""
+    task_id: str = ""
+    ttl_ms: int = 0
+    release: bool = False
+
+
+@dataclass(frozen=True)
+class CheckpointPut:
+    """What put_checkpoint_step did: the create time, the run lease after it (None when
+    none was taken or renewed, or it was released)."""
+
+    create_time: datetime
+    lease: LeaseInfo | None = None
+
+
+@dataclass(frozen=True)
 class StoredCheckpoint:
     conversation_id: str
     namespace: str

@@ -11,6 +11,7 @@ from datetime import datetime
 from typing import Any
 
 from agentstate.state_service.domain.errors import InvalidArgument
+from agentstate.state_service.domain.leases import Lease
 
 MAX_CHECKPOINT_ID_CHARS = 256
 
@@ -71,6 +72,25 @@ class NewCheckpoint:
         """The metadata's `run_id` when it is a string (what DeleteCheckpointsForRuns matches)."""
         value = json.loads(self.metadata_json).get("run_id")
         return value if isinstance(value, str) else None
+
+
+@dataclass(frozen=True)
+class CheckpointRunLease:
+    """What a put does with the conversation's run lease: take it (`holder`, no
+    `task_id`), renew the one `task_id` holds (`ttl_ms` > 0), release it after storing."""
+
+    holder: str = ""
+    task_id: int | None = None
+    ttl_ms: int = 0
+    release: bool = False
+
+
+@dataclass(frozen=True)
+class PutCheckpointResult:
+    """A put's create time, and the run lease after it (taken or renewed, not released)."""
+
+    create_time: datetime
+    lease: Lease | None = None
 
 
 def _searchable(value: Any) -> bool:

@@ -288,3 +288,27 @@ def state_not_mergeable(state_key: str) -> FailedPrecondition:
         f'state {state_key!r} holds an agent state (its "context" is an array): AppendEvent '
         "merges a state delta only into a state without one; nothing was stored"
     )
+
+
+# ------------------------------------------------------------ encryption at rest
+
+
+class EncryptionKeyUnavailable(FailedPrecondition):
+    """Stored data needs a key this service does not have: the user's data key is
+    wrapped by a key-encryption key missing from STATE_ENCRYPTION_KEY_FILE, or the row
+    is sealed and STATE_ENCRYPTION is off. Nothing was changed."""
+
+    reason: ClassVar[str] = "ENCRYPTION_KEY_UNAVAILABLE"
+
+
+class CiphertextRejected(StateServiceError):
+    """Stored data that cannot be read (DATA_LOSS): a ciphertext that does not
+    authenticate for its row (altered, or moved from another row)."""
+
+    reason: ClassVar[str] = "CIPHERTEXT_REJECTED"
+
+
+class DataKeyDestroyed(CiphertextRejected):
+    """The data was sealed with a data key destroyed when its user was erased."""
+
+    reason: ClassVar[str] = "DATA_KEY_DESTROYED"

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 from json.decoder import scanstring  # type: ignore[attr-defined]
 from typing import Any
 
@@ -52,11 +53,35 @@ def _ws(text: str, at: int) -> int:
 
 @dataclass(frozen=True)
 class Member:
-    """One member of an object: its key (decoded) and its value's exact text."""
+    """One member of an object: its key (decoded) and its value's exact text; for the
+    key `members(split=...)` names, when its value is an array, each element's text."""
 
     key: str
     value: str
     parsed: Any
+    elements: tuple[str, ...] | None = None
+
+
+def _array(text: str, start: int) -> tuple[list[Any], tuple[str, ...], int]:
+    """The array at `start` ('['): its elements parsed, their texts, and its end. One
+    pass, so a state's context is parsed once (not as a value and then per element)."""
+    at = _ws(text, start + 1)
+    parsed: list[Any] = []
+    spans: list[str] = []
+    if text[at : at + 1] == "]":
+        return parsed, (), at + 1
+    while True:
+        value, end = _value_end(text, at)
+        parsed.append(value)
+        spans.append(text[at:end])
+        at = _ws(text, end)
+        following = text[at : at + 1]
+        if following == ",":
+            at = _ws(text, at + 1)
+            continue
+        if following == "]":
+            return parsed, tuple(spans), at + 1
+        raise _Bad(f"expecting ',' or ']' at character {at}")
 
 
 def check_json(data: bytes, expected: type, what: str) -> Any:
@@ -76,9 +101,10 @@ def check_json(data: bytes, expected: type, what: str) -> Any:
     return value
 
 
-def members(data: bytes, what: str) -> list[Member]:
+def members(data: bytes, what: str, split: str | None = None) -> list[Member]:
     """The members of a JSON object in the order written (duplicates kept), each
-    value's text exactly as written. Refuses what check_json refuses."""
+    value's text exactly as written; the member named `split`, when an array, with
+    its elements' texts too. Refuses what check_json refuses."""
     text = _decode(data, what)
     found: list[Member] = []
     try:
@@ -100,8 +126,12 @@ def members(data: bytes, what: str) -> list[Member]:
                 if text[at : at + 1] != ":":
                     raise _Bad(f"expecting ':' at character {at}")
                 start = _ws(text, at + 1)
-                value, end = _value_end(text, start)
-                found.append(Member(key, text[start:end], value))
+                if key == split and text[start : start + 1] == "[":
+                    value, spans, end = _array(text, start)
+                    found.append(Member(key, text[start:end], value, spans))
+                else:
+                    value, end = _value_end(text, start)
+                    found.append(Member(key, text[start:end], value))
                 at = _ws(text, end)
                 if text[at : at + 1] == ",":
                     at = _ws(text, at + 1)
@@ -136,6 +166,7 @@ def elements(text: str) -> list[str]:
         return found
 
 
+@lru_cache(maxsize=4096)  # a state's keys are few and the same on every save
 def key_text(key: str) -> str:
     """A key's JSON spelling where the service writes one itself (a merge): as
     json.dumps and PostgreSQL's escape_json both spell it."""

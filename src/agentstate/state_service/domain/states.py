@@ -181,10 +181,14 @@ class StateForm:
         return (self.head + "[" + ", ".join(self.messages) + "]" + self.tail).encode()
 
 
-def _unique_members(data: bytes, what: str) -> list[tuple[str, str, object]]:
-    kept: dict[str, tuple[str, str, object]] = {}
-    for member in jsontext.members(data, what):
-        kept[member.key] = (jsontext.key_text(member.key), member.value, member.parsed)
+def _unique_members(
+    data: bytes, what: str, split: str | None = None
+) -> list[tuple[str, str, tuple[str, ...] | None]]:
+    """(key text, value text, the elements' texts when the key is `split` and the value
+    an array), the last of duplicate keys where the first stood."""
+    kept: dict[str, tuple[str, str, tuple[str, ...] | None]] = {}
+    for member in jsontext.members(data, what, split):
+        kept[member.key] = (jsontext.key_text(member.key), member.value, member.elements)
     return list(kept.values())
 
 
@@ -198,13 +202,13 @@ def frame(before: list[tuple[str, str]], after: list[tuple[str, str]]) -> tuple[
 def state_form(payload: bytes, what: str = "payload", *, split: bool = True) -> StateForm:
     """A whole state's stored form (InvalidArgument unless it is a JSON object); with
     split=False always its members (a merged state's form)."""
-    found = _unique_members(payload, what)
-    for index, (key, value, parsed) in enumerate(found):
-        if split and key == CONTEXT_KEY and isinstance(parsed, list):
+    found = _unique_members(payload, what, "context" if split else None)
+    for index, (key, _, elements) in enumerate(found):
+        if elements is not None and key == CONTEXT_KEY:
             head, tail = frame(
                 [(k, v) for k, v, _ in found[:index]], [(k, v) for k, v, _ in found[index + 1 :]]
             )
-            return StateForm(head=head, tail=tail, messages=tuple(jsontext.elements(value)))
+            return StateForm(head=head, tail=tail, messages=elements)
     return StateForm(tuple(k for k, _, _ in found), tuple(v for _, v, _ in found))
 
 

@@ -13,6 +13,7 @@ from agentstate.common.state_metrics import (
 from agentstate.state.v1 import state_service_pb2 as pb
 from agentstate.state_service import domain as d
 from agentstate.state_service.servicer.base import ServicerBase
+from agentstate.state_service.servicer.leases import lease_to_pb
 from agentstate.state_service.servicer.translate import grpc_errors, timed, timestamp
 
 _PRUNE_TO_DOMAIN = {
@@ -46,6 +47,23 @@ def checkpoint_write_from_pb(write: pb.CheckpointWrite, what: str) -> d.Checkpoi
         value_type=d.check_text(write.value_type, f"{what}.value_type", d.MAX_SERIALIZER_TAG_CHARS),
         value=write.value,
         task_path=d.check_text(write.task_path, f"{what}.task_path", d.MAX_TASK_PATH_CHARS),
+    )
+
+
+def run_lease_from_pb(lease: pb.CheckpointRunLease) -> d.CheckpointRunLease:
+    """A put's use of the run lease: take it (holder), renew or release it (task_id)."""
+    if lease.task_id:
+        task_id = d.parse_id(lease.task_id, "run_lease.task_id")
+        ttl_ms = d.validate_ttl_ms(lease.ttl_ms) if lease.ttl_ms else 0
+        if not ttl_ms and not lease.release:
+            raise d.InvalidArgument("run_lease with a task_id needs ttl_ms (renew) or release")
+        return d.CheckpointRunLease(task_id=task_id, ttl_ms=ttl_ms, release=lease.release)
+    try:
+        holder = d.validate_holder(lease.holder)
+    except d.InvalidArgument as exc:
+        raise d.InvalidArgument(f"run_lease: {exc}") from None
+    return d.CheckpointRunLease(
+        holder=holder, ttl_ms=d.validate_ttl_ms(lease.ttl_ms), release=lease.release
     )
 
 
@@ -87,6 +105,9 @@ class CheckpointRpcs(ServicerBase):
     ) -> pb.PutCheckpointResponse:
         size = len(request.checkpoint) + len(request.metadata_json)
         size += sum(len(v.value) for v in request.new_channel_values)
+        size += sum(len(w.value) for w in request.parent_writes)
+        if len(request.parent_writes) > d.MAX_CHECKPOINT_WRITES:
+            raise d.InvalidArgument(f"at most {d.MAX_CHECKPOINT_WRITES} parent_writes per call")
         if size > self._max_payload_bytes:
             raise d.PayloadTooLarge(
                 f"checkpoint is {size} bytes, over the limit of {self._max_payload_bytes} bytes"
@@ -117,14 +138,26 @@ class CheckpointRpcs(ServicerBase):
                 for i, v in enumerate(request.new_channel_values)
             ),
         )
+        if request.parent_writes and not checkpoint.parent_checkpoint_id:
+            raise d.InvalidArgument("parent_writes need a parent_checkpoint_id")
+        parent_writes = [
+            checkpoint_write_from_pb(w, f"parent_writes[{i}]")
+            for i, w in enumerate(request.parent_writes)
+        ]
+        lease = run_lease_from_pb(request.run_lease) if request.HasField("run_lease") else None
         with timed(SAVE_DURATION):
-            created = await self._checkpoints().put_checkpoint(
+            done = await self._checkpoints().put_checkpoint(
                 user_id=d.validate_user_id(request.user_id),
                 conversation_id=d.parse_id(request.conversation_id, "conversation_id"),
                 checkpoint=checkpoint,
                 expected_head=expected,
+                parent_writes=parent_writes,
+                lease=lease,
             )
-        return pb.PutCheckpointResponse(create_time=timestamp(created))
+        response = pb.PutCheckpointResponse(create_time=timestamp(done.create_time))
+        if done.lease is not None:
+            response.lease.CopyFrom(lease_to_pb(done.lease))
+        return response
 
     @grpc_errors
     async def GetCheckpoint(

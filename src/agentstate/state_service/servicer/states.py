@@ -97,8 +97,8 @@ class StateRpcs(ServicerBase):
                     "expected_version must be absent with a delta (delta.base_version is its "
                     "compare-and-set)"
                 )
+            # Checked by the store (both stores check a delta before anything else).
             delta = delta_from_pb(request.delta)
-            d.check_state_delta(delta)
             payload = None
         else:
             d.check_state_payload(request.payload, self._max_payload_bytes)

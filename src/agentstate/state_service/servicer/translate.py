@@ -47,6 +47,7 @@ STATUS_CODES: dict[type, grpc.StatusCode] = {
     d.PermissionDenied: grpc.StatusCode.PERMISSION_DENIED,
     d.CallerUnauthenticated: grpc.StatusCode.UNAUTHENTICATED,
     d.NotSupported: grpc.StatusCode.UNIMPLEMENTED,
+    d.CiphertextRejected: grpc.StatusCode.DATA_LOSS,
     d.StoreError: grpc.StatusCode.INTERNAL,
 }
 

@@ -15,6 +15,10 @@ What it adds to LangGraph's own savers:
 - A checkpoint's pending writes are stored only once the checkpoint is (the service
   refuses others): writes that arrive while its put is on the way wait for it, and fail
   with it when it is refused, so a refused run leaves not even pending writes behind.
+- One call per step: a task's ordinary writes are held (`writes_delay_seconds`) for the
+  put of the checkpoint's child, which stores them in its own transaction, and the run
+  lease is taken, renewed and released by the puts themselves; errors and interrupts go
+  at once (docs/frameworks/langgraph.md).
 - `delete_thread` deletes the conversation and everything of it in one transaction; a
   write that arrives later from a run that was using the thread is refused, never
   resurrecting it (`ThreadDeleted`).
@@ -44,3 +48,13 @@ class AgentStateSaver(AsyncSaverMethods, SyncSaverMethods):
     another one with config["configurable"]["user_id"]. Give an address (the saver opens
     its connections, `close()` / `aclose()` close them) or clients of your own.
     """
+
+    def close(self) -> None:
+        """Send the pending writes still held for a put, then close what the saver opened."""
+        self._flush_thread()
+        super().close()
+
+    async def aclose(self) -> None:
+        """Send the pending writes still held for a put, then close what the saver opened."""
+        await self._aflush_thread()
+        await super().aclose()

@@ -3,8 +3,10 @@ encoding of checkpoints and writes (no call of the service is made here)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import contextvars
+import heapq
 import json
 import os
 import random
@@ -64,6 +66,17 @@ DEFAULT_RUN_LEASE_SECONDS = 60.0
 # stored; and its polling: every WRITES_POLL_SECONDS while this saver puts that
 # checkpoint, else asking the service again with a backoff up to WRITES_RETRY_SECONDS.
 WRITES_WAIT_SECONDS = 30.0
+# How long a task's ordinary pending writes may wait for the next put of their checkpoint's
+# child, which then carries them (one call per step, the writes and the checkpoint they
+# produce in one transaction); after that they are sent alone. LangGraph itself never
+# waits for put_writes (it sends them in the background), except for the writes below.
+DEFAULT_WRITES_DELAY_SECONDS = 0.02
+# Writes sent at once, never held: they end a run (a node interrupted or failed), a
+# resume's answer, or ones LangGraph waits for before running an error handler.
+_SENT_AT_ONCE = frozenset({*WRITES_IDX_MAP, "__error_source_node__"})
+# Writes a put carries at most (beyond them they are sent alone first).
+CARRY_MAX_WRITES = 1000
+CARRY_MAX_BYTES = 1 << 20
 WRITES_POLL_SECONDS = 0.002
 WRITES_RETRY_SECONDS = 0.1
 # Channels whose update makes LangGraph run another step: a checkpoint of the run loop
@@ -78,6 +91,24 @@ MAX_LATEST_READS = 256
 _LATEST_READ: contextvars.ContextVar[dict[tuple[int, str, str], str] | None] = (
     contextvars.ContextVar("agentstate_langgraph_latest_read", default=None)
 )
+
+
+WriteKey = tuple[str, str, str, str]  # (user, thread, namespace, checkpoint id)
+
+
+@dataclass
+class HeldWrites:
+    """Pending writes of one checkpoint held for the put of its child (see
+    DEFAULT_WRITES_DELAY_SECONDS), and the timer that sends them alone."""
+
+    conversation: str
+    writes: list[CheckpointWrite] = field(default_factory=list)
+    timer: asyncio.TimerHandle | None = None  # the asyncio methods' timer
+    since: float = field(default_factory=time.monotonic)
+
+    def cancel(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
 
 
 @dataclass
@@ -210,6 +241,7 @@ class SaverBase(ClosesItsConnection, BaseCheckpointSaver[str]):
         settings: ClientSettings | None = None,
         serde: SerializerProtocol | None = None,
         run_lease_seconds: float = DEFAULT_RUN_LEASE_SECONDS,
+        writes_delay_seconds: float = DEFAULT_WRITES_DELAY_SECONDS,
         security: ChannelSecurity | None = None,
         ttl_seconds: int | None = None,
         ttl_renewed_by_writes: bool = False,
@@ -220,11 +252,16 @@ class SaverBase(ClosesItsConnection, BaseCheckpointSaver[str]):
         when the thread's first checkpoint or write creates it (None: none), renewed by
         each checkpoint with `ttl_renewed_by_writes`; a config's `ttl_seconds` and
         `ttl_renewed_by_writes` in "configurable" override both for the thread it creates.
-        ValueError when not a positive int."""
+        ValueError when not a positive int. `writes_delay_seconds`: how long a task's
+        ordinary pending writes wait for the put of the checkpoint's child, which stores
+        them in its own call and transaction (0: every put_writes is its own call)."""
         super().__init__(serde=serde)
         self.ttl = time_to_live(ttl_seconds, ttl_renewed_by_writes)
         if not 1 <= run_lease_seconds <= 3600:
             raise ValueError("run_lease_seconds must be between 1 and 3600")
+        if not 0 <= writes_delay_seconds <= 10:
+            raise ValueError("writes_delay_seconds must be between 0 and 10")
+        self.writes_delay_seconds = float(writes_delay_seconds)
         if not isinstance(user_id, str) or not user_id:
             raise ValueError("user_id must be a non-empty string")
         self._connection = Connection(
@@ -272,6 +309,22 @@ class SaverBase(ClosesItsConnection, BaseCheckpointSaver[str]):
         self._thread_put_failed: BoundedCache[tuple[str, str], tuple[float, str]] = BoundedCache(
             MAX_CACHED
         )
+
+        # Pending writes held for their checkpoint's child put (see HeldWrites); the
+        # checkpoints whose child put took them (later writes of those go alone); the
+        # flushes under way (asyncio tasks, kept referenced); and what became of a flush
+        # that failed, raised by the thread's next call (user, thread) -> error.
+        self._held: dict[WriteKey, HeldWrites] = {}
+        # Checkpoints this saver stored or read: held writes of any other wait for its
+        # put before they are sent alone (no call the service must refuse).
+        self._stored_here: BoundedCache[WriteKey, bool] = BoundedCache(MAX_CACHED)
+        self._carried: BoundedCache[WriteKey, bool] = BoundedCache(MAX_CACHED)
+        self._flushes: set[asyncio.Task[None]] = set()
+        # When held writes are due (the synchronous methods' timer thread).
+        self._flush_due: list[tuple[float, WriteKey]] = []
+        self._flush_due_lock = threading.Condition()
+        self._flusher: threading.Thread | None = None
+        self._flush_failed: BoundedCache[tuple[str, str], str] = BoundedCache(MAX_CACHED)
 
     # ------------------------------------------------------------ connections
 
@@ -339,7 +392,9 @@ class SaverBase(ClosesItsConnection, BaseCheckpointSaver[str]):
         """The put ended: its writes may go (stored), or fail with it (refused, failed).
         A refusal is recorded (self._refused) before this, so a write never sees neither."""
         with self._lease_lock:
-            if failure is not None:
+            if failure is None:
+                self._stored_here[key] = True
+            else:
                 why = f"{type(failure).__name__}: {failure}"
                 self._put_failed[key] = why
                 self._thread_put_failed[key[:2]] = (time.monotonic(), why)
@@ -388,6 +443,172 @@ class SaverBase(ClosesItsConnection, BaseCheckpointSaver[str]):
             reason=error.reason,
             metadata=error.metadata,
         )
+
+    # ---------------------------------------------------- held pending writes
+
+    def _sent_at_once(self, writes: Sequence[CheckpointWrite]) -> bool:
+        return self.writes_delay_seconds <= 0 or any(w.channel in _SENT_AT_ONCE for w in writes)
+
+    def _hold(self, key: WriteKey, conversation: str, writes: Sequence[CheckpointWrite]) -> bool:
+        """Hold writes for their checkpoint's child put: False when that put has taken
+        the held writes already (these go alone). The caller starts the timer."""
+        with self._lease_lock:
+            if self._carried.get(key):
+                return False
+            held = self._held.get(key)
+            if held is None:
+                held = self._held[key] = HeldWrites(conversation)
+            held.writes.extend(writes)
+            return True
+
+    def _take_held(self, key: WriteKey, *, carried: bool) -> list[CheckpointWrite]:
+        """The writes held for `key`, no longer held; `carried`: a put of its child
+        takes them, and later writes of it go alone."""
+        with self._lease_lock:
+            held = self._held.pop(key, None)
+            if carried:
+                self._carried[key] = True
+        if held is None:
+            return []
+        held.cancel()
+        return held.writes
+
+    @staticmethod
+    def _one_call(writes: Sequence[CheckpointWrite]) -> list[CheckpointWrite]:
+        """Writes gathered from several put_writes as one call stores them: per (task,
+        idx) the first of idx >= 0 (a retry changes nothing), the last of idx < 0."""
+        kept: dict[tuple[str, int], CheckpointWrite] = {}
+        for write in writes:
+            key = (write.task_id, write.idx)
+            if write.idx < 0 or key not in kept:
+                kept[key] = write
+        return list(kept.values())
+
+    def _held_keys(self, user: str | None = None, thread: str | None = None) -> list[WriteKey]:
+        with self._lease_lock:
+            return [
+                k
+                for k in self._held
+                if (user is None or k[0] == user) and (thread is None or k[1] == thread)
+            ]
+
+    def _due_to_flush(self, key: WriteKey) -> bool:
+        """Whether held writes whose delay is over go alone now: once their checkpoint is
+        stored (until then its own put is on the way, and the put of its child will carry
+        them), or when they waited WRITES_WAIT_SECONDS (the service then says what
+        became of that checkpoint). False: the timer is armed again."""
+        with self._lease_lock:
+            held = self._held.get(key)
+            if held is None:
+                return False
+            if self._stored_here.get(key) or time.monotonic() - held.since > WRITES_WAIT_SECONDS:
+                return True
+            held.timer = None
+            return False
+
+    def _drop_held(self, thread: str) -> None:
+        """Forget the writes held for a thread being deleted (of every user)."""
+        for key in self._held_keys(thread=thread):
+            self._take_held(key, carried=False)
+
+    def _set_timer(self, key: WriteKey, timer: asyncio.TimerHandle) -> None:
+        with self._lease_lock:
+            held = self._held.get(key)
+            if held is not None and held.timer is None:
+                held.timer = timer
+                return
+        timer.cancel()  # taken meanwhile
+
+    def _aschedule_flush(self, key: WriteKey) -> None:
+        """Send the held writes alone unless a put takes them first (asyncio)."""
+        loop = asyncio.get_running_loop()
+        self._set_timer(key, loop.call_later(self.writes_delay_seconds, self._astart_flush, key))
+
+    async def _await_flushes(self) -> None:
+        running = [t for t in self._flushes if t.get_loop() is asyncio.get_running_loop()]
+        if running:
+            await asyncio.gather(*running, return_exceptions=True)
+
+    def _wait_flushes(self) -> None:
+        """The synchronous twin has no asyncio flushes to wait for: its timer thread sends
+        held writes through the synchronous client, which close() leaves open meanwhile."""
+
+    def _astart_flush(self, key: WriteKey) -> None:
+        task = asyncio.ensure_future(self._aflush(key))
+        self._flushes.add(task)
+        task.add_done_callback(self._flushes.discard)
+
+    def _schedule_flush(self, key: WriteKey) -> None:
+        """Send the held writes alone unless a put takes them first (threads: one timer
+        thread per saver, not one per step)."""
+        with self._flush_due_lock:
+            heapq.heappush(self._flush_due, (time.monotonic() + self.writes_delay_seconds, key))
+            if self._flusher is None or not self._flusher.is_alive():
+                self._flusher = threading.Thread(
+                    target=self._run_flusher, name="AgentStateSaver writes", daemon=True
+                )
+                self._flusher.start()
+            self._flush_due_lock.notify()
+
+    def _run_flusher(self) -> None:
+        """Send held writes whose delay is over (a key a put took meanwhile is no-op)."""
+        while True:
+            with self._flush_due_lock:
+                while not self._flush_due:
+                    self._flush_due_lock.wait()
+                when, key = self._flush_due[0]
+                wait = when - time.monotonic()
+                if wait > 0:
+                    self._flush_due_lock.wait(wait)
+                    continue
+                heapq.heappop(self._flush_due)
+            self._flush_quietly(key)
+
+    def _flush_quietly(self, key: WriteKey) -> None:
+        with contextlib.suppress(Exception):  # recorded by _flush for the next call
+            self._flush(key)
+
+    async def _aflush(self, key: WriteKey, *, now: bool = False) -> None:
+        raise NotImplementedError  # saver_async.py
+
+    def _flush(self, key: WriteKey, *, now: bool = False) -> None:
+        raise NotImplementedError  # saver_sync.py
+
+    def _flush_failure(self, key: WriteKey, why: str) -> None:
+        self._flush_failed[key[:2]] = f"checkpoint {key[3]!r}: {why}"
+
+    def _raise_flush_failure(self, user: str, thread: str) -> None:
+        """Held writes of this thread that could not be stored fail its next call."""
+        why = self._flush_failed.pop((user, thread), None)
+        if why is not None:
+            raise state.CheckpointNotStored(
+                f"thread {thread!r}: pending writes acknowledged earlier were not stored "
+                f"({why}); run the thread again from its last checkpoint"
+            )
+
+    @staticmethod
+    def _carry(writes: Sequence[CheckpointWrite]) -> bool:
+        """Whether a put may carry these writes (else they are sent alone first)."""
+        return (
+            len(writes) <= CARRY_MAX_WRITES and sum(len(w.value) for w in writes) <= CARRY_MAX_BYTES
+        )
+
+    def _lease_use(
+        self,
+        run: RunLease | None,
+        ends: bool,
+    ) -> state.CheckpointRunLease | None:
+        """What this put does with the run lease: take it (none held), renew it (due),
+        release it (the run's last put), or nothing."""
+        ttl_ms = int(self.run_lease_seconds * 1000)
+        if run is None:
+            return state.CheckpointRunLease(holder=self._holder, ttl_ms=ttl_ms, release=ends)
+        due = self._lease_due(run)
+        if due or ends:
+            return state.CheckpointRunLease(
+                task_id=run.task_id, ttl_ms=ttl_ms if due else 0, release=ends
+            )
+        return None
 
     # --------------------------------------------------------------- run leases
 

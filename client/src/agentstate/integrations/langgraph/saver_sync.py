@@ -32,6 +32,7 @@ from agentstate.integrations.langgraph.saver_base import (
     CheckpointConflict,
     RunLease,
     SaverBase,
+    WriteKey,
     langgraph_errors,
     namespace_of,
     partly_deleted,
@@ -115,8 +116,10 @@ class SyncSaverMethods(SaverBase):
 
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         user, thread = self._user(config), thread_id_of(config)
+        self._flush_thread(user, thread)  # a read sees every write acknowledged
         self._deleted_threads.pop((user, thread), None)  # a run starts by reading
         self._refused_threads.pop((user, thread), None)
+        self._flush_failed.pop((user, thread), None)  # it reads what is stored
         for _ in range(2):  # once more when the thread was deleted and made again
             conversation = self._conversation(user, thread, create=False)
             if conversation is None:
@@ -133,6 +136,8 @@ class SyncSaverMethods(SaverBase):
                 self._forget(user, thread)
                 continue
             self._remember_latest(user, thread, config, stored.checkpoint_id if stored else "")
+            if stored is not None:
+                self._stored_here[(user, thread, stored.namespace, stored.checkpoint_id)] = True
             return None if stored is None else self._tuple(thread, stored)
         return None
 
@@ -151,6 +156,7 @@ class SyncSaverMethods(SaverBase):
         if config is not None and (config.get("configurable") or {}).get("thread_id"):
             every_thread = False
             thread = thread_id_of(config)
+            self._flush_thread(user, thread)
             conversation = self._conversation(user, thread, create=False)
             if conversation is None:
                 return
@@ -158,6 +164,7 @@ class SyncSaverMethods(SaverBase):
             arguments = self._list_arguments(config, filter, before)
         else:
             every_thread = True
+            self._flush_thread(user)
             wanted = []
             arguments = {
                 "namespace": None,
@@ -213,14 +220,25 @@ class SyncSaverMethods(SaverBase):
         user, thread, ttl = self._user(config), thread_id_of(config), self._ttl(config)
         self._writer_conversation_known(user, thread)
         self._refused_before(new, thread)
+        self._raise_flush_failure(user, thread)
         conversation = self._conversation(user, thread, create=True, ttl=ttl)
         assert conversation is not None
         # The checkpoint's writes wait for this put (put_writes), and fail with it.
         key = (user, thread, new.namespace, new.checkpoint_id)
+        # The parent's writes held for this put go with it, in its transaction.
+        parent_key = (user, thread, new.namespace, new.parent_checkpoint_id)
+        carried = (
+            self._one_call(self._take_held(parent_key, carried=True))
+            if new.parent_checkpoint_id
+            else []
+        )
+        if carried and not self._carry(carried):
+            self._send_when_stored(parent_key, conversation, carried)
+            carried = []
         self._start_put(key)
         try:
             self._put_checkpoint(
-                user, thread, conversation, new, expected_head, checkpoint, metadata
+                user, thread, conversation, new, expected_head, checkpoint, metadata, carried
             )
         except BaseException as exc:
             self._end_put(key, exc)
@@ -237,16 +255,39 @@ class SyncSaverMethods(SaverBase):
         expected_head: str | None,
         checkpoint: Checkpoint,
         metadata: CheckpointMetadata,
+        carried: Sequence[state.CheckpointWrite],
     ) -> None:
-        # Subgraphs' checkpoints (a namespace) are written under their parent run's lease.
+        # Subgraphs' checkpoints (a namespace) are written under their parent run's lease,
+        # which the root graph's puts take (the run's first), renew and release (its last).
+        lease = None
         run = None
         if not new.namespace:
-            run = self._run_lease(user, thread, conversation, new, metadata)
+            run = self._leases.get((user, thread))
+            if run is not None and self._starts_run(metadata):
+                run.stored = []  # a new run of this saver: its lease carries on
+            probe = run or RunLease("", time.monotonic())
+            lease = self._lease_use(run, self._ends_run(probe, checkpoint, metadata))
+            if run is None and lease is not None and not lease.release:
+                # Taken by this put: recorded now, so that writes ending the run while
+                # it is on the way find it (RunLease.ends_at); its task id comes back.
+                run = self._leases[(user, thread)] = probe
         try:
             with langgraph_errors():
-                self.sync_client.put_checkpoint(
-                    user, conversation, new, expected_head=expected_head
+                done = self.sync_client.put_checkpoint_step(
+                    user,
+                    conversation,
+                    new,
+                    expected_head=expected_head,
+                    parent_writes=carried,
+                    run_lease=lease,
                 )
+        except (state.LeaseHeld, state.LeaseLost) as exc:
+            stored = run.stored if run is not None else []
+            self._leases.pop((user, thread))
+            error = refused(thread, new.checkpoint_id, stored, "another run holds it", exc)
+            self._refused[new.checkpoint_id] = error
+            self._refuse_run(user, thread, error)
+            raise error from exc
         except state.NotFound as exc:
             self._leases.pop((user, thread))
             raise self._deleted(user, thread, exc) from exc
@@ -263,56 +304,23 @@ class SyncSaverMethods(SaverBase):
         except BaseException:
             if run is not None and not run.stored:
                 self._release(user, thread)  # nothing of the run is stored
+            if carried:  # the parent is stored: its writes are not lost with this put
+                with contextlib.suppress(Exception):
+                    parent = (user, thread, new.namespace, new.parent_checkpoint_id)
+                    self._send_when_stored(parent, conversation, carried)
             raise
+        if lease is not None and lease.release:
+            self._leases.pop((user, thread))
+            return
+        if run is not None and lease is not None and done.lease is not None:
+            run.task_id = done.lease.task_id
+            run.renewed = time.monotonic()
         if run is not None and self._stored_in_run(run, checkpoint, metadata):
-            self._release(user, thread)
-
-    def _run_lease(
-        self,
-        user: str,
-        thread: str,
-        conversation: str,
-        new: state.NewCheckpoint,
-        metadata: CheckpointMetadata,
-    ) -> RunLease:
-        """The run lease for this put: the one this saver holds (renewed when due), or a
-        new one. Another writer's unexpired lease refuses the put before it is sent."""
-        key = (user, thread)
-        run = self._leases.get(key)
-        if run is not None and self._starts_run(metadata):
-            run.stored = []  # a new run of this saver: its lease carries on
-        if run is not None and not self._lease_due(run):
-            return run
-        try:
-            if run is None:
-                acquired = self.sync_client.acquire_lease(
-                    user,
-                    conversation,
-                    holder=self._holder,
-                    ttl_ms=int(self.run_lease_seconds * 1000),
-                )
-                run = RunLease(acquired.lease.task_id, time.monotonic())
-                self._leases[key] = run
-            else:
-                self.sync_client.renew_lease(
-                    user, run.task_id, ttl_ms=int(self.run_lease_seconds * 1000)
-                )
-                run.renewed = time.monotonic()
-        except (state.LeaseHeld, state.LeaseLost) as exc:
-            stored = run.stored if run is not None else []
-            self._leases.pop(key)
-            error = refused(thread, new.checkpoint_id, stored, "another run holds it", exc)
-            self._refused[new.checkpoint_id] = error
-            self._refuse_run(user, thread, error)
-            raise error from exc
-        except state.NotFound as exc:
-            self._leases.pop(key)
-            raise self._deleted(user, thread, exc) from exc
-        return run
+            self._release(user, thread)  # its writes ended the run meanwhile
 
     def _release(self, user: str, thread: str) -> None:
         run = self._leases.pop((user, thread))
-        if run is not None:
+        if run is not None and run.task_id:  # "": its put did not take it
             # A release that fails only lets the lease lapse (run_lease_seconds).
             with contextlib.suppress(state.StateError):
                 self.sync_client.release_lease(user, run.task_id)
@@ -329,12 +337,59 @@ class SyncSaverMethods(SaverBase):
         user, thread, ttl = self._user(config), thread_id_of(config), self._ttl(config)
         self._writer_conversation_known(user, thread)
         self._writes_refused(checkpoint_id, thread)
+        self._raise_flush_failure(user, thread)
         conversation = self._conversation(user, thread, create=True, ttl=ttl)
         assert conversation is not None
-        # Sent once their checkpoint is stored: LangGraph (durability="async") sends a
-        # step's writes while the step's checkpoint is still being put, or even before
-        # that put starts; the service refuses writes of a checkpoint it does not hold.
         key = (user, thread, namespace, checkpoint_id)
+        if not self._sent_at_once(encoded):
+            if self._hold(key, conversation, encoded):
+                self._schedule_flush(key)
+                return  # the put of the checkpoint's child carries them, or the timer
+        else:  # the checkpoint's held writes go with these
+            encoded = self._one_call([*self._take_held(key, carried=False), *encoded])
+        self._send_when_stored(key, conversation, encoded)
+        if not namespace and self._ended_by(user, thread, checkpoint_id, encoded):
+            self._release(user, thread)  # the run interrupted or failed: it ends
+
+    def _flush(self, key: WriteKey, *, now: bool = False) -> None:
+        """Send the writes held for `key` alone: their child put did not come in time (the
+        timer; `now`: a reader needs them). A failure is raised by the thread's next call
+        (`_raise_flush_failure`)."""
+        if not now and not self._due_to_flush(key):
+            if key in self._held_keys(key[0], key[1]):
+                self._schedule_flush(key)  # armed again: its checkpoint is on the way
+            return
+        with self._lease_lock:
+            held = self._held.get(key)
+            conversation = held.conversation if held is not None else ""
+        writes = self._one_call(self._take_held(key, carried=False))
+        if not writes:
+            return
+        try:
+            self._send_when_stored(key, conversation, writes)
+        except (state.CheckpointConflict, state.NotFound):
+            pass  # the run was refused, or its thread deleted: its put says so
+        except Exception as exc:
+            self._flush_failure(key, f"{type(exc).__name__}: {exc}")
+
+    def _flush_thread(self, user: str | None = None, thread: str | None = None) -> None:
+        """Send the writes held for a thread (every thread: None) now: a read sees them."""
+        for key in self._held_keys(user, thread):
+            self._flush(key, now=True)
+        if user is None:  # and the flushes already under way (close)
+            self._wait_flushes()
+
+    def _send_when_stored(
+        self,
+        key: WriteKey,
+        conversation: str,
+        encoded: Sequence[state.CheckpointWrite],
+    ) -> None:
+        """Send writes once their checkpoint is stored: LangGraph (durability="async")
+        sends a step's writes while the step's checkpoint is still being put, or even
+        before that put starts; the service refuses writes of a checkpoint it does not
+        hold."""
+        user, thread, namespace, checkpoint_id = key
         started = time.monotonic()
         retry = WRITES_POLL_SECONDS
         while True:
@@ -343,15 +398,13 @@ class SyncSaverMethods(SaverBase):
                 continue
             try:
                 self._send_writes(user, thread, conversation, namespace, checkpoint_id, encoded)
-                break
+                return
             except state.CheckpointNotStored as exc:  # its put has not started yet
                 error = self._writes_not_stored(key, started, exc)
                 if error is not None:
                     raise error from exc
             pause(retry)
             retry = min(retry * 2, WRITES_RETRY_SECONDS)
-        if not namespace and self._ended_by(user, thread, checkpoint_id, encoded):
-            self._release(user, thread)  # the run interrupted or failed: it ends
 
     def _send_writes(
         self,
@@ -380,6 +433,7 @@ class SyncSaverMethods(SaverBase):
         one transaction. The saver user's conversation, which lists the others, goes
         last: a delete that fails part way says what it did and can be run again."""
         thread = str(thread_id)
+        self._drop_held(thread)  # writes held for a put of the thread go with it
         index = self._conversation(self.user_id, thread, create=False)
         users: list[str] = []
         if index is not None:
@@ -401,6 +455,7 @@ class SyncSaverMethods(SaverBase):
 
     def delete_for_runs(self, run_ids: Sequence[str]) -> None:
         runs = [str(r) for r in run_ids]
+        self._flush_thread()  # their checkpoints' writes are deleted with them
         for start in range(0, len(runs), BATCH):
             with langgraph_errors():
                 self.sync_client.delete_checkpoints_for_runs(
@@ -409,6 +464,7 @@ class SyncSaverMethods(SaverBase):
 
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         user = self.user_id
+        self._flush_thread(user, str(source_thread_id))  # copied with the thread
         source = self._conversation(user, str(source_thread_id), create=False)
         if source is None:
             return  # nothing to copy
@@ -423,6 +479,8 @@ class SyncSaverMethods(SaverBase):
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         chosen = prune_strategy(strategy)
         user = self.user_id
+        for thread in thread_ids:  # the latest checkpoints keep their writes
+            self._flush_thread(user, str(thread))
         found = [self._conversation(user, str(t), create=False) for t in thread_ids]
         ids = [c for c in found if c is not None]
         for start in range(0, len(ids), BATCH):

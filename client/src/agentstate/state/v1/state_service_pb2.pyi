@@ -2337,6 +2337,8 @@ class PutCheckpointRequest(_message.Message):
     CHANNEL_VERSIONS_FIELD_NUMBER: _builtins.int
     NEW_CHANNEL_VALUES_FIELD_NUMBER: _builtins.int
     EXPECTED_HEAD_CHECKPOINT_ID_FIELD_NUMBER: _builtins.int
+    PARENT_WRITES_FIELD_NUMBER: _builtins.int
+    RUN_LEASE_FIELD_NUMBER: _builtins.int
     user_id: _builtins.str
     """The owner. Required."""
     conversation_id: _builtins.str
@@ -2374,6 +2376,24 @@ class PutCheckpointRequest(_message.Message):
         kept.
         """
 
+    @_builtins.property
+    def parent_writes(self) -> _containers.RepeatedCompositeFieldContainer[Global___CheckpointWrite]:
+        """Pending writes for the parent checkpoint (`parent_checkpoint_id`, same
+        namespace), stored in the same transaction as this checkpoint, as
+        PutCheckpointWrites stores them: a graph step's writes and the checkpoint
+        they produce in one call. At most 1000, counted in the request's bytes.
+        FAILED_PRECONDITION (reason CHECKPOINT_NOT_STORED) when the parent is not
+        stored, INVALID_ARGUMENT when there is no parent; nothing is stored then.
+        """
+
+    @_builtins.property
+    def run_lease(self) -> Global___CheckpointRunLease:
+        """The run lease this put is made under, taken, renewed or released in the
+        same transaction (a graph run's first put takes it, its last releases it):
+        on any refusal of the lease nothing is stored, and on any error of the put
+        the lease is as it was.
+        """
+
     def __init__(
         self,
         *,
@@ -2388,10 +2408,12 @@ class PutCheckpointRequest(_message.Message):
         channel_versions: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
         new_channel_values: _abc.Iterable[Global___ChannelValue] | None = ...,
         expected_head_checkpoint_id: _builtins.str | None = ...,
+        parent_writes: _abc.Iterable[Global___CheckpointWrite] | None = ...,
+        run_lease: Global___CheckpointRunLease | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_expected_head_checkpoint_id", b"_expected_head_checkpoint_id", "expected_head_checkpoint_id", b"expected_head_checkpoint_id"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_expected_head_checkpoint_id", b"_expected_head_checkpoint_id", "expected_head_checkpoint_id", b"expected_head_checkpoint_id", "run_lease", b"run_lease"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_expected_head_checkpoint_id", b"_expected_head_checkpoint_id", "channel_versions", b"channel_versions", "checkpoint", b"checkpoint", "checkpoint_id", b"checkpoint_id", "checkpoint_type", b"checkpoint_type", "conversation_id", b"conversation_id", "expected_head_checkpoint_id", b"expected_head_checkpoint_id", "metadata_json", b"metadata_json", "namespace", b"namespace", "new_channel_values", b"new_channel_values", "parent_checkpoint_id", b"parent_checkpoint_id", "user_id", b"user_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_expected_head_checkpoint_id", b"_expected_head_checkpoint_id", "channel_versions", b"channel_versions", "checkpoint", b"checkpoint", "checkpoint_id", b"checkpoint_id", "checkpoint_type", b"checkpoint_type", "conversation_id", b"conversation_id", "expected_head_checkpoint_id", b"expected_head_checkpoint_id", "metadata_json", b"metadata_json", "namespace", b"namespace", "new_channel_values", b"new_channel_values", "parent_checkpoint_id", b"parent_checkpoint_id", "parent_writes", b"parent_writes", "run_lease", b"run_lease", "user_id", b"user_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__expected_head_checkpoint_id: _TypeAlias = _typing.Literal["expected_head_checkpoint_id"]  # noqa: Y015
     _WhichOneofArgType__expected_head_checkpoint_id: _TypeAlias = _typing.Literal["_expected_head_checkpoint_id", b"_expected_head_checkpoint_id"]  # noqa: Y015
@@ -2400,24 +2422,78 @@ class PutCheckpointRequest(_message.Message):
 Global___PutCheckpointRequest: _TypeAlias = PutCheckpointRequest  # noqa: Y015
 
 @_typing.final
+class CheckpointRunLease(_message.Message):
+    """What a PutCheckpoint does with the conversation's run lease (see
+    AcquireLease, RenewLease and ReleaseLease, whose rules it follows).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HOLDER_FIELD_NUMBER: _builtins.int
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    TTL_MS_FIELD_NUMBER: _builtins.int
+    RELEASE_FIELD_NUMBER: _builtins.int
+    holder: _builtins.str
+    """Take the lease for this holder (as AcquireLease with no per-user limit),
+    1..200 characters; leave `task_id` empty. FAILED_PRECONDITION (reason
+    LEASE_HELD) when another holder's lease has not expired.
+    """
+    task_id: _builtins.str
+    """The lease held by this task (a 64-bit decimal string, as AcquireLease
+    returned it): renewed when `ttl_ms` is set (FAILED_PRECONDITION, reason
+    LEASE_LOST, when it is gone), else only released when `release` is set.
+    """
+    ttl_ms: _builtins.int
+    """The lease's lifetime from now in milliseconds, 100..3600000; required to
+    take it, optional with `task_id`.
+    """
+    release: _builtins.bool
+    """Release the lease once the checkpoint is stored (this put ends the run);
+    a lease already gone is not an error.
+    """
+    def __init__(
+        self,
+        *,
+        holder: _builtins.str = ...,
+        task_id: _builtins.str = ...,
+        ttl_ms: _builtins.int = ...,
+        release: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["holder", b"holder", "release", b"release", "task_id", b"task_id", "ttl_ms", b"ttl_ms"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CheckpointRunLease: _TypeAlias = CheckpointRunLease  # noqa: Y015
+
+@_typing.final
 class PutCheckpointResponse(_message.Message):
     """Response of PutCheckpoint."""
 
     DESCRIPTOR: _descriptor.Descriptor
 
     CREATE_TIME_FIELD_NUMBER: _builtins.int
+    LEASE_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def create_time(self) -> _timestamp_pb2.Timestamp:
         """When it was stored."""
+
+    @_builtins.property
+    def lease(self) -> Global___Lease:
+        """The run lease after the put: set when `run_lease` took or renewed it and
+        did not release it.
+        """
 
     def __init__(
         self,
         *,
         create_time: _timestamp_pb2.Timestamp | None = ...,
+        lease: Global___Lease | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "lease", b"lease"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "lease", b"lease"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

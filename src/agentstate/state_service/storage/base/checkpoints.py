@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Sequence
-from datetime import datetime
 
 from agentstate.state_service.domain import (
+    CheckpointRunLease,
     CheckpointWrite,
     NewCheckpoint,
     Page,
     PruneStrategy,
+    PutCheckpointResult,
     StoredCheckpoint,
 )
 
@@ -26,14 +27,20 @@ class CheckpointStore(abc.ABC):
         conversation_id: int,
         checkpoint: NewCheckpoint,
         expected_head: str | None,
-    ) -> datetime:
+        parent_writes: Sequence[CheckpointWrite] = (),
+        lease: CheckpointRunLease | None = None,
+    ) -> PutCheckpointResult:
         """Store a checkpoint and its new channel values atomically, under the
-        conversation's lock; return its create time.
+        conversation's lock; return its create time (and the run lease after it).
 
         expected_head: None = no check, "" = the namespace must be empty, an id = the
         namespace's newest checkpoint must be that one (else CheckpointConflict). A put
         of an id the namespace already holds replaces it without the check. NotFound
-        when the conversation is absent. Nothing changes on any error.
+        when the conversation is absent. `parent_writes`: pending writes of the parent
+        checkpoint, stored in the same transaction as put_checkpoint_writes stores them
+        (CheckpointNotStored when the parent is not stored). `lease`: the run lease taken
+        (LeaseHeld), renewed (LeaseLost) or released with the put. Nothing changes on
+        any error.
         """
 
     @abc.abstractmethod

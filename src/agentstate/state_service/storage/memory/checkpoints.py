@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from datetime import datetime
+from dataclasses import replace
+from datetime import timedelta
 
 from agentstate.state_service import domain as d
 from agentstate.state_service.domain import (
+    Lease,
     NotFound,
     Page,
     jsontext,
@@ -32,7 +34,9 @@ class MemoryCheckpoints(MemoryTables, CheckpointStore):
         conversation_id: int,
         checkpoint: d.NewCheckpoint,
         expected_head: str | None,
-    ) -> datetime:
+        parent_writes: Sequence[d.CheckpointWrite] = (),
+        lease: d.CheckpointRunLease | None = None,
+    ) -> d.PutCheckpointResult:
         async with self._lock:
             conversation = self._conversation(user_id, conversation_id)
             d.check_json_depth(checkpoint.metadata_json, "metadata_json")
@@ -43,13 +47,56 @@ class MemoryCheckpoints(MemoryTables, CheckpointStore):
                 head = self._head(conversation_id, checkpoint.namespace)
                 if head != expected_head:
                     raise d.CheckpointConflict(checkpoint.namespace, expected_head, head)
+            parent = checkpoint.parent_checkpoint_id or ""
+            if parent_writes and (checkpoint.namespace, parent) not in rows:
+                raise d.checkpoint_not_stored(checkpoint.namespace, parent)
+            held = self._put_lease_check(user_id, conversation_id, lease)
+            # Every check passed: now the changes, all of them.
             values = self._channel_values.setdefault(conversation_id, {})
             for value in checkpoint.new_values:
                 values.setdefault((checkpoint.namespace, value.channel, value.version), value)
+            if parent_writes:
+                self._store_writes(conversation_id, checkpoint.namespace, parent, parent_writes)
             now = utc_now()
             rows[key] = CheckpointRow(checkpoint, now)
             self._touch(conversation)
-            return now
+            return d.PutCheckpointResult(
+                now, self._put_lease_apply(user_id, conversation_id, lease, held)
+            )
+
+    def _put_lease_check(
+        self, user_id: str, conversation_id: int, lease: d.CheckpointRunLease | None
+    ) -> Lease | None:
+        """Refuse the put's lease use before anything changes; the lease it renews."""
+        if lease is None:
+            return None
+        if lease.task_id is None:
+            self._check_lease(user_id, conversation_id, 0)
+            return None
+        held = self._lease_of_task(user_id, lease.task_id)
+        if held is None and lease.ttl_ms > 0:
+            raise d.LeaseLost(f"lease of task {lease.task_id} was lost (released or taken over)")
+        return held
+
+    def _put_lease_apply(
+        self,
+        user_id: str,
+        conversation_id: int,
+        lease: d.CheckpointRunLease | None,
+        held: Lease | None,
+    ) -> Lease | None:
+        if lease is None:
+            return None
+        if lease.task_id is None:
+            held = self._new_lease(user_id, conversation_id, lease.holder, lease.ttl_ms)
+        elif held is not None and lease.ttl_ms > 0:
+            held = replace(held, expire_time=utc_now() + timedelta(milliseconds=lease.ttl_ms))
+            self._leases[held.conversation_id] = held
+        if lease.release:
+            if held is not None:
+                del self._leases[held.conversation_id]
+            return None
+        return held
 
     def _stored(self, conversation_id: int, row: CheckpointRow) -> d.StoredCheckpoint:
         cp = row.checkpoint
@@ -138,15 +185,24 @@ class MemoryCheckpoints(MemoryTables, CheckpointStore):
             self._conversation(user_id, conversation_id)
             if (namespace, checkpoint_id) not in self._checkpoints.get(conversation_id, {}):
                 raise d.checkpoint_not_stored(namespace, checkpoint_id)
-            stored = self._checkpoint_writes.setdefault(conversation_id, {})
-            count = 0
-            for write in writes:
-                key = (namespace, checkpoint_id, write.task_id, write.idx)
-                if key in stored and write.idx >= 0:
-                    continue  # a retried write: the first one stays
-                stored[key] = write
-                count += 1
-            return count
+            return self._store_writes(conversation_id, namespace, checkpoint_id, writes)
+
+    def _store_writes(
+        self,
+        conversation_id: int,
+        namespace: str,
+        checkpoint_id: str,
+        writes: Sequence[d.CheckpointWrite],
+    ) -> int:
+        stored = self._checkpoint_writes.setdefault(conversation_id, {})
+        count = 0
+        for write in writes:
+            key = (namespace, checkpoint_id, write.task_id, write.idx)
+            if key in stored and write.idx >= 0:
+                continue  # a retried write: the first one stays
+            stored[key] = write
+            count += 1
+        return count
 
     def _drop_checkpoints(self, conversation_id: int, doomed: set[tuple[str, str]]) -> None:
         """Remove checkpoints, the writes and values no remaining checkpoint has."""

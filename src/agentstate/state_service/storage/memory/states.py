@@ -55,6 +55,8 @@ class MemoryStates(MemoryTables, AgentStateStore):
         max_state_bytes: int | None = None,
     ) -> UpsertResult:
         # Validate everything, then apply: a failure leaves no trace.
+        if delta is not None:
+            d.check_state_delta(delta)  # first, as the PostgreSQL store does
         async with self._lock:
             conversation = self._conversation(user_id, conversation_id)
             if task_id is not None:
@@ -71,7 +73,6 @@ class MemoryStates(MemoryTables, AgentStateStore):
                 if expected_version is not None and expected_version != current_version:
                     raise VersionConflict(expected_version, current_version)
             else:
-                d.check_state_delta(delta)
                 d.check_delta_parts(delta)
                 if delta.base_version != current_version or current is None:
                     raise VersionConflict(delta.base_version, current_version)

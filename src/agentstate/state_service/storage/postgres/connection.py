@@ -3,6 +3,7 @@ translation of database errors into the domain's (nothing changed in every case)
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
@@ -16,6 +17,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from agentstate.common.pg_pool import PROGRAM_LIMIT_EXCEEDED, GuardedPool, pg_reason
 from agentstate.state_service import domain as d
+from agentstate.state_service.crypto.kms import WrappedKey
 from agentstate.state_service.domain import (
     InvalidArgument,
     MessageWrite,
@@ -23,13 +25,16 @@ from agentstate.state_service.domain import (
     StoreError,
     StoreUnavailable,
 )
+from agentstate.state_service.storage.postgres import encryption as enc
 from agentstate.state_service.storage.postgres import pg_checks
 from agentstate.state_service.storage.postgres.codecs import (
     Conn,
     RawTextLoader,
     Row,
+    TextArray,
     configure_connection,
 )
+from agentstate.state_service.storage.postgres.encryption import OFF, Encryption, UserKeys
 from agentstate.state_service.storage.postgres.migrations import apply_migrations
 from agentstate.state_service.storage.postgres.pg_checks import Route
 from agentstate.state_service.storage.postgres.refusals import (
@@ -70,12 +75,15 @@ class PostgresConnection:
         migration_conninfo: str = "",
         migration_lock_timeout: float | None = 60.0,
         check_route: bool = True,
+        encryption: Encryption | None = None,
     ) -> None:
         """`prepared_statements` off: psycopg never prepares (prepare_threshold None), as
         a transaction pooler without prepared statement support needs. Migrations run on
         `migration_conninfo` when given (straight to PostgreSQL, past a pooler), else on a
-        pooled connection. `check_route`: the start-up checks of `open()`."""
+        pooled connection. `check_route`: the start-up checks of `open()`. `encryption`:
+        encryption at rest (None: off; encryption.py)."""
         self._migrate = migrate
+        self.encryption = encryption or OFF
         self._conninfo = conninfo
         self._max_size = max_size
         self._prepared_statements = prepared_statements
@@ -168,6 +176,61 @@ class PostgresConnection:
 
     async def close(self) -> None:
         await self._pool.close()
+
+    async def rotate_data_keys(self, *, batch_size: int = 500, pause: float = 0.0) -> int:
+        """Rewrap every data key not wrapped by the primary KEK with it, `batch_size` per
+        statement, online (the data keys themselves do not change, so nothing sealed is
+        rewritten and every cached key stays valid). Returns how many it rewrapped."""
+        kms = self.encryption.kms
+        if kms is None:
+            raise d.EncryptionKeyUnavailable(
+                "rotate-keys needs STATE_ENCRYPTION=on and its STATE_ENCRYPTION_KEY_FILE"
+            )
+        total = 0
+        after: str | None = None
+        while True:
+            primary = kms.primary_id()
+            rows = await self._rows(
+                enc.SELECT_KEYS_TO_REWRAP, {"primary": primary, "after": after, "batch": batch_size}
+            )
+            if not rows:
+                return total
+            rewrapped = []
+            for row in rows:
+                key_id = bytes(row["key_id"])
+                raw = kms.unwrap(
+                    user_id=row["user_id"],
+                    key_id=key_id,
+                    wrapped=WrappedKey(row["kek_id"], bytes(row["wrapped"])),
+                )
+                rewrapped.append(
+                    (row, kms.wrap(user_id=row["user_id"], key_id=key_id, data_key=raw))
+                )
+            updated = await self._rows(
+                enc.REWRAP_KEYS,
+                {
+                    "user_ids": TextArray([r["user_id"] for r, _ in rewrapped]),
+                    "old_kek_ids": TextArray([r["kek_id"] for r, _ in rewrapped]),
+                    "new_kek_ids": TextArray([w.kek_id for _, w in rewrapped]),
+                    "new_wrapped": [w.wrapped for _, w in rewrapped],
+                },
+            )
+            total += len(updated)  # a key erased or rewrapped meanwhile is not counted
+            after = rows[-1]["user_id"]
+            if pause:
+                await asyncio.sleep(pause)
+
+    async def data_keys_by_kek(self) -> dict[str, int]:
+        """How many data keys each KEK id wraps (what rotate-keys left)."""
+        rows = await self._rows(enc.COUNT_KEYS_BY_KEK, {})
+        return {row["kek_id"]: int(row["keys"]) for row in rows}
+
+    def _keys(self, user_id: str) -> UserKeys:
+        """The user's data key for one call (encryption.py), fetched only when needed."""
+        return UserKeys(self.encryption, self._key_rows, user_id)
+
+    async def _key_rows(self, statement: str, params: dict[str, object]) -> list[Row]:
+        return await self._rows(statement, dict(params))
 
     @contextlib.asynccontextmanager
     async def _connection(

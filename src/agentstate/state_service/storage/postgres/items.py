@@ -18,23 +18,45 @@ from agentstate.state_service.storage.postgres.codecs import (
 from agentstate.state_service.storage.postgres.connection import (
     PostgresConnection,
 )
+from agentstate.state_service.storage.postgres.encryption import UserKeys, ad
+from agentstate.state_service.storage.postgres.states import state_ad
 
 
 def _raw(value: str | bytes) -> bytes:
     return value.encode() if isinstance(value, str) else bytes(value)
 
 
-def _members(delta: d.Delta | None) -> tuple[TextArray | None, TextArray | None]:
+async def _members(
+    keys: UserKeys, delta: d.Delta | None, bound: bytes
+) -> tuple[TextArray | None, TextArray | None]:
+    """A merge's members: keys as they are (the database merges by them), values sealed
+    when encryption is on."""
     if delta is None:
         return None, None
-    return TextArray(delta.keys), TextArray(delta.values)
+    values = await keys.seal_all(delta.values, bound) if keys.on else delta.values
+    return TextArray(delta.keys), TextArray(values)
 
 
-def item_of(conversation_id: int, row: Row) -> d.ConversationItem:
+def item_ad(user_id: str, conversation_id: int) -> bytes:
+    """An item is bound to its user and conversation (its seq is the database's)."""
+    return ad(user_id, conversation_id, "item")
+
+
+def scoped_ad(user_id: str, app_name: str) -> bytes:
+    """A scoped state's values: to the app and the user ('' for app-scoped state)."""
+    return ad(user_id, app_name, "scoped")
+
+
+# App-scoped state belongs to no user: its values are sealed with the data key of the
+# user id '' (which no erasure destroys).
+APP_KEYS = ""
+
+
+async def item_of(keys: UserKeys, conversation_id: int, row: Row) -> d.ConversationItem:
     return d.ConversationItem(
         conversation_id=conversation_id,
         seq=int(row["seq"]),
-        item_json=_raw(row["item"]),
+        item_json=await keys.open(_raw(row["item"]), item_ad(keys.user_id, conversation_id)),
         item_time=row["item_time"],
         create_time=row["create_time"],
     )
@@ -49,18 +71,23 @@ class PostgresItems(PostgresConnection, ItemStore):
         items: Sequence[d.NewItem],
         expected_revision: int | None,
     ) -> d.AppendedItems:
+        keys = self._keys(user_id)
+        texts: Sequence[bytes | str] = [i.item_json for i in items]
+        if keys.on and texts:
+            texts = await keys.seal_all(texts, item_ad(user_id, conversation_id))
         rows = await self._rows(
             sql.APPEND_ITEMS,
             {
                 "user_id": user_id,
                 "conversation_id": conversation_id,
-                "items": TextArray([i.item_json for i in items]),
+                "items": TextArray(texts),
                 "item_times": [i.item_time for i in items],
                 "expected_revision": expected_revision,
             },
         )
         return d.AppendedItems(
-            [item_of(conversation_id, row) for row in rows], int(rows[-1]["revision"])
+            [await item_of(keys, conversation_id, row) for row in rows],
+            int(rows[-1]["revision"]),
         )
 
     async def list_items(
@@ -91,15 +118,24 @@ class PostgresItems(PostgresConnection, ItemStore):
         )
         if not rows:
             raise d.conversation_not_found(conversation_id)
-        found = [item_of(conversation_id, r) for r in rows if r["seq"] is not None]
+        keys = self._keys(user_id)
+        found = [await item_of(keys, conversation_id, r) for r in rows if r["seq"] is not None]
         items = found[:page_size]
         token = str(items[-1].seq) if len(found) > page_size else ""
         first = rows[0]
-        states = {
-            r["part"]: StoredState(_raw(r["payload"]), int(r["version"]), r["update_time"])
-            for r in rows
-            if with_states and r["part"] not in (None, "item")
-        }
+        states: dict[str, StoredState] = {}
+        for r in rows if with_states else ():
+            part = r["part"]
+            if part in (None, "item"):
+                continue
+            # Opened as get_state and get_scoped_state open them (sealed values).
+            if part == "state":
+                opener, bound = keys, state_ad(user_id, conversation_id, state_key)
+            else:
+                owner = user_id if part == "user" else ""
+                opener, bound = self._keys(owner or APP_KEYS), scoped_ad(owner, scoped_app)
+            payload = await opener.open(_raw(r["payload"]), bound)
+            states[part] = StoredState(payload, int(r["version"]), r["update_time"])
         return d.ItemsPage(
             items,
             token,
@@ -120,7 +156,8 @@ class PostgresItems(PostgresConnection, ItemStore):
                 "expected_revision": expected_revision,
             },
         )
-        item = item_of(conversation_id, row) if row["seq"] is not None else None
+        keys = self._keys(user_id)
+        item = await item_of(keys, conversation_id, row) if row["seq"] is not None else None
         return d.PoppedItem(item, int(row["revision"]))
 
     async def clear_items(self, *, user_id: str, conversation_id: int) -> d.ClearedItems:
@@ -131,26 +168,36 @@ class PostgresItems(PostgresConnection, ItemStore):
 
     async def get_scoped_state(self, *, user_id: str, app_name: str) -> d.ScopedStates:
         rows = await self._rows(sql.SELECT_SCOPED_STATE, {"user_id": user_id, "app_name": app_name})
-        states = {
-            row["user_id"]: StoredState(
-                _raw(row["payload"]), int(row["version"]), row["update_time"]
-            )
-            for row in rows
-        }
+        states = {}
+        for row in rows:
+            owner = row["user_id"]
+            keys = self._keys(owner or APP_KEYS)
+            payload = await keys.open(_raw(row["payload"]), scoped_ad(owner, app_name))
+            states[owner] = StoredState(payload, int(row["version"]), row["update_time"])
         return d.ScopedStates(app=states.get(""), user=states.get(user_id))
 
     async def append_event(
         self, *, user_id: str, conversation_id: int, event: d.EventAppend
     ) -> d.AppendedEvent:
-        state_keys, state_values = _members(event.state_delta)
-        app_keys, app_values = _members(event.app_delta)
-        user_keys, user_values = _members(event.user_delta)
+        keys = self._keys(user_id)
+        state_keys, state_values = await _members(
+            keys, event.state_delta, state_ad(user_id, conversation_id, event.state_key)
+        )
+        app_keys, app_values = await _members(
+            self._keys(APP_KEYS), event.app_delta, scoped_ad("", event.app_name)
+        )
+        user_keys, user_values = await _members(
+            keys, event.user_delta, scoped_ad(user_id, event.app_name)
+        )
+        item_text: str | None = event.item.item_json.decode() if event.item else None
+        if item_text is not None and keys.on:
+            item_text = await keys.seal(item_text, item_ad(user_id, conversation_id))
         (row,) = await self._rows(
             sql.APPEND_EVENT,
             {
                 "user_id": user_id,
                 "conversation_id": conversation_id,
-                "item": event.item.item_json.decode() if event.item else None,
+                "item": item_text,
                 "item_time": event.item.item_time if event.item else None,
                 "expected_revision": event.expected_revision,
                 "state_key": event.state_key,
@@ -163,5 +210,5 @@ class PostgresItems(PostgresConnection, ItemStore):
                 "user_values": user_values,
             },
         )
-        item = item_of(conversation_id, row) if row["seq"] is not None else None
+        item = await item_of(keys, conversation_id, row) if row["seq"] is not None else None
         return d.AppendedEvent(item, int(row["revision"]), int(row["state_version"]))

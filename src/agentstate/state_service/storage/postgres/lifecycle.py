@@ -33,6 +33,8 @@ from agentstate.state_service.storage.postgres.conversations import (
     delete_selected,
     ttl_params,
 )
+from agentstate.state_service.storage.postgres.encryption import SELECT_USER_KEY
+from agentstate.state_service.storage.postgres.states import state_ad
 
 log = logging.getLogger(__name__)
 
@@ -154,11 +156,14 @@ class PostgresLifecycle(PostgresConnection, LifecycleStore):
         )
         rows = await self._rows(statement, params)
         items = [conversation_of(r) for r in rows[:page_size]]
-        states = {
-            int(r["id"]): str(r["state_payload"]).encode()
-            for r in rows[:page_size]
-            if include_state_key and r["state_payload"] is not None
-        }
+        states = {}
+        for r in rows[:page_size]:
+            if include_state_key and r["state_payload"] is not None:
+                owner = r["user_id"]  # across users, each state opens with its own key
+                states[int(r["id"])] = await self._keys(owner).open(
+                    str(r["state_payload"]).encode(),
+                    state_ad(owner, int(r["id"]), include_state_key),
+                )
         token = str(items[-1].conversation_id) if len(rows) > page_size else ""
         return ConversationSearch(Page(items, token), total, states)
 
@@ -177,6 +182,9 @@ class PostgresLifecycle(PostgresConnection, LifecycleStore):
         erasure_id = int(begun["erasure_id"])
         if begun["already_done"]:
             return await self.get_erasure_receipt(erasure_id=erasure_id)
+        # The data key's id, read before the last batch deletes its row (no new key is
+        # made while the erase runs: the fence): the KMS is told after (crypto-shredding).
+        key_rows = await self._rows(SELECT_USER_KEY, {"user_id": user_id})
         # Running turns were asked to stop: give them a moment to end cleanly. One still
         # running after that is erased anyway; its next write is NOT_FOUND.
         deadline = time.monotonic() + settings.stop_grace_seconds
@@ -198,6 +206,9 @@ class PostgresLifecycle(PostgresConnection, LifecycleStore):
                 break
             if settings.pause_seconds > 0:
                 await asyncio.sleep(settings.pause_seconds)
+        self.encryption.cache.drop(user_id)
+        if key_rows and self.encryption.kms is not None:
+            self.encryption.kms.destroy(key_id=bytes(key_rows[0]["key_id"]))
         return await self.get_erasure_receipt(erasure_id=erasure_id)
 
     async def get_erasure_receipt(self, *, erasure_id: int) -> ErasureReceipt:

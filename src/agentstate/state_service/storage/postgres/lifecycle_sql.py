@@ -104,7 +104,12 @@ ORDER BY c.id DESC LIMIT %(limit)s"""
                THEN agentstate_members_text(s.member_keys, s.member_values)
            WHEN s.context_start IS NULL THEN s.payload::text
            ELSE s.context_head || (
-               SELECT coalesce('[' || string_agg(m.message, ', ' ORDER BY m.position) || ']',
+               SELECT coalesce('[' || string_agg(
+                   -- A first chunk may begin before the context (a compaction cut it).
+                   coalesce(m.message, array_to_string(CASE WHEN m.position >= s.context_start
+                       THEN m.messages ELSE m.messages[s.context_start - m.position + 1 :] END,
+                       ', ')), ', '
+                   ORDER BY m.position) || ']',
                                '[]')
                FROM t_agent_state_message AS m
                WHERE m.session_id = s.session_id AND m.state_key = s.state_key

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 from agentstate.state_service import domain as d
+from agentstate.state_service.crypto import envelope
 from agentstate.state_service.domain import (
     Compaction,
     MessageRecord,
@@ -24,6 +26,8 @@ from agentstate.state_service.storage.postgres.codecs import (
 from agentstate.state_service.storage.postgres.connection import (
     PostgresConnection,
 )
+from agentstate.state_service.storage.postgres.encryption import UserKeys, ad
+from agentstate.state_service.storage.postgres.refusals import check_write_json, where_in_batch
 
 
 def message_of(row: Row) -> MessageRecord:
@@ -104,13 +108,125 @@ def compaction_arrays(compactions: Sequence[Compaction]) -> dict[str, TextArray 
     }
 
 
+def _record_ad(user_id: str, conversation_id: int | None, field: str) -> bytes:
+    """A record's blocks and metadata are bound to their user, conversation and field
+    (the record's id is the database's, given after the text is sealed). The records a
+    BeginTurn appends to the conversation it creates are sealed before it has an id:
+    they are bound to "new" (NEW_CONVERSATION) instead."""
+    return ad(
+        user_id,
+        NEW_CONVERSATION if conversation_id is None else conversation_id,
+        f"message.{field}",
+    )
+
+
+NEW_CONVERSATION = "new"
+
+
+# The jsonb columns check their type (blocks an array, metadata an object), so a token
+# is kept as one: ["\u0001..."] and {"\u0001": "..."}, as jsonb prints them.
+_SEALED_PREFIX = {"blocks": b'["\\u0001', "metadata": b'{"\\u0001": "'}
+_SEALED_SUFFIX = {"blocks": b'"]', "metadata": b'"}'}
+
+
+def _sealed_json(token: str, field: str) -> bytes:
+    return _SEALED_PREFIX[field] + token[1:].encode() + _SEALED_SUFFIX[field]
+
+
+def _token_of(data: bytes | None, field: str) -> str | None:
+    prefix = _SEALED_PREFIX[field]
+    if data is None or not data.startswith(prefix):
+        return None
+    return "\x01" + data[len(prefix) : -2].decode()
+
+
+async def seal_record_texts(
+    keys: UserKeys,
+    conversation_id: int | None,
+    blocks: Sequence[bytes | None],
+    metadata: Sequence[bytes | None],
+) -> tuple[list[bytes | None], list[bytes | None]]:
+    """Blocks and metadata sealed (checked first as PostgreSQL would have: a sealed text
+    is a JSON string to it, so it can no longer refuse them); as they are when off."""
+    if not keys.on:
+        return list(blocks), list(metadata)
+    key = await keys.for_write()
+    user_id = keys.user_id
+    out: list[list[bytes | None]] = []
+    for field, texts in (("blocks", blocks), ("metadata", metadata)):
+        bound = _record_ad(user_id, conversation_id, field)
+        out.append(
+            [
+                None if t is None else _sealed_json(envelope.seal_text(key, t, bound), field)
+                for t in texts
+            ]
+        )
+    return out[0], out[1]
+
+
+async def seal_writes(
+    keys: UserKeys,
+    conversation_id: int,
+    writes: Sequence[MessageWrite],
+    arrays: dict[str, TextArray | BigintArray],
+    batch: str | None,
+) -> dict[str, TextArray | BigintArray]:
+    """write_arrays' arrays with the blocks and metadata sealed."""
+    if not keys.on or not writes:
+        return arrays
+    for index, write in enumerate(writes):
+        check_write_json(write, where_in_batch(index, batch))
+    blocks, metadata = await seal_record_texts(
+        keys,
+        conversation_id,
+        [w.blocks_json for w in writes],
+        [w.metadata_json for w in writes],
+    )
+    return arrays | {"blocks": TextArray(blocks), "metadata": TextArray(metadata)}
+
+
+def _open_record_text(
+    key: envelope.DataKey | None, token: str, user_id: str, conversation_id: int, field: str
+) -> bytes:
+    try:
+        return envelope.open_token(
+            key, token, _record_ad(user_id, conversation_id, field), user_id=user_id
+        )
+    except d.CiphertextRejected:
+        # Appended by the BeginTurn that created the conversation (see _record_ad).
+        return envelope.open_token(key, token, _record_ad(user_id, None, field), user_id=user_id)
+
+
+async def open_records(keys: UserKeys, records: list[MessageRecord]) -> list[MessageRecord]:
+    """Records with sealed blocks and metadata opened."""
+    sealed = [
+        (_token_of(r.blocks_json, "blocks"), _token_of(r.metadata_json, "metadata"))
+        for r in records
+    ]
+    if not any(b or m for b, m in sealed):
+        return records
+    key = await keys.for_read("\x01")
+    opened = []
+    for record, (blocks, metadata) in zip(records, sealed, strict=True):
+        changes: dict[str, bytes] = {}
+        for field, token in (("blocks", blocks), ("metadata", metadata)):
+            if token is not None:
+                changes[f"{field}_json"] = _open_record_text(
+                    key, token, keys.user_id, record.conversation_id, field
+                )
+        opened.append(dataclasses.replace(record, **changes))  # type: ignore[arg-type]
+    return opened
+
+
 class PostgresMessages(PostgresConnection, MessageStore):
     async def write_message(
         self, *, user_id: str, conversation_id: int, write: MessageWrite
     ) -> MessageRecord:
-        params = {"user_id": user_id, "conversation_id": conversation_id, **write_arrays([write])}
+        keys = self._keys(user_id)
+        arrays = await seal_writes(keys, conversation_id, [write], write_arrays([write]), None)
+        params = {"user_id": user_id, "conversation_id": conversation_id, **arrays}
         (row,) = await self._rows(sql.WRITE_MESSAGE, params, writes=[write])
-        return message_of(row)
+        return (await open_records(keys, [message_of(row)]))[0]
 
     async def list_messages(
         self,
@@ -133,7 +249,9 @@ class PostgresMessages(PostgresConnection, MessageStore):
         )
         if not rows:
             raise d.conversation_not_found(conversation_id)
-        records = [message_of(r) for r in rows if r["id"] is not None]
+        records = await open_records(
+            self._keys(user_id), [message_of(r) for r in rows if r["id"] is not None]
+        )
         items = records[:page_size]
         token = str(items[-1].message_id) if len(records) > page_size else ""
         return Page(items, token)
@@ -155,4 +273,4 @@ class PostgresMessages(PostgresConnection, MessageStore):
         )
         if not rows:
             raise d.message_not_found(message_id, conversation_id)
-        return message_of(rows[0])
+        return (await open_records(self._keys(user_id), [message_of(rows[0])]))[0]

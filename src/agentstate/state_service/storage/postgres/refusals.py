@@ -91,6 +91,9 @@ def refusal(detail: dict[str, Any], batch: str | None) -> d.StateServiceError:
         return d.lease_held(held)
     if kind == "lease_lost":
         return d.lease_taken_over(int(detail["task_id"]), int(detail["holder_task_id"]))
+    if kind == "lease_gone":
+        task = int(detail["task_id"])
+        return d.LeaseLost(f"lease of task {task} was lost (released or taken over)")
     if kind == "checkpoint_conflict":
         return d.CheckpointConflict(
             str(detail["namespace"]), str(detail["expected"]), str(detail["current"])

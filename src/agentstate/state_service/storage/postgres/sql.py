@@ -100,18 +100,26 @@ RETURNING {_CONVERSATION_COLUMNS}, {STATUS_COLUMNS}
 # payload is text (read as raw bytes): a split state is assembled from its rows
 # (migration 10), byte for byte what the same state stored whole returns; a whole
 # one is its members joined (migration 12), or jsonb's print for a row before it.
-SELECT_STATE: Final = """
-SELECT CASE
+# A state's text, from its row `s` (also in LIST_ITEMS_WITH_STATES).
+_STATE_TEXT = """CASE
            WHEN s.member_keys IS NOT NULL
                THEN agentstate_members_text(s.member_keys, s.member_values)
            WHEN s.context_start IS NULL THEN s.payload::text
            -- Written out rather than a SQL function (which is planned on every call).
            ELSE s.context_head || (
-               SELECT coalesce('[' || string_agg(m.message, ', ' ORDER BY m.position) || ']', '[]')
+               SELECT coalesce('[' || string_agg(
+                   -- A first chunk may begin before the context (a compaction cut it).
+                   coalesce(m.message, array_to_string(CASE WHEN m.position >= s.context_start
+                       THEN m.messages ELSE m.messages[s.context_start - m.position + 1 :] END,
+                       ', ')), ', '
+                   ORDER BY m.position) || ']', '[]')
                FROM t_agent_state_message AS m
                WHERE m.session_id = s.session_id AND m.state_key = s.state_key
                  AND m.user_id = s.user_id) || s.context_tail
-       END AS payload, s.version, s.update_time
+       END"""
+
+SELECT_STATE: Final = f"""
+SELECT {_STATE_TEXT} AS payload, s.version, s.update_time
 FROM t_conversation AS c
 LEFT JOIN t_agent_state AS s
   ON s.user_id = c.user_id AND s.session_id = c.id AND s.state_key = %(state_key)s
@@ -312,6 +320,22 @@ SELECT agentstate_put_checkpoint(
 ) AS create_time
 """
 
+# A put with its parent's writes and the run lease (agentstate_put_checkpoint_step).
+PUT_CHECKPOINT_STEP: Final = """
+SELECT create_time, lease_task_id, lease_expire_time, lease_stop_requested
+FROM agentstate_put_checkpoint_step(
+    %(user_id)s, %(conversation_id)s, %(namespace)s, %(checkpoint_id)s, %(parent_id)s,
+    %(checkpoint_type)s, %(checkpoint)b, %(metadata)s, %(metadata_text)s::text,
+    %(channel_versions)s,
+    %(check_head)s, %(expected_head)s,
+    %(channels)s::text[], %(versions)s::text[], %(value_types)s::text[], %(values)b::bytea[],
+    %(task_ids)s::text[], %(idxs)s::integer[], %(write_channels)s::text[],
+    %(write_types)s::text[], %(write_values)b::bytea[], %(task_paths)s::text[],
+    %(lease_holder)s::text, %(lease_task_id)s::bigint, %(lease_ttl_ms)s::integer,
+    %(lease_release)s::boolean
+)
+"""
+
 PUT_CHECKPOINT_WRITES: Final = """
 SELECT agentstate_put_checkpoint_writes(
     %(user_id)s, %(conversation_id)s, %(namespace)s, %(checkpoint_id)s,
@@ -416,8 +440,8 @@ ORDER BY i.seq
 
 # As LIST_ITEMS, with the conversation's state under a key and an app's scoped states
 # in the same statement (one snapshot: an ADK session in one read). Item rows first
-# (part 0, by seq), then at most one 'state', 'app' and 'user' row each. The state
-# text is SELECT_STATE's, the scoped texts SELECT_SCOPED_STATE's.
+# (by seq), then at most one 'state', 'app' and 'user' row each. The state text is
+# SELECT_STATE's, the scoped texts SELECT_SCOPED_STATE's (values sealed, as there).
 LIST_ITEMS_WITH_STATES: Final = f"""
 SELECT c.item_revision, c.update_time AS conversation_update_time, x.*
 FROM t_conversation AS c
@@ -438,18 +462,7 @@ LEFT JOIN LATERAL (
         LIMIT %(limit)s
     ) AS i
     UNION ALL
-    SELECT 'state', NULL, NULL, NULL, NULL,
-           CASE
-               WHEN s.member_keys IS NOT NULL
-                   THEN agentstate_members_text(s.member_keys, s.member_values)
-               WHEN s.context_start IS NULL THEN s.payload::text
-               ELSE s.context_head || (
-                   SELECT coalesce('[' || string_agg(m.message, ', ' ORDER BY m.position)
-                                   || ']', '[]')
-                   FROM t_agent_state_message AS m
-                   WHERE m.session_id = s.session_id AND m.state_key = s.state_key
-                     AND m.user_id = s.user_id) || s.context_tail
-           END,
+    SELECT 'state', NULL, NULL, NULL, NULL, {_STATE_TEXT},
            s.version, s.update_time
     FROM t_agent_state AS s
     WHERE %(state_key)s <> '' AND s.user_id = c.user_id AND s.session_id = c.id

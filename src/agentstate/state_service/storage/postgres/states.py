@@ -31,11 +31,33 @@ from agentstate.state_service.storage.postgres.codecs import (
 from agentstate.state_service.storage.postgres.connection import (
     PostgresConnection,
 )
+from agentstate.state_service.storage.postgres.encryption import UserKeys, ad
 from agentstate.state_service.storage.postgres.messages import (
     compaction_arrays,
     message_of,
+    open_records,
+    seal_record_texts,
+    seal_writes,
     write_arrays,
 )
+from agentstate.state_service.storage.postgres.refusals import check_write_json, where_in_batch
+
+
+def state_ad(user_id: str, conversation_id: int, state_key: str) -> bytes:
+    """Every sealed part of one state (head, tail, messages, member values) is bound to
+    its state row: the user, the conversation and the state key."""
+    return ad(user_id, conversation_id, "state", state_key)
+
+
+async def _sealed_form(keys: UserKeys, form: d.StateForm, ad: bytes) -> d.StateForm:
+    """The stored form with every text sealed (member keys stay: the database merges
+    and checks by them), or the form itself with encryption off."""
+    if not keys.on:
+        return form
+    if form.head is None:
+        return d.StateForm(keys=form.keys, values=tuple(await keys.seal_all(form.values, ad)))
+    head, tail, *messages = await keys.seal_all([form.head, form.tail, *form.messages], ad)
+    return d.StateForm(head=head, tail=tail, messages=tuple(messages))
 
 
 class PostgresStates(PostgresConnection, AgentStateStore):
@@ -52,7 +74,10 @@ class PostgresStates(PostgresConnection, AgentStateStore):
             raise NotFound(
                 f"conversation {conversation_id} has no state {state_key!r} yet", "state"
             )
-        return StoredState(row["payload"], int(row["version"]), row["update_time"])
+        payload = await self._keys(user_id).open(
+            row["payload"], state_ad(user_id, conversation_id, state_key)
+        )
+        return StoredState(payload, int(row["version"]), row["update_time"])
 
     async def save_state(
         self,
@@ -68,12 +93,20 @@ class PostgresStates(PostgresConnection, AgentStateStore):
         delta: StateDelta | None = None,
         max_state_bytes: int | None = None,
     ) -> UpsertResult:
+        keys = self._keys(user_id)
+        ad = state_ad(user_id, conversation_id, state_key)
         params: dict[str, Any] = {
             "user_id": user_id,
             "conversation_id": conversation_id,
             "state_key": state_key,
             "task_id": task_id,
-            **write_arrays(message_writes),
+            **await seal_writes(
+                keys,
+                conversation_id,
+                message_writes,
+                write_arrays(message_writes),
+                "message_writes",
+            ),
             **compaction_arrays(compactions),
         }
         if delta is None:
@@ -82,7 +115,7 @@ class PostgresStates(PostgresConnection, AgentStateStore):
             # The stored form is made here, from the text as sent (domain StateForm):
             # the database never re-prints a value.
             d.check_json_depth(payload, "payload")
-            form = d.state_form(payload)
+            form = await _sealed_form(keys, d.state_form(payload), ad)
             params |= {
                 "keys": None if form.split else TextArray(form.keys),
                 "values": None if form.split else TextArray(form.values),
@@ -101,6 +134,11 @@ class PostgresStates(PostgresConnection, AgentStateStore):
         else:
             d.check_state_delta(delta)
             messages, fields = d.check_delta_parts(delta)
+            if keys.on:  # sealed: the function appends and frames them as they are
+                messages = tuple(await keys.seal_all(messages, ad))
+                if fields is not None:
+                    head, tail = await keys.seal_all(fields, ad)
+                    fields = (head, tail)
             params |= {
                 "keys": None,
                 "values": None,
@@ -127,7 +165,9 @@ class PostgresStates(PostgresConnection, AgentStateStore):
         return UpsertResult(
             version=int(first["version"]),
             update_time=first["state_update_time"],
-            messages=[message_of(row) for row in rows if row["id"] is not None],
+            messages=await open_records(
+                keys, [message_of(row) for row in rows if row["id"] is not None]
+            ),
             lease_released=bool(first["lease_released"]),
         )
 
@@ -135,6 +175,16 @@ class PostgresStates(PostgresConnection, AgentStateStore):
         self, *, user_id: str, conversation_id: int | None, start: TurnStart
     ) -> BegunTurn:
         guard = start.guard
+        keys = self._keys(user_id)
+        if keys.on:  # sealed, the database can no longer refuse them: checked here
+            for index, new in enumerate(start.new_messages):
+                check_write_json(new, where_in_batch(index, "new_messages"))
+        blocks, metadata = await seal_record_texts(
+            keys,
+            conversation_id,
+            [m.blocks_json for m in start.new_messages],
+            [m.metadata_json for m in start.new_messages],
+        )
         params = {
             "user_id": user_id,
             "conversation_id": conversation_id,
@@ -149,8 +199,8 @@ class PostgresStates(PostgresConnection, AgentStateStore):
             ),
             "roles": TextArray([m.role.value for m in start.new_messages]),
             "statuses": TextArray([m.status.value for m in start.new_messages]),
-            "blocks": TextArray([m.blocks_json for m in start.new_messages]),
-            "metadata": TextArray([m.metadata_json for m in start.new_messages]),
+            "blocks": TextArray(blocks),
+            "metadata": TextArray(metadata),
             "cached_version": start.cached_version,
         }
         (row,) = await self._rows(
@@ -175,7 +225,14 @@ class PostgresStates(PostgresConnection, AgentStateStore):
         state = None
         omitted = bool(row["payload_omitted"])
         if row["version"] is not None:
-            payload = b"" if omitted else row["payload"]
+            payload = (
+                b""
+                if omitted
+                else await keys.open(
+                    row["payload"],
+                    state_ad(user_id, conversation.conversation_id, start.state_key),
+                )
+            )
             state = StoredState(payload, int(row["version"]), row["state_update_time"])
         # The appended records are what was sent, with the ids and time they were given.
         messages = [

@@ -57,10 +57,16 @@ BEGIN
     UPDATE t_agent_message SET status = 'INTERRUPTED', update_time = now()
     WHERE user_id = p_user_id AND conversation_id = v_conversation.id AND status = 'STREAMING';
     GET DIAGNOSTICS v_interrupted = ROW_COUNT;
-    SELECT array_agg(m.id ORDER BY m.ordinality) INTO v_ids FROM agentstate_write_messages(
-        p_user_id, v_conversation.id, array_fill('insert'::text, ARRAY[n]),
-        array_fill(NULL::bigint, ARRAY[n]), p_roles, p_statuses, p_blocks, p_metadata,
-        array_fill(NULL::text, ARRAY[n])) WITH ORDINALITY AS m;
+    -- The new records, as agentstate_write_messages inserts them, in one statement: the
+    -- ids are drawn first, in order, so the result follows the request.
+    v_ids := ARRAY(SELECT agentstate_next_id() FROM generate_series(1, n));
+    IF n > 0 THEN
+        INSERT INTO t_agent_message (id, user_id, conversation_id, role, blocks, status, metadata)
+        SELECT v_ids[u.i], p_user_id, v_conversation.id, u.role, u.blocks::jsonb, u.status,
+               u.metadata::jsonb
+        FROM unnest(p_roles, p_statuses, p_blocks, p_metadata)
+            WITH ORDINALITY AS u(role, status, blocks, metadata, i);
+    END IF;
     RETURN QUERY
     SELECT v_conversation, v_created, v_lease.task_id, v_lease.expire_time,
            v_lease.stop_requested, v_lease.lapsed_task_id, v_interrupted,
@@ -71,7 +77,12 @@ BEGIN
                 WHEN s.context_start IS NULL THEN s.payload::text
                 ELSE s.context_head || (
                     SELECT coalesce(
-                        '[' || string_agg(m.message, ', ' ORDER BY m.position) || ']', '[]')
+                        '[' || string_agg(
+                        -- A first chunk may begin before the context (a compaction cut it).
+                        coalesce(m.message, array_to_string(CASE WHEN m.position >= s.context_start
+                            THEN m.messages ELSE m.messages[s.context_start - m.position + 1 :] END,
+                            ', ')), ', '
+                        ORDER BY m.position) || ']', '[]')
                     FROM t_agent_state_message AS m
                     WHERE m.session_id = s.session_id AND m.state_key = s.state_key
                       AND m.user_id = s.user_id) || s.context_tail END,

@@ -20,8 +20,12 @@ BEGIN
         DELETE FROM t_context_compaction
         WHERE user_id = p_user_id AND conversation_id = ANY(v_ids);
         GET DIAGNOSTICS n = ROW_COUNT; batch_counts := batch_counts || jsonb_build_object('compactions', n);
-        DELETE FROM t_agent_state_message WHERE user_id = p_user_id AND session_id = ANY(v_ids);
-        GET DIAGNOSTICS n = ROW_COUNT;
+        -- Counted in messages: a row holds a chunk of them (migration 16).
+        WITH gone AS (
+            DELETE FROM t_agent_state_message
+            WHERE user_id = p_user_id AND session_id = ANY(v_ids)
+            RETURNING coalesce(cardinality(messages), 1) AS messages)
+        SELECT coalesce(sum(messages), 0) INTO n FROM gone;
         batch_counts := batch_counts || jsonb_build_object('state_messages', n);
         DELETE FROM t_agent_state WHERE user_id = p_user_id AND session_id = ANY(v_ids);
         GET DIAGNOSTICS n = ROW_COUNT; batch_counts := batch_counts || jsonb_build_object('states', n);
@@ -47,6 +51,9 @@ BEGIN
         DELETE FROM t_scoped_state WHERE user_id = p_user_id;
         GET DIAGNOSTICS n = ROW_COUNT;
         batch_counts := batch_counts || jsonb_build_object('scoped_states', n);
+        -- The data key last (crypto-shredding, migration 14): sealed copies of
+        -- anything above, in backups too, cannot be opened without it.
+        DELETE FROM t_user_key WHERE user_id = p_user_id;
         DELETE FROM t_erasure_fence WHERE user_id = p_user_id;
         remaining := false;
     END IF;

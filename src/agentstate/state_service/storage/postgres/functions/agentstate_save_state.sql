@@ -29,14 +29,25 @@ DECLARE
     v_new_bytes bigint;
     v_size bigint;
     v_from integer;
-    v_frame record;
+    v_head text;
+    v_tail text;
+    v_last_task bigint;
 BEGIN
-    SELECT NULL::text AS head, NULL::text AS tail INTO v_frame;
-    PERFORM agentstate_touch_conversation(p_user_id, p_conversation_id);
-    IF p_task_id IS NOT NULL THEN
-        -- Fencing (migration 6): a turn whose lease another task took over never
-        -- writes again, whether or not the lease is free now.
-        PERFORM agentstate_fence_turn(p_user_id, p_conversation_id, p_task_id);
+    -- As agentstate_touch_conversation and agentstate_fence_turn, written out (a
+    -- function call costs more than these statements on a small state).
+    UPDATE t_conversation AS c SET update_time = now()
+    WHERE c.user_id = p_user_id AND c.id = p_conversation_id
+    RETURNING c.last_task_id INTO v_last_task;
+    IF NOT FOUND THEN
+        PERFORM agentstate_refuse(jsonb_build_object(
+            'kind', 'not_found', 'missing', 'conversation', 'conversation_id', p_conversation_id));
+    END IF;
+    -- Fencing (migration 6): a turn whose lease another task took over never
+    -- writes again, whether or not the lease is free now. The row lock above means
+    -- no lease is granted between this check and the save.
+    IF p_task_id IS NOT NULL AND v_last_task IS NOT NULL AND v_last_task <> p_task_id THEN
+        PERFORM agentstate_refuse(jsonb_build_object(
+            'kind', 'lease_lost', 'task_id', p_task_id, 'holder_task_id', v_last_task));
     END IF;
     -- FOR UPDATE: the batched split (agentstate_split_states) may hold it.
     SELECT * INTO v_state FROM t_agent_state AS s
@@ -60,9 +71,10 @@ BEGIN
         IF p_context IS NOT NULL THEN
             PERFORM agentstate_write_context(
                 p_user_id, p_conversation_id, p_state_key, v_start, 0, p_context);
-            SELECT p_head AS head, p_tail AS tail INTO v_frame;
+            v_head := p_head;
+            v_tail := p_tail;
             v_count := cardinality(p_context);
-            SELECT coalesce(sum(octet_length(m)), 0) INTO v_bytes FROM unnest(p_context) AS m;
+            SELECT coalesce(sum(agentstate_plain_length(m)), 0) INTO v_bytes FROM unnest(p_context) AS m;
         ELSE
             IF v_state.context_start IS NOT NULL THEN
                 DELETE FROM t_agent_state_message AS m
@@ -98,19 +110,31 @@ BEGIN
         v_count := v_state.context_count;
         v_bytes := v_state.context_bytes;
         v_rest := v_state.payload;
-        SELECT v_state.context_head AS head, v_state.context_tail AS tail INTO v_frame;
+        v_head := v_state.context_head;
+        v_tail := v_state.context_tail;
         IF p_drop_head > v_count THEN
             PERFORM agentstate_refuse(jsonb_build_object(
                 'kind', 'delta_range', 'field', 'drop_head', 'value', p_drop_head,
                 'length', v_count));
         END IF;
         IF p_drop_head > 0 THEN
+            -- Chunks wholly before the new start go; the one across it stays as it is
+            -- (reads skip its messages before context_start) until it goes too.
             WITH dropped AS (
                 DELETE FROM t_agent_state_message AS m
                 WHERE m.user_id = p_user_id AND m.session_id = p_conversation_id
                   AND m.state_key = p_state_key AND m.position < v_start + p_drop_head
-                RETURNING octet_length(m.message) AS size)
+                  AND m.position + coalesce(cardinality(m.messages), 1)
+                      <= v_start + p_drop_head
+                RETURNING coalesce(agentstate_plain_length(m.message), agentstate_plain_length(array_to_string(
+                    m.messages[greatest(v_start - m.position, 0) + 1 :], ''))) AS size)
             SELECT v_bytes - coalesce(sum(size), 0) INTO v_bytes FROM dropped;
+            SELECT v_bytes - coalesce(sum(agentstate_plain_length(array_to_string(
+                       m.messages[greatest(v_start - m.position, 0) + 1
+                                  : v_start + p_drop_head - m.position], ''))), 0)
+            INTO v_bytes FROM t_agent_state_message AS m
+            WHERE m.user_id = p_user_id AND m.session_id = p_conversation_id
+              AND m.state_key = p_state_key AND m.position < v_start + p_drop_head;
             v_start := v_start + p_drop_head;
             v_count := v_count - p_drop_head;
         END IF;
@@ -122,15 +146,8 @@ BEGIN
         END IF;
         -- Each message checked by the service and kept as sent.
         v_new := coalesce(p_messages, '{}');
-        SELECT coalesce(sum(octet_length(m)), 0) INTO v_new_bytes FROM unnest(v_new) AS m;
-        IF v_from = v_count THEN
-            -- Appending (the common turn): no row after the end to compare or remove.
-            INSERT INTO t_agent_state_message (user_id, session_id, state_key, position, message)
-            SELECT p_user_id, p_conversation_id, p_state_key, v_start + v_count + u.i - 1,
-                   u.message
-            FROM unnest(v_new) WITH ORDINALITY AS u(message, i);
-            v_bytes := v_bytes + v_new_bytes;
-        ELSE
+        SELECT coalesce(sum(agentstate_plain_length(m)), 0) INTO v_new_bytes FROM unnest(v_new) AS m;
+        IF v_from < v_count OR cardinality(v_new) > 0 THEN
             v_bytes := v_bytes - agentstate_write_context(
                 p_user_id, p_conversation_id, p_state_key, v_start, v_from, v_new) + v_new_bytes;
         END IF;
@@ -138,11 +155,12 @@ BEGIN
         IF p_fields_head IS NOT NULL THEN
             -- The frame the service made from fields_json (its members, then "context").
             v_rest := NULL;
-            SELECT p_fields_head AS head, p_fields_tail AS tail INTO v_frame;
+            v_head := p_fields_head;
+            v_tail := p_fields_tail;
         END IF;
         IF p_max_bytes IS NOT NULL THEN
             -- The size of the whole state as GetState returns it.
-            v_size := octet_length(v_frame.head) + octet_length(v_frame.tail)
+            v_size := agentstate_plain_length(v_head) + agentstate_plain_length(v_tail)
                       + CASE WHEN v_count = 0 THEN 2 ELSE v_bytes + 2 * v_count END;
             IF v_size > p_max_bytes THEN
                 PERFORM agentstate_refuse(jsonb_build_object(
@@ -159,8 +177,8 @@ BEGIN
                 v_start,
                 CASE WHEN v_start IS NULL THEN NULL ELSE v_count END,
                 CASE WHEN v_start IS NULL THEN NULL ELSE v_bytes END,
-                CASE WHEN v_start IS NULL THEN NULL ELSE v_frame.head END,
-                CASE WHEN v_start IS NULL THEN NULL ELSE v_frame.tail END)
+                CASE WHEN v_start IS NULL THEN NULL ELSE v_head END,
+                CASE WHEN v_start IS NULL THEN NULL ELSE v_tail END)
         RETURNING s.* INTO v_state;
     ELSE
         UPDATE t_agent_state AS s
@@ -169,32 +187,36 @@ BEGIN
             context_start = v_start,
             context_count = CASE WHEN v_start IS NULL THEN NULL ELSE v_count END,
             context_bytes = CASE WHEN v_start IS NULL THEN NULL ELSE v_bytes END,
-            context_head = CASE WHEN v_start IS NULL THEN NULL ELSE v_frame.head END,
-            context_tail = CASE WHEN v_start IS NULL THEN NULL ELSE v_frame.tail END
+            context_head = CASE WHEN v_start IS NULL THEN NULL ELSE v_head END,
+            context_tail = CASE WHEN v_start IS NULL THEN NULL ELSE v_tail END
         WHERE s.user_id = p_user_id AND s.session_id = p_conversation_id
           AND s.state_key = p_state_key
         RETURNING s.* INTO v_state;
     END IF;
     -- Compactions: five numbers each, flattened (see sql.py), and a reason.
-    INSERT INTO t_context_compaction (user_id, conversation_id, messages_before, messages_after,
-                                      tokens_before, tokens_after, summary_chars, reason)
-    SELECT p_user_id, p_conversation_id, p_compactions[i * 5 + 1], p_compactions[i * 5 + 2],
-           p_compactions[i * 5 + 3], p_compactions[i * 5 + 4], p_compactions[i * 5 + 5],
-           p_compaction_reasons[i + 1]
-    FROM generate_series(0, coalesce(array_length(p_compaction_reasons, 1), 0) - 1) AS i
-    ORDER BY i;
+    IF cardinality(p_compaction_reasons) > 0 THEN
+        INSERT INTO t_context_compaction (user_id, conversation_id, messages_before, messages_after,
+                                          tokens_before, tokens_after, summary_chars, reason)
+        SELECT p_user_id, p_conversation_id, p_compactions[i * 5 + 1], p_compactions[i * 5 + 2],
+               p_compactions[i * 5 + 3], p_compactions[i * 5 + 4], p_compactions[i * 5 + 5],
+               p_compaction_reasons[i + 1]
+        FROM generate_series(0, coalesce(array_length(p_compaction_reasons, 1), 0) - 1) AS i
+        ORDER BY i;
+    END IF;
     IF p_task_id IS NOT NULL THEN
         DELETE FROM t_run_lease WHERE conversation_id = p_conversation_id AND task_id = p_task_id;
         v_released := FOUND;
     END IF;
-    FOR v_row IN
-        SELECT * FROM agentstate_write_messages(
-            p_user_id, p_conversation_id, p_kinds, p_message_ids, p_roles, p_statuses, p_blocks,
-            p_metadata, p_expected_statuses)
-    LOOP
-        v_written := v_written + 1;
-        RETURN QUERY SELECT v_state.version, v_state.update_time, v_released, v_row;
-    END LOOP;
+    IF cardinality(p_kinds) > 0 THEN
+        FOR v_row IN
+            SELECT * FROM agentstate_write_messages(
+                p_user_id, p_conversation_id, p_kinds, p_message_ids, p_roles, p_statuses, p_blocks,
+                p_metadata, p_expected_statuses)
+        LOOP
+            v_written := v_written + 1;
+            RETURN QUERY SELECT v_state.version, v_state.update_time, v_released, v_row;
+        END LOOP;
+    END IF;
     IF v_written = 0 THEN
         RETURN QUERY SELECT v_state.version, v_state.update_time, v_released,
                             NULL::t_agent_message;
