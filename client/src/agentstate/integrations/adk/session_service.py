@@ -468,14 +468,6 @@ class AgentStateSessionService(BaseSessionService):
     async def append_event(self, session: Session, event: Event) -> Event:
         if event.partial:
             return event
-        # As InMemorySessionService: re-delivering an event equal to one already stored
-        # (the same id and fields) changes nothing, so a retried call is harmless.
-        if _holds(session.events, event):
-            return event
-        # As the base class: temp: state reaches this invocation's session object only
-        # (and is never stored). Applied once the event is stored: a refused append (a
-        # deleted or stale session) leaves the session object and the event as they were.
-        stored_event = self._trim_temp_delta_state(event.model_copy(deep=True))
         conversation_id = self._ids.get((session.app_name, session.user_id, session.id))
         if conversation_id is None:
             found = await self._conversation(
@@ -484,6 +476,22 @@ class AgentStateSessionService(BaseSessionService):
             if found is None:
                 raise SessionNotFoundError(f"Session {session.id} not found.")
             conversation_id = found[0].conversation_id
+        # As InMemorySessionService: re-delivering an event equal to one already stored
+        # (the same id and fields) changes nothing, so a retried call is harmless; to a
+        # deleted session it is SessionNotFoundError, as any append (one cheap read).
+        if _holds(session.events, event):
+            try:
+                await self._client.list_items(
+                    session.user_id, conversation_id, last_n=0, page_size=1
+                )
+            except NotFound as exc:
+                self._ids.pop((session.app_name, session.user_id, session.id), None)
+                raise SessionNotFoundError(f"Session {session.id} not found.") from exc
+            return event
+        # As the base class: temp: state reaches this invocation's session object only
+        # (and is never stored). Applied once the event is stored: a refused append (a
+        # deleted or stale session) leaves the session object and the event as they were.
+        stored_event = self._trim_temp_delta_state(event.model_copy(deep=True))
         deltas = _session_util.extract_json_safe_state_delta(stored_event.actions.state_delta or {})
         marker = session._storage_update_marker
         try:
