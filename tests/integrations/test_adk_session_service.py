@@ -28,6 +28,7 @@ from google.genai import types
 from agentstate.client.aio import AsyncStateClient
 from agentstate.client.errors import NotFound
 from agentstate.integrations.adk import SESSION_STATE_KEY, AgentStateSessionService, session_key
+from agentstate.integrations.adk import session_service as adk_module
 
 T0 = 1_760_000_000.0
 
@@ -112,6 +113,75 @@ async def test_same_results_as_in_memory_service(
     ours = await _sequence(AgentStateSessionService(client), user_id, app)
     for step, (mine, reference) in enumerate(zip(ours, theirs, strict=True)):
         assert mine == reference, f"step {step}"
+
+
+async def test_get_session_is_one_call_reading_only_what_came_since(
+    client: AsyncStateClient, user_id: str, app: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """get_session of a known session is one ListItems call (events, session state and
+    app:/user: state together) carrying only the events since the last read; events
+    appended, and sessions deleted and made again, by another process are seen, as
+    InMemorySessionService sees them; changing a returned session changes nothing kept."""
+    ours = AgentStateSessionService(client)
+    elsewhere = AgentStateSessionService(client)  # another process
+    theirs = InMemorySessionService()
+    calls: list[tuple[str, int]] = []
+    call = client._call
+
+    async def counted(op: Any, timeout: float | None) -> Any:  # noqa: ASYNC109
+        result = None
+        try:
+            result = await call(op, timeout)
+            return result
+        finally:  # a refused call too (carrying nothing)
+            calls.append((op.method, len(getattr(result, "items", []) or [])))
+
+    monkeypatch.setattr(client, "_call", counted)
+    key: dict[str, Any] = {"app_name": app, "user_id": user_id, "session_id": "since"}
+
+    async def create(service: BaseSessionService) -> None:
+        for side in (service, theirs):
+            await side.create_session(**key, state={"k": 1, "user:name": "Ann"})
+
+    async def append(service: BaseSessionService, n: int) -> None:
+        for side in (service, theirs):
+            session = await side.get_session(**key)
+            assert session is not None
+            await side.append_event(session, _event(n, {"k": n, "app:motd": f"hi {n}"}))
+
+    async def get(carried: list[tuple[str, int]]) -> Session:
+        calls.clear()
+        session = await ours.get_session(**key)
+        assert _view(session) == _view(await theirs.get_session(**key))
+        assert calls == carried
+        assert session is not None
+        return session
+
+    await create(ours)
+    await append(ours, 1)
+    await append(ours, 2)
+    await get([("ListItems", 1)])  # event 2, appended since append 2's read
+    await get([("ListItems", 0)])  # nothing since
+    await append(elsewhere, 3)
+    session = await get([("ListItems", 1)])  # the one event appended elsewhere
+    session.events[0].content = None  # the caller's copy
+    session.events.clear()
+    await get([("ListItems", 0)])
+    recent = await ours.get_session(**key, config=GetSessionConfig(num_recent_events=2))
+    expected = await theirs.get_session(**key, config=GetSessionConfig(num_recent_events=2))
+    assert _view(recent) == _view(expected)
+    # Deleted and made again elsewhere: the old id is NOT_FOUND, then one lookup.
+    for side in (elsewhere, theirs):
+        await side.delete_session(**key)
+    await create(elsewhere)
+    await append(elsewhere, 4)
+    await get([("ListItems", 0), ("ResolveConversation", 0), ("ListItems", 1)])
+    await get([("ListItems", 0)])
+    # A session longer than the kept bound is read whole, every time.
+    monkeypatch.setattr(adk_module, "MAX_KNOWN_EVENTS", 1)
+    await append(elsewhere, 5)
+    await get([("ListItems", 1), ("ListItems", 2)])  # since: 1, over the bound: all
+    await get([("ListItems", 2)])
 
 
 async def test_create_existing_id_and_missing_session(

@@ -128,11 +128,25 @@ class OpenAISessions(RuleBasedStateMachine):
         self.ours = {
             s: AgentStateSession(s, client=self.client, user_id=self.user) for s in self.ids
         }
+        # The same sessions opened by another process: what they change, ours must see
+        # (a session keeps the items it has read, and reads only what came since).
+        self.elsewhere = {
+            s: AgentStateSession(s, client=self.client, user_id=self.user) for s in self.ids
+        }
 
-    def both(self, session_id: str, call: str, *args: Any) -> None:
+    def both(self, session_id: str, call: str, *args: Any, elsewhere: bool = False) -> None:
         theirs = outcome(self.loop, getattr(self.theirs[session_id], call)(*args))
-        ours = outcome(self.loop, getattr(self.ours[session_id], call)(*args))
+        sessions = self.elsewhere if elsewhere else self.ours
+        ours = outcome(self.loop, getattr(sessions[session_id], call)(*args))
         same(ours, theirs)
+
+    @rule(
+        session_id=st.sampled_from(["s1", "s2"]),
+        call=st.sampled_from(["add_items", "pop_item", "clear_session", "get_items"]),
+    )
+    def elsewhere_too(self, session_id: str, call: str) -> None:
+        args: tuple[Any, ...] = ([{"role": "user", "content": "from elsewhere"}],)
+        self.both(session_id, call, *(args if call == "add_items" else ()), elsewhere=True)
 
     @rule(
         session_id=st.sampled_from(["s1", "s2"]),
@@ -164,7 +178,7 @@ class OpenAISessions(RuleBasedStateMachine):
     def reopen(self) -> None:
         for session in self.theirs.values():
             session.close()
-        for ours in self.ours.values():
+        for ours in [*self.ours.values(), *self.elsewhere.values()]:
             ours.close()
         self.open_all()
         for session_id in self.ids:

@@ -76,6 +76,53 @@ async def test_same_results_as_sqlite_session(client: AsyncStateClient, user_id:
     theirs.close()
 
 
+async def test_a_session_reads_only_what_came_since(
+    client: AsyncStateClient, user_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A session keeps the items it has read and then reads only the items since; what
+    another process pops, clears or adds in between, it still sees (as SQLiteSession)."""
+    ours = AgentStateSession("since", client=client, user_id=user_id)
+    elsewhere = AgentStateSession("since", client=client, user_id=user_id)  # another process
+    theirs = SQLiteSession("since")
+    read: list[int] = []  # the items each ListItems call carried
+    list_items = client.list_items
+
+    async def counted(*args: Any, **kwargs: Any) -> Any:
+        page = await list_items(*args, **kwargs)
+        read.append(len(page.items))
+        return page
+
+    monkeypatch.setattr(client, "list_items", counted)
+
+    async def both(session: AgentStateSession, call: str, *args: Any) -> None:
+        assert await getattr(session, call)(*args) == await getattr(theirs, call)(*args)
+
+    async def get(carried: list[int], limit: int | None = None) -> None:
+        read.clear()
+        await both(ours, "get_items", limit)
+        assert read == carried
+
+    await both(ours, "add_items", [_item(0), _item(1), _item(2)])
+    await get([3])  # the first read reads everything
+    await get([0])  # nothing came since
+    await both(ours, "add_items", [_item(3)])
+    await get([0], 2)  # its own append is kept
+    await both(elsewhere, "add_items", [_item(4), _item(5)])
+    await get([2])  # only the two added elsewhere
+    await both(elsewhere, "pop_item")
+    await get([0, 5])  # a pop elsewhere: read again, all of it
+    await both(elsewhere, "pop_item")
+    await both(elsewhere, "add_items", [_item(6)])
+    await get([1, 5])  # a pop and an add: the add alone does not account for the change
+    await both(elsewhere, "clear_session")
+    await get([])  # the conversation is gone (NOT_FOUND): empty
+    await both(elsewhere, "add_items", [_item(7)])
+    await get([1])  # the new conversation under the same key
+    await both(ours, "pop_item")
+    await get([0])
+    theirs.close()
+
+
 async def test_session_settings_limit(client: AsyncStateClient, user_id: str) -> None:
     session = AgentStateSession(
         "limited", client=client, user_id=user_id, session_settings=SessionSettings(limit=2)

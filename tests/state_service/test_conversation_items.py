@@ -313,6 +313,142 @@ async def test_append_event_scopes_and_revision(
     )
 
 
+async def test_appends_without_the_texts_sent_back(state_stub: Stub, user_id: str) -> None:
+    """omit_item_json: the response's items carry seq and times, not the texts; the
+    texts are stored all the same."""
+    cid = await new_conversation(state_stub, user_id)
+    appended = await state_stub.AppendItems(
+        pb.AppendItemsRequest(
+            user_id=user_id, conversation_id=cid, items=[_item(0), _item(1)], omit_item_json=True
+        )
+    )
+    assert [(i.seq, i.item_json) for i in appended.items] == [(1, b""), (2, b"")]
+    assert appended.items[0].HasField("item_time") and appended.revision == 2
+    event = await state_stub.AppendEvent(
+        pb.AppendEventRequest(
+            user_id=user_id, conversation_id=cid, item=_item(2), omit_item_json=True
+        )
+    )
+    assert event.item.seq == 3 and event.item.item_json == b"" and event.revision == 3
+    listed = await _list(state_stub, user_id, cid)
+    assert [i.item_json for i in listed.items] == [_item(n).item_json for n in range(3)]
+    echoed = await state_stub.AppendItems(
+        pb.AppendItemsRequest(user_id=user_id, conversation_id=cid, items=[_item(3)])
+    )
+    assert echoed.items[0].item_json == _item(3).item_json  # sent back by default
+
+
+async def test_list_items_after_seq(state_stub: Stub, user_id: str) -> None:
+    """after_seq: only the items since; with nothing popped they are exactly the seqs
+    between the caller's revision and the page's."""
+    cid = await new_conversation(state_stub, user_id)
+    append = pb.AppendItemsRequest(
+        user_id=user_id, conversation_id=cid, items=[_item(i) for i in range(3)]
+    )
+    await state_stub.AppendItems(append)
+    since = await _list(state_stub, user_id, cid, after_seq=1)
+    assert [i.seq for i in since.items] == [2, 3] and since.revision == 3
+    assert (await _list(state_stub, user_id, cid, after_seq=3)).items == []
+    assert _contents((await _list(state_stub, user_id, cid, after_seq=0)).items) == [
+        "m0",
+        "m1",
+        "m2",
+    ]
+    # A pop makes a revision no item has: the caller sees the gap.
+    await state_stub.PopItem(pb.PopItemRequest(user_id=user_id, conversation_id=cid))
+    after_pop = await _list(state_stub, user_id, cid, after_seq=3)
+    assert after_pop.items == [] and after_pop.revision == 4
+    # With last_n (the newest of those after) and pages (the token goes past after_seq).
+    await state_stub.AppendItems(append)  # seqs 5, 6, 7
+    newest = await _list(state_stub, user_id, cid, after_seq=1, last_n=2)
+    assert [i.seq for i in newest.items] == [6, 7]
+    first = await _list(state_stub, user_id, cid, after_seq=1, page_size=2)
+    assert [i.seq for i in first.items] == [2, 5] and first.next_page_token
+    rest = await _list(
+        state_stub, user_id, cid, after_seq=1, page_size=2, page_token=first.next_page_token
+    )
+    assert [i.seq for i in rest.items] == [6, 7] and not rest.next_page_token
+    await expect_rpc_error(_list(state_stub, user_id, cid, after_seq=-1), INVALID, "after_seq")
+
+
+async def test_list_items_with_state_and_scoped_state(
+    state_stub: Stub, store: StateStore, user_id: str, other_user_id: str
+) -> None:
+    """ListItems can carry the conversation's state and the app's scoped states (an ADK
+    session in one call), exactly as GetState and GetScopedState read them."""
+    app = f"app-{user_id}"
+    cid = await new_conversation(state_stub, user_id)
+    full = {"include_state_key": "adk.session", "include_scoped_app_name": app}
+    # Nothing written yet: the items and no states.
+    empty = await _list(state_stub, user_id, cid, **full)
+    assert empty.items == [] and empty.revision == 0
+    assert not empty.HasField("state") and not empty.HasField("app_state")
+    assert not empty.HasField("user_state")
+    await state_stub.AppendEvent(
+        pb.AppendEventRequest(
+            user_id=user_id,
+            conversation_id=cid,
+            item=_item(1),
+            state_key="adk.session",
+            state_delta_json=b'{"n": 1e21, "z": -0.0}',
+            app_name=app,
+            app_state_delta_json=b'{"motd": "hi"}',
+            user_state_delta_json=b'{"name": "Ann"}',
+        )
+    )
+    page = await _list(state_stub, user_id, cid, **full)
+    assert _contents(page.items) == ["m1"] and page.revision == 1
+    state = await state_stub.GetState(
+        pb.GetStateRequest(user_id=user_id, conversation_id=cid, state_key="adk.session")
+    )
+    assert page.state.payload == state.payload == b'{"n": 1e21, "z": -0.0}'  # its text
+    assert page.state.version == state.version == 1
+    scoped = await state_stub.GetScopedState(
+        pb.GetScopedStateRequest(user_id=user_id, app_name=app)
+    )
+    assert page.app_state == scoped.app_state and page.user_state == scoped.user_state
+    assert json.loads(page.user_state.payload) == {"name": "Ann"}
+    # Each part only when asked for; with last_n=0 no items, but the states.
+    plain = await _list(state_stub, user_id, cid)
+    assert not plain.HasField("state") and not plain.HasField("app_state")
+    only_state = await _list(state_stub, user_id, cid, last_n=0, include_state_key="adk.session")
+    assert only_state.items == [] and only_state.state.payload == state.payload
+    assert not only_state.HasField("app_state")
+    # Another user of the app sees the app's state, not this user's.
+    other_cid = await new_conversation(state_stub, other_user_id)
+    other = await _list(state_stub, other_user_id, other_cid, **full)
+    assert json.loads(other.app_state.payload) == {"motd": "hi"}
+    assert not other.HasField("user_state") and not other.HasField("state")
+    # Any state as GetState reads it: an agent state (its context kept apart) too.
+    agent_state = (
+        b'{"session_id": "s", "context": [{"id": "m1", "role": "USER", "content": '
+        b'[{"type": "text", "text": "\\u0000 1e21"}]}, {"id": "m2"}], "cur_iter": 1e21}'
+    )
+    await state_stub.UpsertState(
+        pb.UpsertStateRequest(user_id=user_id, conversation_id=cid, payload=agent_state)
+    )
+    stored = await state_stub.GetState(pb.GetStateRequest(user_id=user_id, conversation_id=cid))
+    listed = await _list(state_stub, user_id, cid, include_state_key="agent_state")
+    assert listed.state.payload == stored.payload and listed.state.version == stored.version
+    assert json.loads(listed.state.payload) == json.loads(agent_state)
+    if isinstance(store, PostgresStore):  # the context is kept apart (its own rows)
+        async with store.pool.connection() as conn:
+            cur = await conn.execute(
+                "SELECT context_start IS NOT NULL AS split FROM t_agent_state"
+                " WHERE session_id = %s AND state_key = 'agent_state'",
+                (int(cid),),
+            )
+            assert (await cur.fetchone()) == {"split": True}
+    # Bad input is refused before anything is read; a missing conversation is NOT_FOUND.
+    await expect_rpc_error(
+        _list(state_stub, user_id, cid, include_state_key="bad key!"), INVALID, "state_key"
+    )
+    await expect_rpc_error(
+        _list(state_stub, user_id, cid, include_scoped_app_name="a" * 129), INVALID, "app_name"
+    )
+    await expect_rpc_error(_list(state_stub, other_user_id, cid, **full), NOT_FOUND)
+
+
 async def test_sync_client_items_and_event(state_address: str, user_id: str) -> None:
     """The blocking client has the same calls (run off the loop serving them)."""
 
@@ -347,7 +483,11 @@ async def test_sync_client_items_and_event(state_address: str, user_id: str) -> 
         scenario
     )
     assert [i.seq for i in appended.items] == [1, 2] and appended.revision == 2
+    # The texts as sent (the service does not send them back: omit_item_json).
+    assert [i.item_json for i in appended.items] == [b'{"n":1}', b'{"n": 2}']
     assert event.revision == 3 and event.item.seq == 3 and event.state_version == 1
+    assert event.item.item_json == b'{"n":3}' == page.items[-1].item_json
+    assert event.item.item_time == page.items[-1].item_time  # the stored time
     assert conflict == 3
     assert [json.loads(i.item_json)["n"] for i in page.items] == [2, 3] and page.revision == 3
     assert popped.item is not None and json.loads(popped.item.item_json) == {"n": 3}

@@ -30,11 +30,14 @@ from tests.state_service.test_checkpoints import (  # noqa: F401
 )
 from tests.state_service.test_conversation_items import (  # noqa: F401
     test_append_event_scopes_and_revision,
+    test_appends_without_the_texts_sent_back,
     test_items_and_state_go_with_the_conversation,
     test_items_append_list_pop_clear,
     test_items_compare_and_set,
     test_items_concurrent_appends_all_land,
     test_items_min_item_time,
+    test_list_items_after_seq,
+    test_list_items_with_state_and_scoped_state,
 )
 from tests.state_service.test_conversation_search import (  # noqa: F401
     operator_stub,

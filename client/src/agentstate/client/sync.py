@@ -643,10 +643,17 @@ class StateClient:
         min_item_time: datetime | None = None,
         page_size: int = 0,
         page_token: str = "",
+        include_state_key: str = "",
+        include_scoped_app_name: str = "",
+        after_seq: int | None = None,
         timeout: float | None = None,
     ) -> ItemsPage:
         """Items oldest first: all, or the newest `last_n`, optionally only those at or after
-        `min_item_time`; page_size 0 means 1000."""
+        `min_item_time`; page_size 0 means 1000. With `include_state_key` the page also
+        carries the conversation's state under that key (`state`), with
+        `include_scoped_app_name` that app's scoped states (`scoped`), both read at the
+        same point in time as the items. `after_seq`: only items with a larger seq (those
+        since revision R are seqs R+1..revision when nothing was popped or cleared)."""
         return self._call(
             ops.list_items(
                 user_id,
@@ -655,6 +662,9 @@ class StateClient:
                 min_item_time=min_item_time,
                 page_size=page_size,
                 page_token=page_token,
+                include_state_key=include_state_key,
+                include_scoped_app_name=include_scoped_app_name,
+                after_seq=after_seq,
             ),
             timeout,
         )

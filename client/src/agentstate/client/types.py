@@ -379,6 +379,9 @@ class ItemsPage:
     next_page_token: str  # "" on the last page
     revision: int  # the item revision when the page was read
     update_time: datetime  # when the conversation last changed
+    # Only when asked for (include_state_key, include_scoped_app_name); None: none stored.
+    state: StateSnapshot | None = None
+    scoped: ScopedStates | None = None
 
 
 @dataclass(frozen=True)

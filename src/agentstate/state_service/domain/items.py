@@ -39,11 +39,20 @@ class ConversationItem:
 
 
 @dataclass(frozen=True)
+class ScopedStates:
+    app: StoredState | None
+    user: StoredState | None
+
+
+@dataclass(frozen=True)
 class ItemsPage:
     items: list[ConversationItem]
     next_page_token: str
     revision: int
     update_time: datetime
+    # Read with the items when asked for (list_items' state_key, scoped_app); None: none.
+    state: StoredState | None = None
+    scoped: ScopedStates | None = None
 
 
 @dataclass(frozen=True)
@@ -62,12 +71,6 @@ class PoppedItem:
 class ClearedItems:
     deleted: int
     revision: int
-
-
-@dataclass(frozen=True)
-class ScopedStates:
-    app: StoredState | None
-    user: StoredState | None
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ import json
 import math
 import re
 import uuid
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Self
 
@@ -57,7 +58,14 @@ from agentstate.client.errors import (
 )
 from agentstate.client.settings import ClientSettings
 from agentstate.client.tls import ChannelSecurity
-from agentstate.client.types import Conversation, NewItem, StateSnapshot
+from agentstate.client.types import (
+    Conversation,
+    Item,
+    ItemsPage,
+    NewItem,
+    ScopedStates,
+    StateSnapshot,
+)
 from agentstate.integrations._connection import BoundedCache, Connection
 from agentstate.integrations._ttl import TimeToLive, time_to_live
 
@@ -66,6 +74,8 @@ SESSION_STATE_KEY = "adk.session"  # the conversation state holding session-scop
 PAGE_SIZE = 1000  # items per ListItems page (a page must fit one gRPC message)
 MAX_KEY_CHARS = 256
 MAX_CACHED_IDS = 10_000
+MAX_KNOWN_SESSIONS = 256  # sessions whose parsed events are kept (least recently read go)
+MAX_KNOWN_EVENTS = 1000  # a longer session is read whole each time, not kept
 STALE_SESSION_MESSAGE = (
     "The session has been modified in storage since it was loaded. "
     "Please reload the session before appending more events."
@@ -117,6 +127,9 @@ class AgentStateSessionService(BaseSessionService):
         # (app, user, session id) -> conversation id, so that an event is one call. Ids are
         # never reused: a deleted session's entry only ever leads to NOT_FOUND.
         self._ids: BoundedCache[tuple[str, str, str], str] = BoundedCache(MAX_CACHED_IDS)
+        # conversation id -> its events as parsed (pydantic's parse is most of a read):
+        # a session read again reads only the events since (see _KnownEvents).
+        self._known: BoundedCache[str, _KnownEvents] = BoundedCache(MAX_KNOWN_SESSIONS)
 
     @property
     def _client(self) -> AsyncStateClient:
@@ -176,10 +189,7 @@ class AgentStateSessionService(BaseSessionService):
 
     async def _scoped(self, app_name: str, user_id: str) -> dict[str, Any]:
         """app: and user: state with their prefixes, to merge into a session's state."""
-        scoped = await self._client.get_scoped_state(user_id, app_name)
-        merged = {State.APP_PREFIX + k: v for k, v in _object(scoped.app).items()}
-        merged.update({State.USER_PREFIX + k: v for k, v in _object(scoped.user).items()})
-        return merged
+        return _scoped_state(await self._client.get_scoped_state(user_id, app_name))
 
     # ------------------------------------------------------------- the API
 
@@ -270,62 +280,119 @@ class AgentStateSessionService(BaseSessionService):
         if not session_id:
             _check_names(app_name, user_id)
             return None  # as InMemorySessionService: no session has an empty id
-        found = await self._conversation(app_name, user_id, session_id, create=False)
-        if found is None:
-            return None
-        conversation_id = found[0].conversation_id
         config = config or GetSessionConfig()
-        try:
-            # Items first: a state read after them is at least as new as their revision,
-            # so a session built from both is never newer than its marker says.
-            events, revision, update_time = await self._events(user_id, conversation_id, config)
-            session_state = _object(
-                await self._client.find_state(user_id, conversation_id, state_key=SESSION_STATE_KEY)
-            )
-        except NotFound:
-            return None  # deleted meanwhile
-        merged = {**session_state, **await self._scoped(app_name, user_id)}
+        # One ListItems call: the events, the session state and the app: and user: state,
+        # read at one point in time, so the session is exactly the one its marker (the
+        # revision) names.
+        # A known conversation id skips the lookup; ids are never reused, so a stale one
+        # only ever leads to NOT_FOUND, and then to one lookup by key.
+        ids_key = (app_name, user_id, session_id)
+        loaded = None
+        conversation_id = self._ids.get(ids_key)
+        if conversation_id is not None:
+            try:
+                loaded = await self._events(user_id, conversation_id, config, app_name=app_name)
+            except NotFound:
+                self._ids.pop(ids_key, None)
+                self._known.pop(conversation_id)
+        if loaded is None:
+            found = await self._conversation(app_name, user_id, session_id, create=False)
+            if found is None:
+                return None
+            try:
+                loaded = await self._events(
+                    user_id, found[0].conversation_id, config, app_name=app_name
+                )
+            except NotFound:
+                self._ids.pop(ids_key, None)
+                return None  # deleted meanwhile
+        events, page = loaded
+        # Session keys first, then app: and user: ones, as InMemorySessionService orders them.
+        merged = {**_object(page.state), **_scoped_state(page.scoped)}
         session = Session(
             app_name=app_name,
             user_id=user_id,
             id=session_id,
             state=merged,
             events=events,
-            last_update_time=update_time.timestamp(),
+            last_update_time=page.update_time.timestamp(),
         )
-        session._storage_update_marker = str(revision)
+        session._storage_update_marker = str(page.revision)
         return session
 
     async def _events(
-        self, user_id: str, conversation_id: str, config: GetSessionConfig
-    ) -> tuple[list[Event], int, datetime]:
+        self, user_id: str, conversation_id: str, config: GetSessionConfig, *, app_name: str = ""
+    ) -> tuple[list[Event], ItemsPage]:
         """The events as InMemorySessionService selects them: the newest
         `num_recent_events` (none for 0), then, with `after_timestamp`, those after the
         newest event older than it (a suffix, so an event appended out of order ends
-        it), events at exactly `after_timestamp` included."""
+        it), events at exactly `after_timestamp` included. With `app_name`, the last page
+        also carries the session state and that app's scoped states."""
+        state_key = SESSION_STATE_KEY if app_name else ""
         if config.num_recent_events == 0:
-            page = await self._client.list_items(user_id, conversation_id, last_n=0, page_size=1)
-            return [], page.revision, page.update_time
+            page = await self._client.list_items(
+                user_id,
+                conversation_id,
+                last_n=0,
+                page_size=1,
+                include_state_key=state_key,
+                include_scoped_app_name=app_name,
+            )
+            return [], page
+        known = self._known.get(conversation_id)
+        if known is not None:
+            # Only what came since the kept revision; kept when it is all that changed.
+            page = await self._client.list_items(
+                user_id,
+                conversation_id,
+                page_size=PAGE_SIZE,
+                after_seq=known.revision,
+                include_state_key=state_key,
+                include_scoped_app_name=app_name,
+            )
+            if not page.next_page_token and known.extend(page.items, page.revision):
+                # Copies: the caller may change its session's events, never the kept ones.
+                events = [e.model_copy(deep=True) for e in known.events]
+                if config.num_recent_events is not None:
+                    events = events[-config.num_recent_events :]
+                return _after_timestamp(events, config), page
+            self._known.pop(conversation_id)
+        events, page, single_page = await self._read_events(
+            user_id, conversation_id, config.num_recent_events, state_key, app_name
+        )
+        if config.num_recent_events is None and single_page and len(events) <= MAX_KNOWN_EVENTS:
+            self._known[conversation_id] = _KnownEvents(
+                page.revision, [e.model_copy(deep=True) for e in events]
+            )
+        return _after_timestamp(events, config), page
+
+    async def _read_events(
+        self,
+        user_id: str,
+        conversation_id: str,
+        last_n: int | None,
+        state_key: str,
+        app_name: str,
+    ) -> tuple[list[Event], ItemsPage, bool]:
+        """The newest `last_n` events (all: None), the last page, whether it was the only."""
         events: list[Event] = []
         token = ""
+        pages = 0
         while True:
             page = await self._client.list_items(
                 user_id,
                 conversation_id,
-                last_n=config.num_recent_events,
+                last_n=last_n,
                 page_size=PAGE_SIZE,
                 page_token=token,
+                include_state_key=state_key,
+                include_scoped_app_name=app_name,
             )
+            pages += 1
             events.extend(Event.model_validate_json(item.item_json) for item in page.items)
             token = page.next_page_token
             if not token:
-                break
-        if config.after_timestamp is not None:
-            start = len(events)
-            while start > 0 and events[start - 1].timestamp >= config.after_timestamp:
-                start -= 1
-            events = events[start:]
-        return events, page.revision, page.update_time
+                return events, page, pages == 1
 
     async def list_sessions(
         self, *, app_name: str, user_id: str | None = None
@@ -389,6 +456,7 @@ class AgentStateSessionService(BaseSessionService):
         self._ids.pop((app_name, user_id, session_id), None)
         if found is None:
             return
+        self._known.pop(found[0].conversation_id)
         with contextlib.suppress(NotFound):  # deleted meanwhile
             await self._client.delete_conversation(user_id, found[0].conversation_id)
 
@@ -400,14 +468,6 @@ class AgentStateSessionService(BaseSessionService):
     async def append_event(self, session: Session, event: Event) -> Event:
         if event.partial:
             return event
-        # As InMemorySessionService: re-delivering an event equal to one already stored
-        # (the same id and fields) changes nothing, so a retried call is harmless.
-        if _holds(session.events, event):
-            return event
-        # As the base class: temp: state reaches this invocation's session object only
-        # (and is never stored). Applied once the event is stored: a refused append (a
-        # deleted or stale session) leaves the session object and the event as they were.
-        stored_event = self._trim_temp_delta_state(event.model_copy(deep=True))
         conversation_id = self._ids.get((session.app_name, session.user_id, session.id))
         if conversation_id is None:
             found = await self._conversation(
@@ -416,6 +476,22 @@ class AgentStateSessionService(BaseSessionService):
             if found is None:
                 raise SessionNotFoundError(f"Session {session.id} not found.")
             conversation_id = found[0].conversation_id
+        # As InMemorySessionService: re-delivering an event equal to one already stored
+        # (the same id and fields) changes nothing, so a retried call is harmless; to a
+        # deleted session it is SessionNotFoundError, as any append (one cheap read).
+        if _holds(session.events, event):
+            try:
+                await self._client.list_items(
+                    session.user_id, conversation_id, last_n=0, page_size=1
+                )
+            except NotFound as exc:
+                self._ids.pop((session.app_name, session.user_id, session.id), None)
+                raise SessionNotFoundError(f"Session {session.id} not found.") from exc
+            return event
+        # As the base class: temp: state reaches this invocation's session object only
+        # (and is never stored). Applied once the event is stored: a refused append (a
+        # deleted or stale session) leaves the session object and the event as they were.
+        stored_event = self._trim_temp_delta_state(event.model_copy(deep=True))
         deltas = _session_util.extract_json_safe_state_delta(stored_event.actions.state_delta or {})
         marker = session._storage_update_marker
         try:
@@ -451,10 +527,33 @@ class AgentStateSessionService(BaseSessionService):
     async def _stored(self, session: Session, conversation_id: str, event: Event) -> bool:
         """Whether an event equal to `event` is stored in the session."""
         try:
-            stored, _, _ = await self._events(session.user_id, conversation_id, GetSessionConfig())
+            stored, _ = await self._events(session.user_id, conversation_id, GetSessionConfig())
         except NotFound:
             return False
         return _holds(stored, event)
+
+
+@dataclass
+class _KnownEvents:
+    """Every event of a session up to item revision `revision`, oldest first, parsed.
+
+    A session's events are never rewritten; AppendEvent gives its item the revision it
+    makes as its seq. So when the items after `revision` are exactly seqs revision+1 up
+    to the new revision, nothing was deleted meanwhile (a pop, a clear or a state-only
+    append makes a revision no item has) and these events plus the new ones are the
+    session's events at the new revision. Otherwise the session is read again."""
+
+    revision: int
+    events: list[Event]
+
+    def extend(self, items: list[Item], revision: int) -> bool:
+        if [i.seq for i in items] != list(range(self.revision + 1, revision + 1)):
+            return False
+        if len(self.events) + len(items) > MAX_KNOWN_EVENTS:
+            return False  # memory stays bounded: read whole from now on
+        self.events.extend(Event.model_validate_json(i.item_json) for i in items)
+        self.revision = revision
+        return True
 
 
 _DURATION = re.compile(r"([0-9]+(?:\.[0-9]+)?)s")
@@ -485,6 +584,17 @@ def _seconds_until(expire_time: object) -> int:
     return math.ceil((expire_time - datetime.now(UTC)).total_seconds())
 
 
+def _after_timestamp(events: list[Event], config: GetSessionConfig) -> list[Event]:
+    """With `after_timestamp`, the events after the newest one older than it (a suffix, as
+    InMemorySessionService: an event appended out of order ends it)."""
+    if config.after_timestamp is None:
+        return events
+    start = len(events)
+    while start > 0 and events[start - 1].timestamp >= config.after_timestamp:
+        start -= 1
+    return events[start:]
+
+
 def _holds(events: list[Event], event: Event) -> bool:
     return any(e == event for e in events if e.id == event.id)
 
@@ -493,6 +603,15 @@ def _delta_json(delta: dict[str, Any]) -> bytes | None:
     """A state delta as DatabaseSessionService's JSON column writes it (json.dumps, NaN
     included); the service keeps each value's text as sent."""
     return json.dumps(delta).encode() if delta else None
+
+
+def _scoped_state(scoped: ScopedStates | None) -> dict[str, Any]:
+    """app: and user: state with their prefixes, to merge into a session's state."""
+    if scoped is None:
+        return {}
+    merged = {State.APP_PREFIX + k: v for k, v in _object(scoped.app).items()}
+    merged.update({State.USER_PREFIX + k: v for k, v in _object(scoped.user).items()})
+    return merged
 
 
 def _object(snapshot: StateSnapshot | None) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
 from agents.memory.session import SessionABC
@@ -89,6 +90,7 @@ class AgentStateSession(ClosesItsConnection, SessionABC):
             client, address=address, settings=settings, security=security, who="AgentStateSession"
         )
         self._conversation_id: str | None = None
+        self._cached: _Cached | None = None
 
     @property
     def _client(self) -> AsyncStateClient:
@@ -125,20 +127,46 @@ class AgentStateSession(ClosesItsConnection, SessionABC):
         if last_n == 0:
             return []
         try:
-            items = await self._list(last_n)
+            texts = await self._read(last_n)
         except NotFound:
             # Deleted from elsewhere (DeleteConversation): an empty session, as SQLiteSession
             # is for a session id it has no rows of.
-            self._conversation_id = None
+            self._forget()
             return []
-        return [_decode(item) for item in items]
+        return [cast("TResponseInputItem", json.loads(text)) for text in texts]
 
-    async def _list(self, last_n: int | None) -> list[Item]:
+    def _forget(self) -> None:
+        self._conversation_id = None
+        self._cached = None
+
+    async def _read(self, last_n: int | None) -> list[bytes]:
+        """The items' texts, oldest first. The session keeps the texts of every item up
+        to the revision it last saw, and then reads only the items since: when they are
+        exactly the seqs that revision and the new one span (nothing popped or cleared
+        meanwhile: each append's items take the revisions it makes as their seqs), the
+        kept texts are still the session's. Otherwise it reads everything again."""
         conversation_id = await self.conversation_id(create=False)
         if conversation_id is None:
             return []
+        cached = self._cached
+        if cached is not None and cached.conversation_id == conversation_id:
+            page = await self._client.list_items(
+                self.user_id, conversation_id, page_size=PAGE_SIZE, after_seq=cached.revision
+            )
+            if not page.next_page_token and cached.extend(page.items, page.revision):
+                return cached.items[-last_n:] if last_n is not None else list(cached.items)
+            self._cached = None
+        items, single_page, revision = await self._list(conversation_id, last_n)
+        texts = [item.item_json for item in items]
+        if last_n is None and single_page:
+            self._cached = _Cached(conversation_id, revision, list(texts))
+        return texts
+
+    async def _list(self, conversation_id: str, last_n: int | None) -> tuple[list[Item], bool, int]:
+        """The items, whether they came in one page (one snapshot), the revision read."""
         found: list[Item] = []
         token = ""
+        pages = 0
         while True:
             page = await self._client.list_items(
                 self.user_id,
@@ -147,10 +175,11 @@ class AgentStateSession(ClosesItsConnection, SessionABC):
                 page_size=PAGE_SIZE,
                 page_token=token,
             )
+            pages += 1
             found.extend(page.items)
             token = page.next_page_token
             if not token:
-                return found
+                return found, pages == 1, page.revision
 
     async def add_items(self, items: list[TResponseInputItem]) -> None:
         """Append `items` in one transaction (up to 1000 items). TypeError / ValueError for
@@ -159,39 +188,47 @@ class AgentStateSession(ClosesItsConnection, SessionABC):
             return
         # Exactly as SQLiteSession serialises an item (json.dumps, NaN included): the
         # service keeps the text as sent, so get_items returns what SQLiteSession would.
-        encoded = [NewItem(json.dumps(item).encode()) for item in items]
+        encoded = [json.dumps(item).encode() for item in items]
         # AppendItems takes up to 1000 items: a larger batch (never one turn's worth) is
         # several transactions, each in order.
         for start in range(0, len(encoded), MAX_ITEMS_PER_CALL):
             await self._append(encoded[start : start + MAX_ITEMS_PER_CALL])
 
-    async def _append(self, encoded: list[NewItem]) -> None:
+    async def _append(self, encoded: list[bytes]) -> None:
+        new_items = [NewItem(text) for text in encoded]
         for attempt in range(2):
             conversation_id = await self.conversation_id()
             assert conversation_id is not None
             try:
-                await self._client.append_items(self.user_id, conversation_id, encoded)
-                return
+                appended = await self._client.append_items(self.user_id, conversation_id, new_items)
             except NotFound:
                 # The conversation was deleted meanwhile: the session starts afresh under
                 # its key (its old items never come back), as SQLiteSession after a clear.
-                self._conversation_id = None
+                self._forget()
                 if attempt:
                     raise
+                continue
             except PayloadTooLarge as exc:
                 raise ValueError(f"item too large for the state service: {exc.message}") from exc
             except InvalidArgument as exc:
                 raise ValueError(f"item refused by the state service: {exc.message}") from exc
+            cached = self._cached
+            if cached is not None and cached.conversation_id == conversation_id:
+                # Nothing else changed the items since the kept revision: keep these too.
+                # Else the next read reads what came since (these included).
+                cached.extend(appended.items, appended.revision, encoded)
+            return
 
     async def pop_item(self) -> TResponseInputItem | None:
         """Remove and return the newest item; None when the session is empty."""
         conversation_id = await self.conversation_id(create=False)
         if conversation_id is None:
             return None
+        self._cached = None  # the next read reads everything again
         try:
             popped = await self._client.pop_item(self.user_id, conversation_id)
         except NotFound:
-            self._conversation_id = None
+            self._forget()
             return None
         return _decode(popped.item) if popped.item is not None else None
 
@@ -200,7 +237,7 @@ class AgentStateSession(ClosesItsConnection, SessionABC):
         SQLiteSession deletes its rows and its session row). The next add_items starts
         the session afresh under the same key."""
         conversation_id = await self.conversation_id(create=False)
-        self._conversation_id = None
+        self._forget()
         if conversation_id is None:
             return
         with contextlib.suppress(NotFound):  # deleted meanwhile
@@ -209,3 +246,21 @@ class AgentStateSession(ClosesItsConnection, SessionABC):
 
 def _decode(item: Item) -> TResponseInputItem:
     return cast("TResponseInputItem", json.loads(item.item_json))
+
+
+@dataclass
+class _Cached:
+    """The texts of every item of a conversation up to `revision`, oldest first."""
+
+    conversation_id: str
+    revision: int
+    items: list[bytes]
+
+    def extend(self, items: list[Item], revision: int, texts: list[bytes] | None = None) -> bool:
+        """Take `items` (those after `self.revision`, read or appended at `revision`) when
+        they are all that changed since: seqs revision+1.. up to the new revision."""
+        if [i.seq for i in items] != list(range(self.revision + 1, revision + 1)):
+            return False
+        self.items.extend(texts if texts is not None else [i.item_json for i in items])
+        self.revision = revision
+        return True

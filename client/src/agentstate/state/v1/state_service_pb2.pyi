@@ -2946,6 +2946,7 @@ class AppendItemsRequest(_message.Message):
     CONVERSATION_ID_FIELD_NUMBER: _builtins.int
     ITEMS_FIELD_NUMBER: _builtins.int
     EXPECTED_REVISION_FIELD_NUMBER: _builtins.int
+    OMIT_ITEM_JSON_FIELD_NUMBER: _builtins.int
     user_id: _builtins.str
     """The owner. Required."""
     conversation_id: _builtins.str
@@ -2953,6 +2954,11 @@ class AppendItemsRequest(_message.Message):
     expected_revision: _builtins.int
     """Compare-and-set on the item revision. Absent: append unconditionally.
     N >= 0: append only if the current revision is N (0: never changed).
+    """
+    omit_item_json: _builtins.bool
+    """True: the response's items carry no item_json (the caller has what it
+    sent; seq and the times are still there), so the payloads are not sent
+    back.
     """
     @_builtins.property
     def items(self) -> _containers.RepeatedCompositeFieldContainer[Global___NewItem]:
@@ -2965,10 +2971,11 @@ class AppendItemsRequest(_message.Message):
         conversation_id: _builtins.str = ...,
         items: _abc.Iterable[Global___NewItem] | None = ...,
         expected_revision: _builtins.int | None = ...,
+        omit_item_json: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_expected_revision", b"_expected_revision", "expected_revision", b"expected_revision"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_expected_revision", b"_expected_revision", "conversation_id", b"conversation_id", "expected_revision", b"expected_revision", "items", b"items", "user_id", b"user_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_expected_revision", b"_expected_revision", "conversation_id", b"conversation_id", "expected_revision", b"expected_revision", "items", b"items", "omit_item_json", b"omit_item_json", "user_id", b"user_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__expected_revision: _TypeAlias = _typing.Literal["expected_revision"]  # noqa: Y015
     _WhichOneofArgType__expected_revision: _TypeAlias = _typing.Literal["_expected_revision", b"_expected_revision"]  # noqa: Y015
@@ -3016,6 +3023,9 @@ class ListItemsRequest(_message.Message):
     MIN_ITEM_TIME_FIELD_NUMBER: _builtins.int
     PAGE_SIZE_FIELD_NUMBER: _builtins.int
     PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    INCLUDE_STATE_KEY_FIELD_NUMBER: _builtins.int
+    INCLUDE_SCOPED_APP_NAME_FIELD_NUMBER: _builtins.int
+    AFTER_SEQ_FIELD_NUMBER: _builtins.int
     user_id: _builtins.str
     """The owner. Required."""
     conversation_id: _builtins.str
@@ -3031,6 +3041,26 @@ class ListItemsRequest(_message.Message):
     """Empty for the first page, else a previous response's next_page_token
     (from a call with the same selection).
     """
+    include_state_key: _builtins.str
+    """When set: the response also carries the conversation's state under this
+    key (`state`, as GetState reads it; unset when it has none), read at the
+    same point in time as the items and `revision` (an ADK session in one
+    call). 1..64 characters of [A-Za-z0-9_.:-].
+    """
+    include_scoped_app_name: _builtins.str
+    """When set: the response also carries the app- and user-scoped state of
+    this application (`app_state`, `user_state`, as GetScopedState reads
+    them), read at the same point in time as the items. As
+    GetScopedStateRequest.app_name.
+    """
+    after_seq: _builtins.int
+    """When set: only items with a larger seq (of those the other fields
+    select). A caller holding every item up to revision R reads only what
+    came since: those items are exactly seqs R+1..`revision` when nothing was
+    popped or cleared meanwhile (each append's items take the revisions it
+    makes as their seqs). Later pages: the same request with page_token.
+    Negative: INVALID_ARGUMENT.
+    """
     @_builtins.property
     def min_item_time(self) -> _timestamp_pb2.Timestamp:
         """When set: only items whose item_time is at or after it."""
@@ -3044,13 +3074,21 @@ class ListItemsRequest(_message.Message):
         min_item_time: _timestamp_pb2.Timestamp | None = ...,
         page_size: _builtins.int = ...,
         page_token: _builtins.str = ...,
+        include_state_key: _builtins.str = ...,
+        include_scoped_app_name: _builtins.str = ...,
+        after_seq: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_last_n", b"_last_n", "last_n", b"last_n", "min_item_time", b"min_item_time"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_after_seq", b"_after_seq", "_last_n", b"_last_n", "after_seq", b"after_seq", "last_n", b"last_n", "min_item_time", b"min_item_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_last_n", b"_last_n", "conversation_id", b"conversation_id", "last_n", b"last_n", "min_item_time", b"min_item_time", "page_size", b"page_size", "page_token", b"page_token", "user_id", b"user_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_after_seq", b"_after_seq", "_last_n", b"_last_n", "after_seq", b"after_seq", "conversation_id", b"conversation_id", "include_scoped_app_name", b"include_scoped_app_name", "include_state_key", b"include_state_key", "last_n", b"last_n", "min_item_time", b"min_item_time", "page_size", b"page_size", "page_token", b"page_token", "user_id", b"user_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__after_seq: _TypeAlias = _typing.Literal["after_seq"]  # noqa: Y015
+    _WhichOneofArgType__after_seq: _TypeAlias = _typing.Literal["_after_seq", b"_after_seq"]  # noqa: Y015
     _WhichOneofReturnType__last_n: _TypeAlias = _typing.Literal["last_n"]  # noqa: Y015
     _WhichOneofArgType__last_n: _TypeAlias = _typing.Literal["_last_n", b"_last_n"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__after_seq) -> _WhichOneofReturnType__after_seq | None: ...
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__last_n) -> _WhichOneofReturnType__last_n | None: ...
 
 Global___ListItemsRequest: _TypeAlias = ListItemsRequest  # noqa: Y015
@@ -3065,6 +3103,9 @@ class ListItemsResponse(_message.Message):
     NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
     REVISION_FIELD_NUMBER: _builtins.int
     UPDATE_TIME_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    APP_STATE_FIELD_NUMBER: _builtins.int
+    USER_STATE_FIELD_NUMBER: _builtins.int
     next_page_token: _builtins.str
     """Empty when there are no more pages."""
     revision: _builtins.int
@@ -3077,6 +3118,24 @@ class ListItemsResponse(_message.Message):
     def update_time(self) -> _timestamp_pb2.Timestamp:
         """When the conversation last changed."""
 
+    @_builtins.property
+    def state(self) -> Global___ScopedState:
+        """The conversation's state under the request's include_state_key; unset
+        when not asked for or when the conversation has none.
+        """
+
+    @_builtins.property
+    def app_state(self) -> Global___ScopedState:
+        """The app-scoped state of the request's include_scoped_app_name; unset when
+        not asked for or never written.
+        """
+
+    @_builtins.property
+    def user_state(self) -> Global___ScopedState:
+        """The user's state in that application; unset when not asked for or never
+        written.
+        """
+
     def __init__(
         self,
         *,
@@ -3084,10 +3143,13 @@ class ListItemsResponse(_message.Message):
         next_page_token: _builtins.str = ...,
         revision: _builtins.int = ...,
         update_time: _timestamp_pb2.Timestamp | None = ...,
+        state: Global___ScopedState | None = ...,
+        app_state: Global___ScopedState | None = ...,
+        user_state: Global___ScopedState | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["update_time", b"update_time"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["app_state", b"app_state", "state", b"state", "update_time", b"update_time", "user_state", b"user_state"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["items", b"items", "next_page_token", b"next_page_token", "revision", b"revision", "update_time", b"update_time"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["app_state", b"app_state", "items", b"items", "next_page_token", b"next_page_token", "revision", b"revision", "state", b"state", "update_time", b"update_time", "user_state", b"user_state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -3310,6 +3372,7 @@ class AppendEventRequest(_message.Message):
     APP_NAME_FIELD_NUMBER: _builtins.int
     APP_STATE_DELTA_JSON_FIELD_NUMBER: _builtins.int
     USER_STATE_DELTA_JSON_FIELD_NUMBER: _builtins.int
+    OMIT_ITEM_JSON_FIELD_NUMBER: _builtins.int
     user_id: _builtins.str
     """The owner. Required."""
     conversation_id: _builtins.str
@@ -3338,6 +3401,10 @@ class AppendEventRequest(_message.Message):
     """A UTF-8 JSON object merged into the app-scoped state; empty: none."""
     user_state_delta_json: _builtins.bytes
     """A UTF-8 JSON object merged into the user-scoped state; empty: none."""
+    omit_item_json: _builtins.bool
+    """True: the response's item carries no item_json (as in
+    AppendItemsRequest).
+    """
     @_builtins.property
     def item(self) -> Global___NewItem:
         """The event to append as an item; unset: apply only the state deltas."""
@@ -3354,10 +3421,11 @@ class AppendEventRequest(_message.Message):
         app_name: _builtins.str = ...,
         app_state_delta_json: _builtins.bytes = ...,
         user_state_delta_json: _builtins.bytes = ...,
+        omit_item_json: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_expected_revision", b"_expected_revision", "expected_revision", b"expected_revision", "item", b"item"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_expected_revision", b"_expected_revision", "app_name", b"app_name", "app_state_delta_json", b"app_state_delta_json", "conversation_id", b"conversation_id", "expected_revision", b"expected_revision", "item", b"item", "state_delta_json", b"state_delta_json", "state_key", b"state_key", "user_id", b"user_id", "user_state_delta_json", b"user_state_delta_json"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_expected_revision", b"_expected_revision", "app_name", b"app_name", "app_state_delta_json", b"app_state_delta_json", "conversation_id", b"conversation_id", "expected_revision", b"expected_revision", "item", b"item", "omit_item_json", b"omit_item_json", "state_delta_json", b"state_delta_json", "state_key", b"state_key", "user_id", b"user_id", "user_state_delta_json", b"user_state_delta_json"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__expected_revision: _TypeAlias = _typing.Literal["expected_revision"]  # noqa: Y015
     _WhichOneofArgType__expected_revision: _TypeAlias = _typing.Literal["_expected_revision", b"_expected_revision"]  # noqa: Y015

@@ -45,9 +45,14 @@ class ItemStore(abc.ABC):
         min_item_time: datetime | None,
         page_size: int,
         after_seq: int | None,
+        state_key: str = "",
+        scoped_app: str = "",
     ) -> ItemsPage:
         """Oldest first: the items at or after `min_item_time`, only the newest
-        `last_n` of them when set, from after `after_seq`. NotFound when absent."""
+        `last_n` of them when set, from after `after_seq`. NotFound when absent.
+        With `state_key`, the page's `state` is the conversation's state under it; with
+        `scoped_app`, its `scoped` are that app's states: read with the items, at the
+        same point in time (an ADK session in one read)."""
 
     @abc.abstractmethod
     async def pop_item(

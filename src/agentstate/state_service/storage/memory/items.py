@@ -66,6 +66,8 @@ class MemoryItems(MemoryTables, ItemStore):
         min_item_time: datetime | None,
         page_size: int,
         after_seq: int | None,
+        state_key: str = "",
+        scoped_app: str = "",
     ) -> d.ItemsPage:
         async with self._lock:
             conversation = self._conversation(user_id, conversation_id)
@@ -80,11 +82,14 @@ class MemoryItems(MemoryTables, ItemStore):
                 selected = [i for i in selected if i.seq > after_seq]
             items = selected[:page_size]
             token = str(items[-1].seq) if len(selected) > page_size else ""
+            state = self._states.get((conversation_id, state_key)) if state_key else None
             return d.ItemsPage(
                 items,
                 token,
                 self._item_revisions.get(conversation_id, 0),
                 conversation.update_time,
+                StoredState(state.payload, state.version, state.update_time) if state else None,
+                self._scoped_states(user_id, scoped_app) if scoped_app else None,
             )
 
     async def pop_item(
@@ -109,11 +114,12 @@ class MemoryItems(MemoryTables, ItemStore):
 
     async def get_scoped_state(self, *, user_id: str, app_name: str) -> d.ScopedStates:
         async with self._lock:
-            rows = [self._scoped.get((app_name, who)) for who in ("", user_id)]
-            app, user = (
-                StoredState(r.payload, r.version, r.update_time) if r else None for r in rows
-            )
-            return d.ScopedStates(app=app, user=user)
+            return self._scoped_states(user_id, app_name)
+
+    def _scoped_states(self, user_id: str, app_name: str) -> d.ScopedStates:
+        rows = [self._scoped.get((app_name, who)) for who in ("", user_id)]
+        app, user = (StoredState(r.payload, r.version, r.update_time) if r else None for r in rows)
+        return d.ScopedStates(app=app, user=user)
 
     @staticmethod
     def _merged(row: StateRow | None, delta: d.Delta, now: datetime) -> StateRow:

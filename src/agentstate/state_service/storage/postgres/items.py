@@ -99,17 +99,22 @@ class PostgresItems(PostgresConnection, ItemStore):
         min_item_time: datetime | None,
         page_size: int,
         after_seq: int | None,
+        state_key: str = "",
+        scoped_app: str = "",
     ) -> d.ItemsPage:
+        params = {
+            "user_id": user_id,
+            "conversation_id": conversation_id,
+            "last_n": last_n,
+            "min_item_time": min_item_time,
+            "after_seq": after_seq,
+            "limit": page_size + 1,
+        }
+        with_states = bool(state_key or scoped_app)
+        if with_states:
+            params |= {"state_key": state_key, "scoped_app": scoped_app}
         rows = await self._rows(
-            sql.LIST_ITEMS,
-            {
-                "user_id": user_id,
-                "conversation_id": conversation_id,
-                "last_n": last_n,
-                "min_item_time": min_item_time,
-                "after_seq": after_seq,
-                "limit": page_size + 1,
-            },
+            sql.LIST_ITEMS_WITH_STATES if with_states else sql.LIST_ITEMS, params
         )
         if not rows:
             raise d.conversation_not_found(conversation_id)
@@ -118,8 +123,26 @@ class PostgresItems(PostgresConnection, ItemStore):
         items = found[:page_size]
         token = str(items[-1].seq) if len(found) > page_size else ""
         first = rows[0]
+        states: dict[str, StoredState] = {}
+        for r in rows if with_states else ():
+            part = r["part"]
+            if part in (None, "item"):
+                continue
+            # Opened as get_state and get_scoped_state open them (sealed values).
+            if part == "state":
+                opener, bound = keys, state_ad(user_id, conversation_id, state_key)
+            else:
+                owner = user_id if part == "user" else ""
+                opener, bound = self._keys(owner or APP_KEYS), scoped_ad(owner, scoped_app)
+            payload = await opener.open(_raw(r["payload"]), bound)
+            states[part] = StoredState(payload, int(r["version"]), r["update_time"])
         return d.ItemsPage(
-            items, token, int(first["item_revision"]), first["conversation_update_time"]
+            items,
+            token,
+            int(first["item_revision"]),
+            first["conversation_update_time"],
+            states.get("state"),
+            d.ScopedStates(states.get("app"), states.get("user")) if scoped_app else None,
         )
 
     async def pop_item(

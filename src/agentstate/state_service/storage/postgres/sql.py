@@ -100,8 +100,8 @@ RETURNING {_CONVERSATION_COLUMNS}, {STATUS_COLUMNS}
 # payload is text (read as raw bytes): a split state is assembled from its rows
 # (migration 10), byte for byte what the same state stored whole returns; a whole
 # one is its members joined (migration 12), or jsonb's print for a row before it.
-SELECT_STATE: Final = """
-SELECT CASE
+# A state's text, from its row `s` (also in LIST_ITEMS_WITH_STATES).
+_STATE_TEXT = """CASE
            WHEN s.member_keys IS NOT NULL
                THEN agentstate_members_text(s.member_keys, s.member_values)
            WHEN s.context_start IS NULL THEN s.payload::text
@@ -116,7 +116,10 @@ SELECT CASE
                FROM t_agent_state_message AS m
                WHERE m.session_id = s.session_id AND m.state_key = s.state_key
                  AND m.user_id = s.user_id) || s.context_tail
-       END AS payload, s.version, s.update_time
+       END"""
+
+SELECT_STATE: Final = f"""
+SELECT {_STATE_TEXT} AS payload, s.version, s.update_time
 FROM t_conversation AS c
 LEFT JOIN t_agent_state AS s
   ON s.user_id = c.user_id AND s.session_id = c.id AND s.state_key = %(state_key)s
@@ -434,6 +437,48 @@ LEFT JOIN LATERAL (
 ) AS i ON true
 WHERE c.user_id = %(user_id)s AND c.id = %(conversation_id)s
 ORDER BY i.seq
+"""
+
+# As LIST_ITEMS, with the conversation's state under a key and an app's scoped states
+# in the same statement (one snapshot: an ADK session in one read). Item rows first
+# (by seq), then at most one 'state', 'app' and 'user' row each. The state text is
+# SELECT_STATE's, the scoped texts SELECT_SCOPED_STATE's (values sealed, as there).
+LIST_ITEMS_WITH_STATES: Final = f"""
+SELECT c.item_revision, c.update_time AS conversation_update_time, x.*
+FROM t_conversation AS c
+LEFT JOIN LATERAL (
+    SELECT 'item' AS part, i.seq, i.item, i.item_time, i.create_time,
+           NULL::text AS payload, NULL::bigint AS version, NULL::timestamptz AS update_time
+    FROM (
+        SELECT {_ITEM_COLUMNS} FROM (
+            SELECT {_ITEM_SOURCE_COLUMNS} FROM t_conversation_item
+            WHERE user_id = c.user_id AND conversation_id = c.id
+              AND (%(min_item_time)s::timestamptz IS NULL
+                   OR item_time >= %(min_item_time)s::timestamptz)
+            ORDER BY seq DESC
+            LIMIT %(last_n)s::bigint
+        ) AS newest
+        WHERE %(after_seq)s::bigint IS NULL OR seq > %(after_seq)s::bigint
+        ORDER BY seq
+        LIMIT %(limit)s
+    ) AS i
+    UNION ALL
+    SELECT 'state', NULL, NULL, NULL, NULL, {_STATE_TEXT},
+           s.version, s.update_time
+    FROM t_agent_state AS s
+    WHERE %(state_key)s <> '' AND s.user_id = c.user_id AND s.session_id = c.id
+      AND s.state_key = %(state_key)s
+    UNION ALL
+    SELECT CASE WHEN g.user_id = '' THEN 'app' ELSE 'user' END, NULL, NULL, NULL, NULL,
+           CASE WHEN g.member_keys IS NULL THEN g.payload::text
+                ELSE agentstate_members_text(g.member_keys, g.member_values) END,
+           g.version, g.update_time
+    FROM t_scoped_state AS g
+    WHERE %(scoped_app)s <> '' AND g.app_name = %(scoped_app)s
+      AND g.user_id IN ('', c.user_id)
+) AS x ON true
+WHERE c.user_id = %(user_id)s AND c.id = %(conversation_id)s
+ORDER BY x.part <> 'item', x.seq
 """
 
 POP_ITEM: Final = """
