@@ -62,7 +62,12 @@ ACROSS_USERS = {
 
 # Fragments, not statements: correlated subqueries on a row `c` of one user, joined by
 # user_id (each statement that uses them is checked with them in it).
-FRAGMENTS = {"sql.STATUS_COLUMNS", "lifecycle_sql.STATUS_COLUMNS"}
+FRAGMENTS = {
+    "sql.STATUS_COLUMNS",
+    "lifecycle_sql.STATUS_COLUMNS",
+    "sql._STATE_TEXT",  # inside SELECT_STATE and LIST_ITEMS_WITH_STATES, both keyed
+    "sql._ITEM_PAGE",  # inside LIST_ITEMS and LIST_ITEMS_WITH_STATES, both keyed
+}
 
 # Functions that read or write across users, each with its reason (docs/scaling.md).
 # App-scoped state is rows of t_scoped_state with user_id '' read beside the user's own

@@ -417,12 +417,9 @@ FROM agentstate_append_items(%(user_id)s, %(conversation_id)s, %(items)s::text[]
                              %(item_times)s::timestamptz[], %(expected_revision)s::bigint)
 """
 
-# No row: no such conversation. A row with a NULL seq: no (more) items. The
-# newest `last_n` of the selection (NULL: all), then a page of them oldest first.
-LIST_ITEMS: Final = f"""
-SELECT c.item_revision, c.update_time AS conversation_update_time, i.*
-FROM t_conversation AS c
-LEFT JOIN LATERAL (
+# A page of conversation c's items: the newest `last_n` of the selection (NULL: all),
+# then a page of them oldest first.
+_ITEM_PAGE: Final = f"""
     SELECT {_ITEM_COLUMNS} FROM (
         SELECT {_ITEM_SOURCE_COLUMNS} FROM t_conversation_item
         WHERE user_id = c.user_id AND conversation_id = c.id
@@ -434,7 +431,13 @@ LEFT JOIN LATERAL (
     WHERE %(after_seq)s::bigint IS NULL OR seq > %(after_seq)s::bigint
     ORDER BY seq
     LIMIT %(limit)s
-) AS i ON true
+"""
+
+# No row: no such conversation. A row with a NULL seq: no (more) items.
+LIST_ITEMS: Final = f"""
+SELECT c.item_revision, c.update_time AS conversation_update_time, i.*
+FROM t_conversation AS c
+LEFT JOIN LATERAL ({_ITEM_PAGE}) AS i ON true
 WHERE c.user_id = %(user_id)s AND c.id = %(conversation_id)s
 ORDER BY i.seq
 """
@@ -449,19 +452,7 @@ FROM t_conversation AS c
 LEFT JOIN LATERAL (
     SELECT 'item' AS part, i.seq, i.item, i.item_time, i.create_time,
            NULL::text AS payload, NULL::bigint AS version, NULL::timestamptz AS update_time
-    FROM (
-        SELECT {_ITEM_COLUMNS} FROM (
-            SELECT {_ITEM_SOURCE_COLUMNS} FROM t_conversation_item
-            WHERE user_id = c.user_id AND conversation_id = c.id
-              AND (%(min_item_time)s::timestamptz IS NULL
-                   OR item_time >= %(min_item_time)s::timestamptz)
-            ORDER BY seq DESC
-            LIMIT %(last_n)s::bigint
-        ) AS newest
-        WHERE %(after_seq)s::bigint IS NULL OR seq > %(after_seq)s::bigint
-        ORDER BY seq
-        LIMIT %(limit)s
-    ) AS i
+    FROM ({_ITEM_PAGE}) AS i
     UNION ALL
     SELECT 'state', NULL, NULL, NULL, NULL, {_STATE_TEXT},
            s.version, s.update_time
