@@ -14,6 +14,7 @@ from collections import Counter
 from typing import Any, cast
 
 import grpc
+import psycopg
 import pytest
 
 from agentstate.agent.v1 import agent_service_pb2 as apb
@@ -60,7 +61,7 @@ def _check_refusal(exc: grpc.aio.AioRpcError) -> int:
 
 
 async def test_past_capacity_calls_are_refused_with_pushback_and_nothing_is_lost(
-    capped_service: str, user_id: str
+    capped_service: str, database_url: str, user_id: str
 ) -> None:
     async with grpc.aio.insecure_channel(capped_service) as channel:
         stub = pb_grpc.StateServiceStub(channel)
@@ -71,11 +72,16 @@ async def test_past_capacity_calls_are_refused_with_pushback_and_nothing_is_lost
             for _ in range(CALLERS)
         ]
         acknowledged: dict[int, tuple[int, bytes]] = {}
+        for i, cid in enumerate(cids):  # each conversation's state row, so it can be held
+            saved = await stub.UpsertState(
+                pb.UpsertStateRequest(user_id=user_id, conversation_id=cid, payload=_payload(i, 0))
+            )
+            acknowledged[i] = (saved.version, _payload(i, 0))
         statuses: Counter[str] = Counter()
         pushbacks: list[int] = []
 
         async def caller(i: int, until: float) -> None:
-            version, n = 0, 0
+            version, n = acknowledged[i][0], 0
             while time.monotonic() < until:
                 n += 1
                 request = pb.UpsertStateRequest(
@@ -92,9 +98,25 @@ async def test_past_capacity_calls_are_refused_with_pushback_and_nothing_is_lost
                 version = saved.version
                 acknowledged[i] = (version, request.payload)
 
-        until = time.monotonic() + 3
-        await asyncio.gather(*(caller(i, until) for i in range(CALLERS)))
+        # The overload is made, not hoped for: for its first second the test holds every
+        # state row, so the calls in flight stay in flight and the queue stays full (a fast
+        # machine served 40 unheld callers with too few refusals to tell anything).
+        async with (
+            await psycopg.AsyncConnection.connect(database_url) as holder,
+            holder.transaction(),
+        ):
+            await holder.execute(
+                "SELECT 1 FROM t_agent_state WHERE user_id = %s FOR UPDATE", (user_id,)
+            )
+            until = time.monotonic() + 3
+            callers = asyncio.gather(*(caller(i, until) for i in range(CALLERS)))
+            await asyncio.sleep(1)
+            held_statuses = Counter(statuses)
+        await callers
 
+        # While held: nothing served, every caller past the cap refused (they retry at once).
+        assert held_statuses["OK"] == 0, held_statuses
+        assert held_statuses["UNAVAILABLE"] >= CALLERS - CAP - QUEUED, held_statuses
         # Refused and served, and nothing else (a refused write that had applied would
         # have made the caller's next compare-and-set fail with ABORTED).
         assert set(statuses) == {"OK", "UNAVAILABLE"}, statuses
