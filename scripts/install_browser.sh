@@ -1,48 +1,5 @@
 #!/usr/bin/env bash
-# Install what the console browser tests need: Debian's chromium and chromium-driver (plus a CJK font so the demo's Chinese renders in screenshots).
-#
-# Idempotent and fast once installed (a dpkg query, no network). Where apt is not
-# available it skips with a message and the browser tests skip too, but never silently in
-# CI: with CI set, a missing apt or a failed install is an error.
-set -euo pipefail
-
-PACKAGES=(chromium chromium-driver fonts-noto-cjk)
-
-installed() {
-  local p
-  for p in "${PACKAGES[@]}"; do
-    [ "$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null)" = "install ok installed" ] || return 1
-  done
-}
-
-if command -v dpkg-query >/dev/null && installed; then
-  exit 0
-fi
-
-if ! command -v apt-get >/dev/null; then
-  if [ -n "${CI:-}" ]; then
-    echo "install_browser: CI is set but apt-get is missing: cannot install ${PACKAGES[*]}" >&2
-    exit 1
-  fi
-  echo "install_browser: no apt-get here: ${PACKAGES[*]} not installed, the console browser tests will skip" >&2
-  exit 0
-fi
-
-SUDO=()
-if [ "$(id -u)" -ne 0 ]; then
-  if command -v sudo >/dev/null; then
-    SUDO=(sudo -n)
-  else
-    echo "install_browser: not root and no sudo: cannot install ${PACKAGES[*]}" >&2
-    exit 1
-  fi
-fi
-
-echo "== installing ${PACKAGES[*]} (Debian packages, for the console browser tests)"
-export DEBIAN_FRONTEND=noninteractive
-# Try from the cached package lists first; refresh them once only when that fails.
-if ! "${SUDO[@]}" apt-get install -y -q --no-install-recommends "${PACKAGES[@]}" >/dev/null; then
-  "${SUDO[@]}" apt-get update -q >/dev/null
-  "${SUDO[@]}" apt-get install -y -q --no-install-recommends "${PACKAGES[@]}" >/dev/null
-fi
-installed
+# What the console browser tests need: Debian's chromium and chromium-driver, plus a CJK
+# font so the demo's Chinese renders in screenshots.
+exec "$(dirname "$0")/install_debian_packages.sh" install_browser "the console browser tests" \
+  chromium chromium-driver fonts-noto-cjk
