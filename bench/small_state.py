@@ -27,6 +27,9 @@ change in the machine's load hits them alike: compare the ratios, not the millis
    (pg_column_size of the state's rows) against the state's JSON size; then 200 more
    turns each adding 2 messages (as bench.delta_turns): WAL bytes per turn, and the state
    tables' relation bytes (heap, TOAST, indexes; autovacuum as configured) against live.
+   Those 200 turns take this bench seconds, a user hours: with PostgreSQL's naptime of
+   60 s autovacuum runs at most once in between, so `--autovacuum-naptime 1` shows the
+   relations as vacuum keeps them when turns are spread out (report both).
 """
 
 from __future__ import annotations
@@ -450,6 +453,10 @@ async def run(args: argparse.Namespace) -> list[Row]:
     root = _scratch_dir()
     server = EmbeddedPostgres(root / "pgdata")
     server.start()
+    if args.autovacuum_naptime:
+        with psycopg.connect(server.dsn, autocommit=True) as conn:
+            conn.execute(f"ALTER SYSTEM SET autovacuum_naptime = '{args.autovacuum_naptime:g}s'")
+            conn.execute("SELECT pg_reload_conf()")
     processes = []
     closers: list[Callable[[], Awaitable[object]]] = []
     rows: list[Row] = []
@@ -533,6 +540,14 @@ def main() -> None:
     parser.add_argument("--slices", type=int, default=4, help="slices per contender")
     parser.add_argument("--conversations", type=int, default=20)
     parser.add_argument("--before", help="another checkout's src/: its state service too")
+    parser.add_argument(
+        "--autovacuum-naptime",
+        type=float,
+        default=0,
+        help="seconds between autovacuum runs (0: PostgreSQL's 60); the storage part's "
+        "200 turns take about 20 s here, far less than they take a user, so autovacuum "
+        "passes that real time would give them happen only with a short naptime",
+    )
     parser.add_argument("--no-langgraph", action="store_true")
     parser.add_argument(
         "--floor", action="store_true", help="add a bare gRPC server answering the turn RPCs"
