@@ -154,7 +154,7 @@ class _Attempts(grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[type-arg]
 
 
 async def test_the_client_comes_back_when_the_server_says(
-    capped_service: str, user_id: str
+    capped_service: str, database_url: str, user_id: str
 ) -> None:
     attempts = _Attempts()
     async with AsyncStateClient.connect(
@@ -177,7 +177,18 @@ async def test_the_client_comes_back_when_the_server_says(
                 assert (await client.get_state(user_id, cids[i])).version == version
             return versions
 
-        results = await asyncio.gather(*(writer(i) for i in range(CALLERS)))
+        # As above, the overload is made: the conversation rows are held (a save updates
+        # its conversation's row first) for half a second while the writers start.
+        async with (
+            await psycopg.AsyncConnection.connect(database_url) as holder,
+            holder.transaction(),
+        ):
+            await holder.execute(
+                "SELECT 1 FROM t_conversation WHERE user_id = %s FOR UPDATE", (user_id,)
+            )
+            writers = asyncio.gather(*(writer(i) for i in range(CALLERS)))
+            await asyncio.sleep(0.5)
+        results = await writers
     # Every write succeeded, each exactly once (versions 1..8, no ABORTED from a repeat).
     assert results == [list(range(1, 9))] * CALLERS
     # ... after refusals the client itself sent again (writes are not retried by gRPC).
