@@ -9,7 +9,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agentstate.client import convert
+from agentstate.client.convert._common import time_of, timestamp_of
 from agentstate.state_service.servicer import items
 
 MIN_SECONDS = -62135596800  # 0001-01-01T00:00:00Z
@@ -29,8 +29,8 @@ def _reference(value: datetime) -> Timestamp:
 @given(st.integers(MIN_SECONDS, MAX_SECONDS), st.integers(0, 999_999_999))
 def test_time_of_a_timestamp(seconds: int, nanos: int) -> None:
     ts = Timestamp(seconds=seconds, nanos=nanos)
-    assert convert._time(ts) == ts.ToDatetime(tzinfo=UTC)
-    assert convert._time(ts).tzinfo is not None
+    assert time_of(ts) == ts.ToDatetime(tzinfo=UTC)
+    assert time_of(ts).tzinfo is not None
 
 
 @given(times, st.integers(-12 * 60, 14 * 60), st.booleans())
@@ -38,5 +38,5 @@ def test_timestamp_of_a_time(value: datetime, offset_minutes: int, naive: bool) 
     local = value.astimezone(timezone(timedelta(minutes=offset_minutes)))
     if naive:
         local = value.replace(tzinfo=None)  # FromDatetime reads a naive time as UTC
-    for fast in (convert._timestamp, items._timestamp):
+    for fast in (timestamp_of, items._timestamp):
         assert fast(local) == _reference(local)
