@@ -13,6 +13,7 @@ import json
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,7 @@ from langgraph.types import Command
 
 from agentstate.examples.langgraph_approval.graph import DENIED, QUESTION, build
 from agentstate.integrations.langgraph import AgentStateSaver, CheckpointConflict, ThreadDeleted
+from agentstate.integrations.langgraph.saver_base import WRITES_WAIT_SECONDS
 from agentstate.state.v1 import state_service_pb2 as pb
 from agentstate.state.v1 import state_service_pb2_grpc as pb_grpc
 from tests.support import paths
@@ -224,12 +226,17 @@ async def test_bad_input_gets_langgraphs_own_errors(state_process_address: str) 
         await saver.aprune(["x"], strategy="everything")
 
     # A value LangGraph's serializer cannot take: its own TypeError, and nothing stored.
+    # Without waiting out WRITES_WAIT_SECONDS: the run's later checkpoints never come
+    # (LangGraph chains a run's puts), so their writes stop waiting soon.
     graph = build(saver)
     cfg = config(f"bad-{uuid.uuid4()}")
+    started = time.monotonic()
     with pytest.raises(TypeError, match="not msgpack serializable"):
         await graph.ainvoke(
             {"messages": [HumanMessage(QUESTION)], "executed": [threading.Lock()]}, cfg
         )
+    assert time.monotonic() - started < WRITES_WAIT_SECONDS / 3
+    assert await saver.aget_tuple(cfg) is None
     # An id the service refuses (NUL) is a ValueError naming the field, not a gRPC error.
     good = config(f"good-{uuid.uuid4()}")
     await graph.ainvoke({"messages": [HumanMessage(QUESTION)], "executed": []}, good)
@@ -238,7 +245,9 @@ async def test_bad_input_gets_langgraphs_own_errors(state_process_address: str) 
         await saver.aget_tuple(bad_id)
     with pytest.raises(ValueError, match="checkpoint_id"):
         saver.get_tuple(bad_id)
-    await saver.aclose()
+    started = time.monotonic()
+    await saver.aclose()  # the failed run's held writes do not keep it waiting either
+    assert time.monotonic() - started < WRITES_WAIT_SECONDS / 3
 
 
 async def test_delete_removes_everything_and_a_late_write_is_refused(

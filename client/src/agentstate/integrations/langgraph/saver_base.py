@@ -66,6 +66,11 @@ DEFAULT_RUN_LEASE_SECONDS = 60.0
 # stored; and its polling: every WRITES_POLL_SECONDS while this saver puts that
 # checkpoint, else asking the service again with a backoff up to WRITES_RETRY_SECONDS.
 WRITES_WAIT_SECONDS = 30.0
+# ... and how long, once a put of the thread failed with no put succeeding since: LangGraph
+# chains a run's puts, so after a failed one it sends none of that run's later checkpoints,
+# and their writes would otherwise wait WRITES_WAIT_SECONDS for nothing. Not at once: a new
+# run's writes may come just before its first put starts.
+WRITES_WAIT_AFTER_FAILED_PUT_SECONDS = 1.0
 # How long a task's ordinary pending writes may wait for the next put of their checkpoint's
 # child, which then carries them (one call per step, the writes and the checkpoint they
 # produce in one transaction); after that they are sent alone. LangGraph itself never
@@ -309,6 +314,8 @@ class SaverBase(ClosesItsConnection, BaseCheckpointSaver[str]):
         self._thread_put_failed: BoundedCache[tuple[str, str], tuple[float, str]] = BoundedCache(
             MAX_CACHED
         )
+        # (user, thread) -> when its last put succeeded (a new run after a failed one).
+        self._thread_put_stored: BoundedCache[tuple[str, str], float] = BoundedCache(MAX_CACHED)
 
         # Pending writes held for their checkpoint's child put (see HeldWrites); the
         # checkpoints whose child put took them (later writes of those go alone); the
@@ -394,6 +401,7 @@ class SaverBase(ClosesItsConnection, BaseCheckpointSaver[str]):
         with self._lease_lock:
             if failure is None:
                 self._stored_here[key] = True
+                self._thread_put_stored[key[:2]] = time.monotonic()
             else:
                 why = f"{type(failure).__name__}: {failure}"
                 self._put_failed[key] = why
@@ -432,6 +440,9 @@ class SaverBase(ClosesItsConnection, BaseCheckpointSaver[str]):
         failed = self._thread_put_failed.get((user, thread))
         if failed is not None and failed[0] >= started:
             why = f"a put of this thread failed meanwhile ({failed[1]})"
+        elif self._last_put_failed(user, thread) and waited > WRITES_WAIT_AFTER_FAILED_PUT_SECONDS:
+            assert failed is not None
+            why = f"the thread's last put failed ({failed[1]}), and no put came since"
         elif waited > WRITES_WAIT_SECONDS:
             why = f"waited {waited:.0f} s for its put; put the checkpoint before its writes"
         else:
@@ -492,6 +503,12 @@ class SaverBase(ClosesItsConnection, BaseCheckpointSaver[str]):
                 if (user is None or k[0] == user) and (thread is None or k[1] == thread)
             ]
 
+    def _last_put_failed(self, user: str, thread: str) -> bool:
+        """The thread's last put failed, and none has succeeded since."""
+        failed = self._thread_put_failed.get((user, thread))
+        stored = self._thread_put_stored.get((user, thread))
+        return failed is not None and (stored is None or stored < failed[0])
+
     def _due_to_flush(self, key: WriteKey) -> bool:
         """Whether held writes whose delay is over go alone now: once their checkpoint is
         stored (until then its own put is on the way, and the put of its child will carry
@@ -501,7 +518,12 @@ class SaverBase(ClosesItsConnection, BaseCheckpointSaver[str]):
             held = self._held.get(key)
             if held is None:
                 return False
-            if self._stored_here.get(key) or time.monotonic() - held.since > WRITES_WAIT_SECONDS:
+            if (
+                self._stored_here.get(key)
+                or self._put_failed.get(key) is not None  # the service says what it holds
+                or self._last_put_failed(key[0], key[1])  # (its checkpoint may never come)
+                or time.monotonic() - held.since > WRITES_WAIT_SECONDS
+            ):
                 return True
             held.timer = None
             return False
@@ -694,7 +716,22 @@ class SaverBase(ClosesItsConnection, BaseCheckpointSaver[str]):
     ) -> tuple[NewCheckpoint, str | None]:
         """The checkpoint to store and the head it must extend. Serialized before any
         call: a value LangGraph's serializer refuses raises its own TypeError and nothing
-        is sent."""
+        is sent. The put then failed, so writes waiting for this checkpoint fail at once
+        (not after WRITES_WAIT_SECONDS)."""
+        try:
+            return self._serialized_checkpoint(config, checkpoint, metadata, new_versions)
+        except Exception as exc:
+            key = (self._user(config), thread_id_of(config), namespace_of(config), checkpoint["id"])
+            self._end_put(key, exc)
+            raise
+
+    def _serialized_checkpoint(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> tuple[NewCheckpoint, str | None]:
         stored: dict[str, Any] = dict(checkpoint)
         values: dict[str, Any] = stored.pop("channel_values")
         new_values = []
