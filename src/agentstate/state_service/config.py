@@ -198,7 +198,7 @@ class StateServiceSettings(EnvSettings):
         description="EraseUser: pause between batches, so other users' calls keep the database",
     )
     erase_batch_rows: int = Field(
-        default=1000,
+        default=500,
         validation_alias="STATE_ERASE_BATCH_ROWS",
         ge=1,
         description="EraseUser: rows per transaction, about: each batch takes as many "
@@ -206,12 +206,12 @@ class StateServiceSettings(EnvSettings):
         "STATE_ERASE_BATCH_CONVERSATIONS; the first batch is one conversation)",
     )
     erase_duty_cycle: float = Field(
-        default=0.5,
+        default=0.33,
         validation_alias="STATE_ERASE_DUTY_CYCLE",
         gt=0,
         le=1,
         description="EraseUser: the share of its time the erase spends in batches; after a "
-        "batch of t seconds it pauses t * (1 - duty) / duty (at least "
+        "batch of t seconds in the database it pauses t * (1 - duty) / duty (at least "
         "STATE_ERASE_PAUSE_SECONDS, at most a quarter of STATE_ERASE_STALE_SECONDS); 1: only "
         "STATE_ERASE_PAUSE_SECONDS",
     )
