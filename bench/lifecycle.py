@@ -341,8 +341,9 @@ def main() -> None:
         )
         results["date"] = datetime.now(UTC).isoformat(timespec="seconds")
         results["note"] = (
-            "loaded machine: 2 cores shared by 5 helpers running builds and tests; "
-            "a real state-service process over gRPC on 127.0.0.1; take ratios, not values"
+            "shared machine: 2 cores shared with other builds, tests and benchmarks; "
+            "a real state-service process per variant over gRPC on 127.0.0.1; take ratios, "
+            "not values"
         )
         Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
 
