@@ -2,6 +2,7 @@
 
     .venv/bin/python -m bench.lifecycle [--conversations 10000] [--records 20] [--erase-rounds 3]
                                         [--sizes 1000,10000,100000,1000000] [--pages 100]
+                                        [--variant NAME:KEY=VALUE,...]...
                                         [--json bench/lifecycle-DATE.json]
 
 A real state-service process (`python -m agentstate.state_service`, STATE_STORE=postgres)
@@ -10,10 +11,14 @@ over 127.0.0.1, from this process:
 
 - **erase**: a user with `--conversations` conversations of `--records` message records
   each (and a state per conversation) is erased by one EraseUser call, with the service's
-  default settings (100 conversations per batch, 5 ms between batches). Meanwhile another
+  default settings (see docs/reference/settings.md, STATE_ERASE_*). Meanwhile another
   user's GetState runs in a closed loop against the same process; its p50/p99 is compared
   with the same loop without the erase, measured before and after it (so a drift of the
   machine's load shows). `--erase-rounds` erases (each of a new user) show the spread.
+  `--variant NAME:KEY=VALUE,...` (repeatable): one more service process per variant, on
+  the same database, with those settings (e.g. `old:STATE_ERASE_DUTY_CYCLE=1`); each round
+  erases once through every variant, the order alternating round by round, so a change in
+  the machine's load falls on every variant alike. Without it, one service, the defaults.
 - **list**: for users with each of `--sizes` conversations (labelled, half of them with an
   `adk:shop:` key, one in a hundred with a failed last turn), the p50/p99 of
   ListConversations with a page of 50: the first page, a page deep in the listing (by page
@@ -130,9 +135,14 @@ async def timed_loop(
 
 
 async def bench_erase(
-    dsn: str, stub: pb_grpc.StateServiceAsyncStub, conversations: int, records: int, n: int
+    dsn: str,
+    stub: pb_grpc.StateServiceAsyncStub,
+    conversations: int,
+    records: int,
+    n: int,
+    variant: str = "default",
 ) -> dict[str, Any]:
-    erased = f"erased-{n}"
+    erased = f"erased-{n}-{variant}"
     load_user(dsn, erased, conversations, records)
     page = await stub.ListConversations(
         pb.ListConversationsRequest(user_id="bystander", page_size=1)
@@ -151,6 +161,7 @@ async def bench_erase(
     after = await timed_loop(stub, "bystander", cid, 5)
     result: dict[str, Any] = {
         "round": n,
+        "variant": variant,
         "conversations": conversations,
         "records_per_conversation": records,
         "erase_seconds": round(took, 2),
@@ -159,13 +170,20 @@ async def bench_erase(
         "bystander_get_state_during": quantiles(during),
         "bystander_get_state_after": quantiles(after),
     }
-    print(f"\n## erase {n} over gRPC: {conversations} conversations x {records} records")
+    print(
+        f"\n## erase {n} ({variant}) over gRPC: {conversations} conversations x {records} records"
+    )
     print(f"EraseUser took {took:.1f} s; receipt counts: {result['receipt_counts']}")
     print("| bystander GetState (gRPC) | p50 ms | p99 ms | calls |")
     print("|---|---|---|---|")
     for name in ("before", "during", "after"):
         q = result[f"bystander_get_state_{name}"]
         print(f"| {name} the erase | {q['p50_ms']:.2f} | {q['p99_ms']:.2f} | {q['calls']} |")
+    ratio = result["bystander_get_state_during"]["p99_ms"] / max(
+        result["bystander_get_state_before"]["p99_ms"], 1e-9
+    )
+    result["p99_during_over_before"] = round(ratio, 2)
+    print(f"p99 during / before: {ratio:.2f}x", flush=True)
     return result
 
 
@@ -235,22 +253,40 @@ async def bench_list(
     return results
 
 
-async def run(dsn: str, address: str, args: argparse.Namespace) -> dict[str, Any]:
+async def run(dsn: str, addresses: dict[str, str], args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {"uptime_start": uptime()}
-    async with grpc.aio.insecure_channel(address) as channel:
-        stub: pb_grpc.StateServiceAsyncStub = pb_grpc.StateServiceStub(channel)
+    channels = {name: grpc.aio.insecure_channel(a) for name, a in addresses.items()}
+    try:
+        stubs: dict[str, pb_grpc.StateServiceAsyncStub] = {
+            name: pb_grpc.StateServiceStub(channel) for name, channel in channels.items()
+        }
         load_user(dsn, "bystander", 10, 5)
         out["erase"] = []
+        names = list(stubs)
         for n in range(1, args.erase_rounds + 1):
-            if args.conversations:
-                out["erase"].append(
-                    await bench_erase(dsn, stub, args.conversations, args.records, n)
-                )
+            # Interleaved: every variant once a round, the order reversed every other round.
+            for name in names if n % 2 else names[::-1]:
+                if args.conversations:
+                    out["erase"].append(
+                        await bench_erase(
+                            dsn, stubs[name], args.conversations, args.records, n, name
+                        )
+                    )
         out["uptime_after_erase"] = uptime()
         sizes = [int(s) for s in args.sizes.split(",") if s]
-        out["list"] = await bench_list(dsn, stub, sizes, args.pages)
+        out["list"] = await bench_list(dsn, stubs[names[0]], sizes, args.pages)
+    finally:
+        for channel in channels.values():
+            await channel.close(None)
     out["uptime_end"] = uptime()
     return out
+
+
+def parse_variant(text: str) -> tuple[str, dict[str, str]]:
+    """`NAME:KEY=VALUE,KEY=VALUE` (the settings may be empty: `NAME:`)."""
+    name, _, settings = text.partition(":")
+    env = dict(item.split("=", 1) for item in settings.split(",") if item)
+    return name, env
 
 
 def main() -> None:
@@ -260,36 +296,54 @@ def main() -> None:
     parser.add_argument("--erase-rounds", type=int, default=3, help="erases, each of a new user")
     parser.add_argument("--sizes", default="1000,10000,100000,1000000")
     parser.add_argument("--pages", type=int, default=100)
+    parser.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        help="NAME:KEY=VALUE,... one more service with these settings (repeatable)",
+    )
     parser.add_argument("--json", default="", help="also write the results here")
     args = parser.parse_args()
+    variants = dict(parse_variant(v) for v in args.variant) or {"default": {}}
     print(uptime())
     root = Path(tempfile.mkdtemp(prefix="agentstate-lifecycle-"))
     root.chmod(0o755)  # the postgres user must reach the data directory
     pg = EmbeddedPostgres(root / "pgdata")
     dsn = pg.start()
-    service = None
+    services: dict[str, ServiceProcess] = {}
     try:
         asyncio.run(_migrate(dsn))
-        service = ServiceProcess(
-            "agentstate.state_service",
-            {"STATE_LISTEN_ADDRESS": "127.0.0.1:0", "STATE_STORE": "postgres", "DATABASE_URL": dsn},
-        )
-        address = service.wait_ready()
-        results = asyncio.run(run(dsn, address, args))
+        base = {
+            "STATE_LISTEN_ADDRESS": "127.0.0.1:0",
+            "STATE_STORE": "postgres",
+            "DATABASE_URL": dsn,
+        }
+        for name, env in variants.items():
+            services[name] = ServiceProcess("agentstate.state_service", {**base, **env})
+        addresses = {name: service.wait_ready() for name, service in services.items()}
+        results = asyncio.run(run(dsn, addresses, args))
+        results["variants"] = variants
     finally:
-        if service is not None:
+        for service in services.values():
             service.terminate()
         pg.stop()
         shutil.rmtree(root, ignore_errors=True)
     print(results["uptime_end"])
     if args.json:
-        results["command"] = "python -m bench.lifecycle " + " ".join(
-            f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k != "json"
+        results["command"] = (
+            "python -m bench.lifecycle "
+            + " ".join(
+                f"--{k.replace('_', '-')} {v}"
+                for k, v in vars(args).items()
+                if k not in ("json", "variant")
+            )
+            + "".join(f" --variant {v}" for v in args.variant)
         )
         results["date"] = datetime.now(UTC).isoformat(timespec="seconds")
         results["note"] = (
-            "loaded machine: 2 cores shared by 5 helpers running builds and tests; "
-            "a real state-service process over gRPC on 127.0.0.1; take ratios, not values"
+            "shared machine: 2 cores shared with other builds, tests and benchmarks; "
+            "a real state-service process per variant over gRPC on 127.0.0.1; take ratios, "
+            "not values"
         )
         Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
 

@@ -197,6 +197,24 @@ class StateServiceSettings(EnvSettings):
         ge=0,
         description="EraseUser: pause between batches, so other users' calls keep the database",
     )
+    erase_batch_rows: int = Field(
+        default=500,
+        validation_alias="STATE_ERASE_BATCH_ROWS",
+        ge=1,
+        description="EraseUser: rows per transaction, about: each batch takes as many "
+        "conversations as the last batch's held that many rows (at most "
+        "STATE_ERASE_BATCH_CONVERSATIONS; the first batch is one conversation)",
+    )
+    erase_duty_cycle: float = Field(
+        default=0.33,
+        validation_alias="STATE_ERASE_DUTY_CYCLE",
+        gt=0,
+        le=1,
+        description="EraseUser: the share of its time the erase spends in batches; after a "
+        "batch of t seconds in the database it pauses t * (1 - duty) / duty (at least "
+        "STATE_ERASE_PAUSE_SECONDS, at most a quarter of STATE_ERASE_STALE_SECONDS); 1: only "
+        "STATE_ERASE_PAUSE_SECONDS",
+    )
     erase_stop_grace_seconds: float = Field(
         default=5.0,
         validation_alias="STATE_ERASE_STOP_GRACE_SECONDS",
@@ -344,6 +362,8 @@ def erase_settings(settings: StateServiceSettings) -> EraseSettings:
     return EraseSettings(
         batch_conversations=settings.erase_batch_conversations,
         pause_seconds=settings.erase_pause_seconds,
+        batch_rows=settings.erase_batch_rows,
+        duty_cycle=settings.erase_duty_cycle,
         stop_grace_seconds=settings.erase_stop_grace_seconds,
         stale_seconds=settings.erase_stale_seconds,
     )

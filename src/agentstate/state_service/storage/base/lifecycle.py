@@ -37,8 +37,15 @@ class TtlChange:
 
 @dataclass(frozen=True)
 class EraseSettings:
-    batch_conversations: int = 100  # conversations per transaction
-    pause_seconds: float = 0.005  # between batches: other users' calls get the database
+    batch_conversations: int = 100  # conversations per transaction, at most
+    pause_seconds: float = 0.005  # between batches, at least: other users get the database
+    # Rows per transaction, about: the next batch's conversations are sized from the rows
+    # the last batch's conversations held (PostgreSQL; at most batch_conversations).
+    batch_rows: int = 500
+    # The share of the erase's time spent in batches: after a batch of t seconds in the
+    # database, a pause of t * (1 - duty_cycle) / duty_cycle (PostgreSQL; at most a
+    # quarter of stale_seconds). 1: only pause_seconds.
+    duty_cycle: float = 0.33
     stop_grace_seconds: float = 5.0  # how long running turns get to end after Stop
     stale_seconds: float = 30.0  # a running erasure silent this long was interrupted
 

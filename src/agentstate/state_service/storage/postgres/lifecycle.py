@@ -103,6 +103,42 @@ def receipt_of(row: Row) -> ErasureReceipt:
     )
 
 
+class ErasePace:
+    """How an erase yields to other users' calls (issue 23): each batch (a transaction)
+    holds about `batch_rows` rows, not a fixed number of conversations, so it commits
+    soon, holds few locks and writes little WAL at once, whatever the user's conversations
+    hold; and after each batch the erase rests in proportion to the batch's own time in
+    the database (the duty cycle), so a slow database (a loaded machine) slows the erase
+    with it instead of being kept busy by it."""
+
+    def __init__(self, settings: EraseSettings) -> None:
+        self.settings = settings
+        # The first batch: one conversation, to learn how many rows one holds.
+        self.conversations = 1
+        self.batches = 0  # so far, with the time spent in them and resting after them
+        self.busy_seconds = 0.0
+        self.rest_seconds = 0.0
+
+    def after(self, counts: dict[str, int], seconds: float) -> float:
+        """The pause after a batch that erased `counts` (its receipt counts) in `seconds`,
+        and the next batch's size (`conversations`) from the rows it held."""
+        s = self.settings
+        erased = int(counts.get("conversations", 0))
+        rows = sum(int(n) for n in counts.values())
+        if erased > 0:
+            per_conversation = max(1.0, rows / erased)
+            fit = int(s.batch_rows / per_conversation)
+            self.conversations = max(1, min(s.batch_conversations, fit))
+        rest = seconds * (1 - s.duty_cycle) / s.duty_cycle
+        # Bounded so that the heartbeat the batch wrote stays fresh: a pause past the
+        # stale time would let another EraseUser take the erase over.
+        pause = min(max(s.pause_seconds, rest), s.stale_seconds / 4)
+        self.batches += 1
+        self.busy_seconds += seconds
+        self.rest_seconds += pause
+        return pause
+
+
 class PostgresLifecycle(PostgresConnection, LifecycleStore):
     async def set_conversation_facts(
         self, *, user_id: str, conversation_id: int, labels: LabelChange, ttl: TtlChange
@@ -210,19 +246,26 @@ class PostgresLifecycle(PostgresConnection, LifecycleStore):
             if not row["running"]:
                 break
             await asyncio.sleep(0.05)
+        pace = ErasePace(settings)
         while True:
             (row,) = await self._rows(
                 lsql.ERASE_BATCH,
-                {
-                    "user_id": user_id,
-                    "erasure_id": erasure_id,
-                    "batch": settings.batch_conversations,
-                },
+                {"user_id": user_id, "erasure_id": erasure_id, "batch": pace.conversations},
             )
             if not row["remaining"]:
+                pace.batches += 1  # the last one: the user's scoped state, the receipt
+                pace.busy_seconds += float(row["seconds"])
                 break
-            if settings.pause_seconds > 0:
-                await asyncio.sleep(settings.pause_seconds)
+            pause = pace.after(json.loads(row["batch_counts"]), float(row["seconds"]))
+            if pause > 0:
+                await asyncio.sleep(pause)
+        log.info(
+            "erasure %d: %d batches, %.3f s in them, %.3f s resting between them",
+            erasure_id,
+            pace.batches,
+            pace.busy_seconds,
+            pace.rest_seconds,
+        )
         self.encryption.cache.drop(user_id)
         if key_rows and self.encryption.kms is not None:
             self.encryption.kms.destroy(key_id=bytes(key_rows[0]["key_id"]))

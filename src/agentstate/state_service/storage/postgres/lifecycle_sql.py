@@ -232,8 +232,12 @@ SELECT count(*) AS running FROM t_run_lease
 WHERE user_id = %(user_id)s AND expire_time > now()
 """
 
+# `seconds`: the batch's time in the database (the select list runs after the function):
+# the erase's pause is paced by it, not by the service's event loop, which is slower to
+# come back to the erase the busier the service is.
 ERASE_BATCH: Final = """
-SELECT batch_counts::text AS batch_counts, remaining
+SELECT batch_counts::text AS batch_counts, remaining,
+       extract(epoch FROM clock_timestamp() - statement_timestamp())::float8 AS seconds
 FROM agentstate_erase_batch(%(user_id)s, %(erasure_id)s::bigint, %(batch)s::integer)
 """
 
