@@ -208,9 +208,9 @@ class JsonLogFormatter(JsonFormatter):
         log_data.update(self._static_fields)
         skip = self._skip_fields
         rename = self.rename_fields
-        for key, value in attributes.items():
-            if key not in skip and not (isinstance(key, str) and key.startswith("_")):
-                log_data[rename.get(key, key)] = value
+        for key in [k for k in attributes if k not in skip]:  # the record's extra= fields
+            if not (isinstance(key, str) and key.startswith("_")):
+                log_data[rename.get(key, key)] = attributes[key]
         _add_trace_ids(log_data)
         return self._encoder.encode(self.process_log_record(log_data))
 
