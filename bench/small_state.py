@@ -20,8 +20,10 @@ change in the machine's load hits them alike: compare the ratios, not the millis
    thread) over our slices, divided by the calls it served: CPU per call. `--before SRC`
    adds the state service of another checkout's src/ (PYTHONPATH) as a third contender;
    `--floor` a bare gRPC server (a process answering the same RPCs with fixed responses:
-   the floor of CPU per call in Python gRPC) and our service on its in-memory store (the
-   same service without psycopg and PostgreSQL).
+   the floor of CPU per call in Python gRPC), the same bare server behind the state
+   service's guards (identity, policy, audit line, admission, request decoding; with
+   `--before`, also behind before's), and our service on its in-memory store (the same
+   service without psycopg and PostgreSQL).
 3. storage: `--conversations` conversations grown by 32 turns of 4 messages (delta
    EndTurns, 8 sessions at a time) to 128 messages: live bytes per conversation
    (pg_column_size of the state's rows) against the state's JSON size; then 200 more
@@ -354,8 +356,24 @@ class _Bare(pb_grpc.StateServiceServicer):
         return pb.EndTurnResponse(version=self.version, lease_released=True)
 
 
-async def _serve_bare() -> None:
+async def _serve_bare(guards: bool = False) -> None:
+    """`guards`: behind the state service's own guards (identity, policy and audit,
+    admission, request decoding; agentstate.common.grpc_server), its audit line written
+    to stderr as the service writes it: what they cost a call."""
     server = grpc.aio.server()
+    if guards:
+        from agentstate.common import telemetry
+        from agentstate.common.grpc_server import create_server
+        from agentstate.state_service.config import StateServiceSettings
+        from agentstate.state_service.server import admission_of, caller_interceptor
+
+        telemetry.configure_logging("agentstate-state", coalesce=True)
+        settings = StateServiceSettings.from_env()
+        server = create_server(
+            max_message_bytes=settings.grpc_max_message_bytes,
+            interceptors=[caller_interceptor(settings)],
+            admission=admission_of(settings),
+        )
     pb_grpc.add_StateServiceServicer_to_server(_Bare(), server)  # type: ignore[abstract]
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
@@ -477,6 +495,18 @@ async def run(args: argparse.Namespace) -> list[Row]:
             channel = grpc.aio.insecure_channel(bare.wait_ready())
             closers.append(functools.partial(channel.close, None))
             floor = {"gRPC alone": (pb_grpc.StateServiceStub(channel), bare.proc.pid)}
+            # The same fixed answers behind our guards (and before's, with --before).
+            guarded = {"gRPC + our guards": "."}
+            if args.before:
+                guarded["gRPC + before's guards"] = f"{args.before}:."
+            for name, path in guarded.items():
+                process = ServiceProcess(
+                    "bench.small_state", {"PYTHONPATH": path}, "--bare-server", "--guards"
+                )
+                processes.append(process)
+                channel = grpc.aio.insecure_channel(process.wait_ready())
+                closers.append(functools.partial(channel.close, None))
+                floor[name] = (pb_grpc.StateServiceStub(channel), process.proc.pid)
             memory = ServiceProcess(
                 "agentstate.state_service",
                 {"STATE_LISTEN_ADDRESS": "127.0.0.1:0", "STATE_STORE": "memory"},
@@ -553,11 +583,12 @@ def main() -> None:
         "--floor", action="store_true", help="add a bare gRPC server answering the turn RPCs"
     )
     parser.add_argument("--bare-server", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--guards", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--json", type=Path, help="write the results as JSON")
     parser.add_argument("--replot", type=Path, help="print an earlier --json, measure nothing")
     args = parser.parse_args()
     if args.bare_server:
-        asyncio.run(_serve_bare())
+        asyncio.run(_serve_bare(args.guards))
         return
     if args.replot:
         print_table([Row(**r) for r in json.loads(args.replot.read_text())["rows"]])

@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 import subprocess
 import sys
+from datetime import UTC, datetime
 from typing import Any
 
+from opentelemetry import trace
+from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+from pythonjsonlogger.json import JsonFormatter
+
+from agentstate.common.telemetry import JsonLogFormatter
 from tests.support.state_process import StateServices
 
 # Logs in a fresh interpreter, as a service does: outside a span, inside one, an exception.
@@ -138,3 +146,45 @@ def test_coalesced_lines_are_written_once_per_loop_pass_in_order() -> None:
         "next pass",
         "left pending at the end",
     ]
+
+
+def _records() -> list[logging.LogRecord]:
+    log = logging.getLogger("agentstate.audit")
+    made = [
+        log.makeRecord(
+            log.name, logging.INFO, __file__, 1, "audit: %s %s", ("anonymous", "EndTurn"), None,
+            extra={
+                "audit_caller": "anonymous", "audit_conversation_ids": ["1", "2"],
+                "audit_messages_deleted": 3, "audit_user_id": "用户", "_hidden": 1,
+            },
+        ),
+        log.makeRecord(
+            log.name, logging.WARNING, __file__, 2, "取消订单 %d", (88235,), None,
+            extra={"when": datetime(2026, 12, 7, 1, 2, 3, tzinfo=UTC), "ratio": 0.5},
+        ),
+        log.makeRecord("x", logging.ERROR, __file__, 3, "no extras %s%%", ("a",), None),
+        log.makeRecord("x", logging.INFO, __file__, 4, {"a": "dict message"}, (), None),
+    ]  # fmt: skip
+    try:
+        raise ZeroDivisionError("division by zero")
+    except ZeroDivisionError:
+        made.append(log.makeRecord("x", logging.ERROR, __file__, 5, "boom", (), sys.exc_info()))
+    return made
+
+
+def test_the_fast_json_line_is_the_line_python_json_logger_writes() -> None:
+    """JsonLogFormatter builds the common line itself (an audit line per write call);
+    it must be the very line the library's own path writes, outside a span and inside."""
+    formatter = JsonLogFormatter("agentstate-state")
+    library = JsonFormatter.format
+    span = NonRecordingSpan(
+        SpanContext(0x1234, 0x5678, is_remote=False, trace_flags=TraceFlags(TraceFlags.SAMPLED))
+    )
+    for inside in (False, True):
+        with trace.use_span(span) if inside else contextlib.nullcontext():
+            for fast, slow in zip(_records(), _records(), strict=True):
+                slow.created = fast.created  # made a moment apart
+                line = formatter.format(fast)
+                assert line == library(formatter, slow)
+                if inside:
+                    assert json.loads(line)["trace_id"] == format(0x1234, "032x")

@@ -49,7 +49,63 @@ async def _refuse(context: grpc.aio.ServicerContext[Any, Any], method: str, why:
     )
 
 
+def decoding(handler: Any, method: str) -> Any:
+    """`handler` (a method handler of `method`, "/pkg.Service/Rpc") with a deserializer
+    that never raises and a refusal of what it could not decode; as it is for a handler
+    with a streamed request (or none)."""
+    if handler is None or handler.request_deserializer is None or handler.request_streaming:
+        return handler
+    name = method.rsplit("/", 1)[-1]
+    decode = _safe(handler.request_deserializer)
+    if handler.unary_unary is not None:
+        unary: Any = handler.unary_unary
+
+        async def unary_unary(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+            if isinstance(request, _Undecodable):
+                await _refuse(context, name, request.reason)
+            return await unary(request, context)
+
+        return grpc.unary_unary_rpc_method_handler(
+            unary_unary,
+            request_deserializer=decode,
+            response_serializer=handler.response_serializer,
+        )
+    if handler.unary_stream is not None:
+        streaming: Any = handler.unary_stream
+
+        async def unary_stream(
+            request: Any, context: grpc.aio.ServicerContext[Any, Any]
+        ) -> AsyncIterator[Any]:
+            if isinstance(request, _Undecodable):
+                await _refuse(context, name, request.reason)
+            async for response in streaming(request, context):
+                yield response
+
+        async def unary_stream_by_writes(
+            request: Any, context: grpc.aio.ServicerContext[Any, Any]
+        ) -> None:
+            if isinstance(request, _Undecodable):
+                await _refuse(context, name, request.reason)
+            await streaming(request, context)
+
+        # A handler may stream by yielding or, like grpc.health's Watch, by
+        # context.write(): each needs a wrapper of its own kind.
+        by_writes = inspect.iscoroutinefunction(streaming)
+        return grpc.unary_stream_rpc_method_handler(
+            unary_stream_by_writes if by_writes else unary_stream,
+            request_deserializer=decode,
+            response_serializer=handler.response_serializer,
+        )
+    return handler
+
+
 class DecodeErrorsAsInvalidArgument(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
+    """`decoding` as an interceptor; agentstate.common.grpc_server applies `wrap` to
+    each handler as it is registered instead (no interceptor runs per call)."""
+
+    def wrap(self, handler: Any, method: str) -> Any:
+        return decoding(handler, method)
+
     async def intercept_service(
         self,
         continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Any]],
@@ -57,47 +113,4 @@ class DecodeErrorsAsInvalidArgument(grpc.aio.ServerInterceptor):  # type: ignore
     ) -> Any:
         # Typed as Any: grpc-stubs describe the synchronous handlers only.
         handler: Any = await continuation(handler_call_details)
-        if handler is None or handler.request_deserializer is None or handler.request_streaming:
-            return handler
-        method = str(handler_call_details.method).rsplit("/", 1)[-1]
-        decode = _safe(handler.request_deserializer)
-        if handler.unary_unary is not None:
-            unary: Any = handler.unary_unary
-
-            async def unary_unary(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-                if isinstance(request, _Undecodable):
-                    await _refuse(context, method, request.reason)
-                return await unary(request, context)
-
-            return grpc.unary_unary_rpc_method_handler(
-                unary_unary,
-                request_deserializer=decode,
-                response_serializer=handler.response_serializer,
-            )
-        if handler.unary_stream is not None:
-            streaming: Any = handler.unary_stream
-
-            async def unary_stream(
-                request: Any, context: grpc.aio.ServicerContext[Any, Any]
-            ) -> AsyncIterator[Any]:
-                if isinstance(request, _Undecodable):
-                    await _refuse(context, method, request.reason)
-                async for response in streaming(request, context):
-                    yield response
-
-            async def unary_stream_by_writes(
-                request: Any, context: grpc.aio.ServicerContext[Any, Any]
-            ) -> None:
-                if isinstance(request, _Undecodable):
-                    await _refuse(context, method, request.reason)
-                await streaming(request, context)
-
-            # A handler may stream by yielding or, like grpc.health's Watch, by
-            # context.write(): each needs a wrapper of its own kind.
-            by_writes = inspect.iscoroutinefunction(streaming)
-            return grpc.unary_stream_rpc_method_handler(
-                unary_stream_by_writes if by_writes else unary_stream,
-                request_deserializer=decode,
-                response_serializer=handler.response_serializer,
-            )
-        return handler
+        return decoding(handler, str(handler_call_details.method))

@@ -27,7 +27,7 @@ from typing import Annotated, Any, Literal
 
 from opentelemetry import metrics, trace
 from pydantic import BeforeValidator, Field
-from pythonjsonlogger.json import JsonFormatter
+from pythonjsonlogger.json import JsonEncoder, JsonFormatter
 
 from agentstate.common import workers
 from agentstate.common.config import ConfigError, EnvSettings, casefold_choice
@@ -178,18 +178,60 @@ class JsonLogFormatter(JsonFormatter):
             json_ensure_ascii=False,  # the product speaks Chinese: keep it readable
         )
 
+        # The fast path of format() below: what python-json-logger's add_fields does for
+        # this configuration, without its per-field renames and lookups.
+        self._fixed_fields = [(self._get_rename(f), f) for f in self._required_fields]
+        self._static_fields = {self._get_rename(k): v for k, v in self.static_fields.items()}
+        # One encoder for every line: json.dumps(cls=JsonEncoder, ensure_ascii=False), as
+        # jsonify_log_record calls it, builds this same encoder for each line.
+        self._encoder = JsonEncoder(ensure_ascii=False)
+        self._fast = not self.defaults and not self.timestamp and not self.prefix
+
+    def format(self, record: logging.LogRecord) -> str:
+        """The line python-json-logger would write, built directly for the common record
+        (a text message, no exception or stack): a server logs an audit line per write
+        call. Anything else takes python-json-logger's own path."""
+        if (
+            not self._fast
+            or record.exc_info
+            or record.exc_text
+            or record.stack_info
+            or isinstance(record.msg, dict)
+            or type(self).add_fields is not JsonLogFormatter.add_fields
+        ):
+            return super().format(record)
+        record.message = record.getMessage()
+        attributes = record.__dict__
+        log_data: dict[str, Any] = {"time": _log_time(record.created)}
+        for name, field in self._fixed_fields:
+            log_data[name] = attributes.get(field)
+        log_data.update(self._static_fields)
+        skip = self._skip_fields
+        rename = self.rename_fields
+        for key in [k for k in attributes if k not in skip]:  # the record's extra= fields
+            if not (isinstance(key, str) and key.startswith("_")):
+                log_data[rename.get(key, key)] = attributes[key]
+        _add_trace_ids(log_data)
+        return self._encoder.encode(self.process_log_record(log_data))
+
     def add_fields(
         self, log_data: dict[str, Any], record: logging.LogRecord, message_dict: dict[str, Any]
     ) -> None:
         # Milliseconds in UTC, as before: python-json-logger's own timestamp has microseconds.
-        log_data["time"] = datetime.fromtimestamp(record.created, UTC).isoformat(
-            timespec="milliseconds"
-        )
+        log_data["time"] = _log_time(record.created)
         super().add_fields(log_data, record, message_dict)
-        context = trace.get_current_span().get_span_context()
-        if context.is_valid:
-            log_data["trace_id"] = format(context.trace_id, "032x")
-            log_data["span_id"] = format(context.span_id, "016x")
+        _add_trace_ids(log_data)
+
+
+def _log_time(created: float) -> str:
+    return datetime.fromtimestamp(created, UTC).isoformat(timespec="milliseconds")
+
+
+def _add_trace_ids(log_data: dict[str, Any]) -> None:
+    context = trace.get_current_span().get_span_context()
+    if context.is_valid:
+        log_data["trace_id"] = format(context.trace_id, "032x")
+        log_data["span_id"] = format(context.span_id, "016x")
 
 
 # The level of a one-shot command (an admin command) when AGENTSTATE_LOG_LEVEL

@@ -130,9 +130,12 @@ async def identify(
     context: grpc.aio.ServicerContext[Any, Any],
     tokens: TokenVerifier | None,
     strict: bool = True,
+    certificates: bool = True,
 ) -> Caller:
     """The caller of this call; CallerUnauthenticated for a token that is not valid (or,
-    when `strict`, for any token where none are accepted)."""
+    when `strict`, for any token where none are accepted). `certificates`: whether a
+    client may have presented a certificate (False: the server trusts no client CA, so
+    none was asked for, and the call's auth context is not read)."""
     peer = context.peer() or ""
     bearer = [
         (v if isinstance(v, str) else v.decode(errors="replace"))
@@ -153,7 +156,7 @@ async def identify(
                 "send the service token once, as `authorization: Bearer <token>` metadata"
             )
         return Caller(await tokens.caller(token.strip()), "token", peer)
-    name = certificate_identity(context)
+    name = certificate_identity(context) if certificates else ""
     if name:
         return Caller(name, "mtls", peer)
     return Caller("", "none", peer)
@@ -249,11 +252,16 @@ class CallerInterceptor(UnaryGuardInterceptor):
     decide by method alone."""
 
     def __init__(
-        self, policy: Policy | None, tokens: TokenVerifier | None, audit_calls: bool = True
+        self,
+        policy: Policy | None,
+        tokens: TokenVerifier | None,
+        audit_calls: bool = True,
+        certificates: bool = True,
     ) -> None:
         self.policy = policy
         self.tokens = tokens
         self.audit_calls = audit_calls
+        self.certificates = certificates  # False: no client CA, so no client certificates
         super().__init__()
 
     def guard(self, behaviour: UnaryBehaviour, method: str) -> UnaryBehaviour:
@@ -266,7 +274,9 @@ class CallerInterceptor(UnaryGuardInterceptor):
             # A read across users (listing every user's conversations) is audited too.
             audited_call = audited or (self.audit_calls and _user_of(request) is None)
             try:
-                caller = await identify(context, self.tokens, strict=self.policy is not None)
+                caller = await identify(
+                    context, self.tokens, self.policy is not None, self.certificates
+                )
                 if self.policy is not None:
                     if not caller.identified:
                         raise CallerUnauthenticated(

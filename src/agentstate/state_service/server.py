@@ -201,7 +201,7 @@ def caller_interceptor(settings: StateServiceSettings) -> CallerInterceptor:
         tokens = TokenVerifier(
             keys, settings.token_issuer, settings.token_audience, settings.token_caller_claim
         )
-    return CallerInterceptor(policy, tokens)
+    return CallerInterceptor(policy, tokens, certificates=bool(settings.tls_client_ca_file))
 
 
 def admission_of(settings: StateServiceSettings) -> Admission | None:

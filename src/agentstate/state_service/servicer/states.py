@@ -25,6 +25,10 @@ from agentstate.state_service.servicer.messages import (
 )
 from agentstate.state_service.servicer.translate import grpc_errors, timed, timestamp
 
+# The payload-size metric's attributes, built once.
+_LOADED = {"side": "server", "op": "load"}
+_SAVED = {"side": "server", "op": "save"}
+
 
 @dataclass(frozen=True)
 class Save:
@@ -76,7 +80,7 @@ class StateRpcs(ServicerBase):
                 conversation_id=d.parse_id(request.conversation_id, "conversation_id"),
                 state_key=d.validate_state_key(request.state_key),
             )
-        PAYLOAD_SIZE.record(len(state.payload), {"side": "server", "op": "load"})
+        PAYLOAD_SIZE.record(len(state.payload), _LOADED)
         return pb.GetStateResponse(
             payload=state.payload, version=state.version, update_time=timestamp(state.update_time)
         )
@@ -116,7 +120,7 @@ class StateRpcs(ServicerBase):
             max_state_bytes=self._max_payload_bytes,
         )
         sent = len(request.payload) if delta is None else request.delta.ByteSize()
-        PAYLOAD_SIZE.record(sent, {"side": "server", "op": "save"})
+        PAYLOAD_SIZE.record(sent, _SAVED)
         return save
 
     @grpc_errors
@@ -182,7 +186,7 @@ class StateRpcs(ServicerBase):
             response.payload = begun.state.payload
             response.version = begun.state.version
             response.state_update_time.CopyFrom(timestamp(begun.state.update_time))
-            PAYLOAD_SIZE.record(len(begun.state.payload), {"side": "server", "op": "load"})
+            PAYLOAD_SIZE.record(len(begun.state.payload), _LOADED)
         return response
 
     @grpc_errors
