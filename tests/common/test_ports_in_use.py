@@ -4,6 +4,7 @@ holding the port."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import subprocess
@@ -108,14 +109,20 @@ def test_the_web_demo_on_a_port_in_use_starts_nothing(taken: str) -> None:
 
 def test_a_port_taken_after_the_check_is_still_one_line(taken: str) -> None:
     """gRPC itself refusing the address (the check passed a moment earlier)."""
-    server = create_server(max_message_bytes=1024)
-    with pytest.raises(ConfigError) as refused:
+
+    # In its own event loop, as the services create theirs: an earlier test that closed
+    # the thread's loop must not leave grpc.aio without one.
+    async def create_and_bind() -> grpc.aio.Server:
+        server = create_server(max_message_bytes=1024)
         bind(server, taken, "STATE_LISTEN_ADDRESS")
+        return server
+
+    with pytest.raises(ConfigError) as refused:
+        asyncio.run(create_and_bind())
     assert str(refused.value) == (
         f"cannot listen on {taken}: gRPC could not bind it; set STATE_LISTEN_ADDRESS to "
         "another address (port 0 picks a free one)"
     )
-    assert isinstance(server, grpc.aio.Server)
 
 
 def test_the_docs_quote_the_message() -> None:
