@@ -142,15 +142,14 @@ def _open_all_fast(key: DataKey, text: bytes, ad: bytes) -> bytes | None:
         body = part.rstrip(_NOT_BASE64_CHARS)  # a token's base64 then what follows it
         bodies.append(body)
         rests.append(part[len(body) :])
-    joined = b'","'.join(bodies)
     # A body taken this way is the token's whole base64 exactly when it holds only
     # base64 bytes (the byte after a token's base64 is not one): msgspec refuses any
-    # other byte inside a string; a quote (beyond the separators') or a backslash in a
-    # body would change the strings.
-    if joined.count(b'"') != 2 * (len(bodies) - 1) or b"\\" in joined:
+    # other byte inside a string, and a quote or a backslash would change the strings.
+    everything = b"".join(bodies)
+    if b'"' in everything or b"\\" in everything:
         return None
     try:
-        blobs = _BLOBS.decode(b'["' + joined + b'"]')
+        blobs = _BLOBS.decode(b'["' + b'","'.join(bodies) + b'"]')
     except (msgspec.ValidationError, msgspec.DecodeError):
         return None
     if len(blobs) != len(bodies):
