@@ -13,6 +13,8 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from agentstate.state_service import domain as d
 from agentstate.state_service.crypto import envelope
@@ -190,3 +192,29 @@ async def test_a_state_of_many_chunks_reads_back_and_a_tampered_chunk_is_refused
         await sealed_store.get_state(
             user_id=user_id, conversation_id=cid, state_key=DEFAULT_STATE_KEY
         )
+
+
+_PIECES = st.one_of(
+    st.binary(max_size=40).map(lambda b: b.replace(b"\x01", b"")),
+    st.sampled_from([b", ", b"[", b"]", b'"', b"\\", b"=", b"A", b"+/", b"\xe8\xae\xa2", b"{}"]),
+    st.text(max_size=60).map(lambda t: _seal(t)),
+    st.text(max_size=20).map(lambda t: _seal(t, ad=b"elsewhere")),
+    st.just(b"\x01"),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_PIECES, max_size=12))
+def test_open_all_answers_as_the_exact_path_on_any_mix(pieces: list[bytes]) -> None:
+    """Tokens, tokens of another row, stray marks, plaintext and punctuation in any
+    order: open_all returns what the exact path returns, or raises what it raises."""
+    text = b"".join(pieces)
+    try:
+        expected: bytes | type[Exception] = _exact(text)
+    except (d.CiphertextRejected, d.DataKeyDestroyed) as exc:
+        expected = type(exc)
+    try:
+        got: bytes | type[Exception] = envelope.open_all(KEY, text, AD, user_id="u1")
+    except (d.CiphertextRejected, d.DataKeyDestroyed) as exc:
+        got = type(exc)
+    assert got == expected
