@@ -289,16 +289,16 @@ async def concurrent_writers(
     spread: dict[str, list[list[int]]] = {}
     for _ in range(rounds):
         for name, saver in savers.items():
-            own = service is not None and name == OURS
-            before = connections_per_worker(service.supervisor, service.port) if own else []
-            mine = [service.saver() for _ in range(writers)] if own and service else []
+            own = service if name == OURS else None
+            before = connections_per_worker(own.supervisor, own.port) if own else []
+            mine = [own.saver() for _ in range(writers)] if own else []
             graphs = [build(s, steps) for s, _ in mine] or [build(saver, steps)] * writers
             cfgs = [{"configurable": {"thread_id": f"w-{uuid.uuid4()}"}} for _ in range(writers)]
             seed = {"messages": seed_messages(8), "step": 0}
             for graph, cfg in zip(graphs, cfgs, strict=True):
                 await _invoke(graph, api, seed, cfg, "sync")
-            if own and service:
-                after = connections_per_worker(service.supervisor, service.port)
+            if own:
+                after = connections_per_worker(own.supervisor, own.port)
                 spread.setdefault(name, []).append(
                     [a - b for a, b in zip(after, before, strict=False)]
                 )
