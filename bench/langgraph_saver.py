@@ -4,7 +4,7 @@ PostgreSQL savers, on one PostgreSQL, in one run.
     .venv/bin/pip install -e '.[bench]'      # LangGraph's PostgreSQL saver and matplotlib
     .venv/bin/python -m bench.langgraph_saver [--sizes 8,64] [--steps 10] [--runs 30]
         [--durability sync,async] [--api async,sync] [--writers 2] [--users 200]
-        [--plots docs/img] [--json results.json]
+        [--service-workers 2] [--plots docs/img] [--json results.json]
 
 - ours: `AgentStateSaver` (agentstate.integrations.langgraph) calling the state service,
   which runs as its own process (`python -m agentstate.state_service`, pool of 10) on
@@ -30,6 +30,15 @@ steps per second over all of them, the savers alternating round by round. `--use
 method of langgraph issue 7259 (issue 26 item 6): N users at once, each 5 `ainvoke`s of a
 two-node graph on its own thread, once with 20 ms of sleep per node and once (N/4 users,
 10 invokes) with none; invokes per second and p99 latency, InMemorySaver as the ceiling.
+
+`--service-workers N`: the state service runs N worker processes on its one port
+(`STATE_WORKERS`, docs/scaling.md), a central deployment's configuration. The kernel spreads
+connections, not calls, over the workers, and a saver holds one connection, so with N > 1
+each of the `--writers` graphs gets its own `AgentStateSaver` (as separate agent processes
+would), made afresh every round; each on its own connection (a local subchannel pool: gRPC
+otherwise shares one connection among a process's channels to one address); the JSON
+records, per round, how many of the writers' connections each worker held (two
+connections land on one worker half the time).
 """
 
 from __future__ import annotations
@@ -50,11 +59,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Annotated, Any, TypedDict
 
+import grpc
 from langchain_core.messages import AIMessage, AnyMessage
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.graph import START, StateGraph
 from langgraph.graph.message import add_messages
 
+from agentstate.client import AsyncStateClient, ClientSettings, StateClient
+from agentstate.client.channel import channel_options
 from agentstate.common.embedded_postgres import EmbeddedPostgres
 from agentstate.dev.processes import ServiceProcess
 from agentstate.integrations.langgraph import AgentStateSaver
@@ -86,6 +98,9 @@ class Concurrent:
     steps_per_s: float  # checkpointed steps (or invokes, for the users load) per second
     p50_ms: float  # per invoke
     p99_ms: float
+    service_workers: int = 1
+    # per round: connections of this saver's writers on each worker (N > 1 only)
+    spread: list[list[int]] | None = None
 
 
 OURS = "AgentStateSaver"
@@ -190,6 +205,74 @@ def _summary(
     )
 
 
+def _workers_of(supervisor: int) -> list[int]:
+    children = Path(f"/proc/{supervisor}/task/{supervisor}/children").read_text()
+    return sorted(int(pid) for pid in children.split())
+
+
+def _established(port: int) -> set[str]:
+    """Socket inodes of the established TCP connections whose local port is `port`."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == "01":
+                found.add(fields[9])
+    return found
+
+
+def connections_per_worker(supervisor: int, port: int) -> list[int]:
+    """How many established connections of `port` each worker process holds."""
+    served = _established(port)
+    counts = []
+    for pid in _workers_of(supervisor):
+        inodes = set()
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            with contextlib.suppress(OSError):
+                target = os.readlink(fd)
+                if target.startswith("socket:["):
+                    inodes.add(target[8:-1])
+        counts.append(len(inodes & served))
+    return counts
+
+
+@dataclass
+class Workers:
+    """The service's worker processes: `make_saver` gives each writer its own saver."""
+
+    count: int
+    supervisor: int
+    port: int
+    address: str
+    writes_delay: float
+
+    def saver(self) -> tuple[AgentStateSaver, Callable[[], Awaitable[None]]]:
+        """A saver on its own connection, and what closes it. gRPC shares one connection
+        among the channels of a process with the same target and arguments (its global
+        subchannel pool), so each gets a local pool: a connection of its own, as an
+        agent process of its own would have."""
+        options = [*channel_options(ClientSettings().max_message_bytes)]
+        options.append(("grpc.use_local_subchannel_pool", 1))
+        aio = AsyncStateClient(
+            grpc.aio.insecure_channel(self.address, options=options), owns_channel=True
+        )
+        sync = StateClient(grpc.insecure_channel(self.address, options=options), owns_channel=True)
+
+        async def close() -> None:
+            await aio.close()
+            sync.close()
+
+        return (
+            AgentStateSaver(
+                client=aio,
+                sync_client=sync,
+                user_id="bench",
+                writes_delay_seconds=self.writes_delay,
+            ),
+            close,
+        )
+
+
 async def concurrent_writers(
     savers: dict[str, BaseCheckpointSaver[Any]],
     api: str,
@@ -197,28 +280,37 @@ async def concurrent_writers(
     invokes: int,
     steps: int,
     rounds: int = 3,
+    service: Workers | None = None,
 ) -> list[Concurrent]:
     """`writers` graphs at once on their own threads ids, 8 messages each, sync
-    durability; steps per second over all of them, best of `rounds` alternating rounds."""
+    durability; steps per second over all of them, best of `rounds` alternating rounds.
+    With `service` (several workers), each of our writers has its own saver."""
     best: dict[str, tuple[float, list[float]]] = {}
+    spread: dict[str, list[list[int]]] = {}
     for _ in range(rounds):
         for name, saver in savers.items():
-            graph = build(saver, steps)
+            own = service if name == OURS else None
+            before = connections_per_worker(own.supervisor, own.port) if own else []
+            mine = [own.saver() for _ in range(writers)] if own else []
+            graphs = [build(s, steps) for s, _ in mine] or [build(saver, steps)] * writers
             cfgs = [{"configurable": {"thread_id": f"w-{uuid.uuid4()}"}} for _ in range(writers)]
             seed = {"messages": seed_messages(8), "step": 0}
-            for cfg in cfgs:
+            for graph, cfg in zip(graphs, cfgs, strict=True):
                 await _invoke(graph, api, seed, cfg, "sync")
+            if own:
+                after = connections_per_worker(own.supervisor, own.port)
+                spread.setdefault(name, []).append(
+                    [a - b for a, b in zip(after, before, strict=False)]
+                )
             latencies: list[float] = []
 
-            async def one_async(
-                cfg: Any, graph: Any = graph, latencies: list[float] = latencies
-            ) -> None:
+            async def one_async(graph: Any, cfg: Any, latencies: list[float] = latencies) -> None:
                 for _ in range(invokes):
                     t = time.perf_counter()
                     await graph.ainvoke({"step": 0}, cfg, durability="sync")
                     latencies.append(time.perf_counter() - t)
 
-            def one_sync(cfg: Any, graph: Any = graph, latencies: list[float] = latencies) -> None:
+            def one_sync(graph: Any, cfg: Any, latencies: list[float] = latencies) -> None:
                 for _ in range(invokes):
                     t = time.perf_counter()
                     graph.invoke({"step": 0}, cfg, durability="sync")
@@ -226,20 +318,28 @@ async def concurrent_writers(
 
             started = time.perf_counter()
             if api == "async":
-                await asyncio.gather(*(one_async(cfg) for cfg in cfgs))
+                await asyncio.gather(*(one_async(g, c) for g, c in zip(graphs, cfgs, strict=True)))
             else:
-                workers = [threading.Thread(target=one_sync, args=(cfg,)) for cfg in cfgs]
-                for w in workers:
-                    w.start()
-                for w in workers:
-                    w.join()
+                threads = [
+                    threading.Thread(target=one_sync, args=(g, c))
+                    for g, c in zip(graphs, cfgs, strict=True)
+                ]
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join()
             per = writers * invokes * steps / (time.perf_counter() - started)
+            for _, close in mine:
+                await close()
             if name not in best or per > best[name][0]:
                 best[name] = (per, latencies)
-    return [
-        _summary("writers", api, name, writers, invokes, per, lat)
-        for name, (per, lat) in best.items()
-    ]
+    rows = []
+    for name, (per, lat) in best.items():
+        row = _summary("writers", api, name, writers, invokes, per, lat)
+        row.service_workers = service.count if service else 1
+        row.spread = spread.get(name)
+        rows.append(row)
+    return rows
 
 
 class TwoNodes(TypedDict):
@@ -309,12 +409,14 @@ def print_table(rows: list[StepTime]) -> None:
 def print_concurrent(rows: list[Concurrent]) -> None:
     if not rows:
         return
-    print("\n| load | API | saver | per second | p50 / p99 ms per invoke |")
-    print("|---|---|---|---:|---:|")
+    print("\n| load | API | saver | service workers | per second | p50 / p99 ms per invoke |")
+    print("|---|---|---|---:|---:|---:|")
     for r in rows:
+        spread = f" (connections per worker by round: {r.spread})" if r.spread else ""
         print(
             f"| {r.load} ({r.writers} at once, {r.invokes} invokes each) | {r.api} | {r.saver} "
-            f"| {r.steps_per_s:.0f} | {r.p50_ms:.1f} / {r.p99_ms:.1f} |"
+            f"| {r.service_workers}{spread} | {r.steps_per_s:.0f} | {r.p50_ms:.1f} / "
+            f"{r.p99_ms:.1f} |"
         )
 
 
@@ -380,6 +482,7 @@ async def run(args: argparse.Namespace) -> tuple[list[StepTime], list[Concurrent
                     "STATE_STORE": "postgres",
                     "DATABASE_URL": _database(server, "via_service"),
                     "STATE_DB_POOL_MAX_SIZE": str(POOL_SIZE),
+                    "STATE_WORKERS": str(args.service_workers),
                     **(
                         {"STATE_MAX_QUEUED_CALLS": str(args.max_queued)}
                         if args.max_queued is not None
@@ -387,8 +490,18 @@ async def run(args: argparse.Namespace) -> tuple[list[StepTime], list[Concurrent
                     ),
                 },
             )
-            ours = AgentStateSaver(
-                service.wait_ready(), user_id="bench", writes_delay_seconds=args.writes_delay
+            address = service.wait_ready()
+            ours = AgentStateSaver(address, user_id="bench", writes_delay_seconds=args.writes_delay)
+            workers = (
+                Workers(
+                    args.service_workers,
+                    service.proc.pid,
+                    int(address.rsplit(":", 1)[1]),
+                    address,
+                    args.writes_delay,
+                )
+                if args.service_workers > 1
+                else None
             )
             closers.append(ours.aclose)
             stack.callback(ours.close)
@@ -423,7 +536,7 @@ async def run(args: argparse.Namespace) -> tuple[list[StepTime], list[Concurrent
                 for api in args.api.split(","):
                     print(f"{args.writers} writers at once: {api} API", flush=True)
                     many += await concurrent_writers(
-                        by_api[api], api, args.writers, args.runs, args.steps
+                        by_api[api], api, args.writers, args.runs, args.steps, service=workers
                     )
             if args.users:
                 print(f"{args.users} users at once", flush=True)
@@ -460,6 +573,12 @@ def main() -> None:
         help="the service's STATE_MAX_QUEUED_CALLS (default: its own, 32); a psycopg pool "
         "lets every caller queue, so the users load is run with 1000",
     )
+    parser.add_argument(
+        "--service-workers",
+        type=int,
+        default=1,
+        help="the service's STATE_WORKERS (N > 1: each writer has its own saver)",
+    )
     parser.add_argument("--plots", type=Path, help="write the PNG plot into this directory")
     parser.add_argument("--json", type=Path, help="write the results as JSON")
     parser.add_argument("--replot", type=Path, help="print and plot an earlier --json")
@@ -471,14 +590,22 @@ def main() -> None:
     else:
         print(
             f"{os.cpu_count()} cores; PostgreSQL embedded, fsync on; sizes {args.sizes}; "
-            f"{args.steps} steps x {args.runs} runs per saver and size",
+            f"{args.steps} steps x {args.runs} runs per saver and size; "
+            f"{args.service_workers} service worker(s)",
             flush=True,
         )
+        load_before = os.getloadavg()
         rows, many = asyncio.run(run(args))
         if args.json:
             args.json.write_text(
                 json.dumps(
-                    {"steps": [asdict(r) for r in rows], "concurrent": [asdict(r) for r in many]},
+                    {
+                        "service_workers": args.service_workers,
+                        "load_average_before": load_before,
+                        "load_average_after": os.getloadavg(),
+                        "steps": [asdict(r) for r in rows],
+                        "concurrent": [asdict(r) for r in many],
+                    },
                     indent=1,
                 )
             )

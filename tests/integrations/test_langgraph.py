@@ -33,7 +33,10 @@ from langgraph.types import Command
 
 from agentstate.examples.langgraph_approval.graph import DENIED, QUESTION, build
 from agentstate.integrations.langgraph import AgentStateSaver, CheckpointConflict, ThreadDeleted
-from agentstate.integrations.langgraph.saver_base import WRITES_WAIT_SECONDS
+from agentstate.integrations.langgraph.saver_base import (
+    WRITES_WAIT_AFTER_FAILED_PUT_SECONDS,
+    WRITES_WAIT_SECONDS,
+)
 from agentstate.state.v1 import state_service_pb2 as pb
 from agentstate.state.v1 import state_service_pb2_grpc as pb_grpc
 from tests.support import paths
@@ -291,6 +294,58 @@ async def test_delete_removes_everything_and_a_late_write_is_refused(
         )
     await saver.aclose()
     await late.aclose()
+
+
+async def test_held_writes_of_a_refused_run_never_fail_the_next_run(
+    state_process_address: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run is refused while writes of a step whose checkpoint LangGraph will never put
+    are held; the timer sends them while the next run reads the thread (under load, the
+    two runs overlap so). Nothing of the refused run is stored, and the new run's puts
+    go through: the held writes' failure is not raised into it."""
+    user = f"refused-held-{uuid.uuid4()}"
+    saver = AgentStateSaver(state_process_address, user_id=user, writes_delay_seconds=0.05)
+    other = AgentStateSaver(state_process_address, user_id=user)
+    thread = f"held-{uuid.uuid4()}"
+    await build(saver).ainvoke(
+        {"messages": [HumanMessage(QUESTION)], "executed": []}, config(thread)
+    )
+    tup = await saver.aget_tuple(config(thread))
+    assert tup is not None
+    moved = copy_checkpoint(tup.checkpoint)
+    moved["id"] = str(uuid6(clock_seq=-1))
+    await other.aput(tup.config, moved, {"source": "update", "step": 8}, {})  # a new head
+    # The run of `saver` goes on from the old head: a step's writes, held for the put of
+    # their checkpoint's child, then a put that is refused (LangGraph sends no later one).
+    orphan = str(uuid6(clock_seq=-1))
+    await saver.aput_writes(
+        config(thread, checkpoint_ns="", checkpoint_id=orphan), [("messages", "x")], "task-1"
+    )
+    stale = copy_checkpoint(tup.checkpoint)
+    stale["id"] = str(uuid6(clock_seq=-1))
+    with pytest.raises(CheckpointConflict):
+        await saver.aput(tup.config, stale, {"source": "loop", "step": 1}, {})
+    # The timer's send of the held writes is under way when the next run reads.
+    client = saver.aclient
+    real = client.put_checkpoint_writes
+    read: list[Any] = []
+
+    async def read_first(*args: Any, **kwargs: Any) -> Any:
+        if not read:
+            read.append(await saver.aget_tuple(config(thread)))
+        return await real(*args, **kwargs)
+
+    monkeypatch.setattr(client, "put_checkpoint_writes", read_first)
+    await asyncio.sleep(WRITES_WAIT_AFTER_FAILED_PUT_SECONDS + 1.0)
+    assert read and read[0] is not None and read[0].checkpoint["id"] == moved["id"]
+    nxt = copy_checkpoint(read[0].checkpoint)
+    nxt["id"] = str(uuid6(clock_seq=-1))
+    stored = await saver.aput(read[0].config, nxt, {"source": "update", "step": 9}, {})
+    assert stored["configurable"]["checkpoint_id"] == nxt["id"]
+    head = await saver.aget_tuple(config(thread))
+    assert head is not None and head.checkpoint["id"] == nxt["id"]
+    await saver.aclose()
+    await other.aclose()
 
 
 async def test_time_travel_branches_on_purpose(state_process_address: str) -> None:

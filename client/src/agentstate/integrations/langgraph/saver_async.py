@@ -363,6 +363,7 @@ class AsyncSaverMethods(SaverBase):
         with self._lease_lock:
             held = self._held.get(key)
             conversation = held.conversation if held is not None else ""
+            since = held.since if held is not None else time.monotonic()
         writes = self._one_call(self._take_held(key, carried=False))
         if not writes:
             return
@@ -370,6 +371,14 @@ class AsyncSaverMethods(SaverBase):
             await self._asend_when_stored(key, conversation, writes)
         except (state.CheckpointConflict, state.NotFound):
             pass  # the run was refused, or its thread deleted: its put says so
+        except state.CheckpointNotStored as exc:
+            # Their checkpoint is not stored and a run of the thread was refused since
+            # they arrived: they are that run's (LangGraph sends no put after a refused
+            # one), nothing of which is stored, and its caller was told. The thread's
+            # refusal is forgotten once a new run reads the thread, which the timer may
+            # come after: without this their failure would fail the new run.
+            if not self._refused_since(key[0], key[1], since):
+                self._flush_failure(key, f"{type(exc).__name__}: {exc}")
         except Exception as exc:
             self._flush_failure(key, f"{type(exc).__name__}: {exc}")
 

@@ -316,6 +316,10 @@ class SaverBase(ClosesItsConnection, BaseCheckpointSaver[str]):
         )
         # (user, thread) -> when its last put succeeded (a new run after a failed one).
         self._thread_put_stored: BoundedCache[tuple[str, str], float] = BoundedCache(MAX_CACHED)
+        # (user, thread) -> when a run of it was last refused here (kept when a new run
+        # reads the thread, unlike _refused_threads): held writes of a refused run, whose
+        # checkpoint LangGraph never puts, are dropped when the timer sends them too late.
+        self._thread_refused_at: BoundedCache[tuple[str, str], float] = BoundedCache(MAX_CACHED)
 
         # Pending writes held for their checkpoint's child put (see HeldWrites); the
         # checkpoints whose child put took them (later writes of those go alone); the
@@ -389,6 +393,12 @@ class SaverBase(ClosesItsConnection, BaseCheckpointSaver[str]):
         self._refused_threads[(user, thread)] = refused(
             thread, "", (), "its run was refused earlier", error
         )
+        self._thread_refused_at[(user, thread)] = time.monotonic()
+
+    def _refused_since(self, user: str, thread: str, since: float) -> bool:
+        """A run of the thread was refused at or after `since`."""
+        at = self._thread_refused_at.get((user, thread))
+        return at is not None and at >= since
 
     def _start_put(self, key: tuple[str, str, str, str]) -> None:
         with self._lease_lock:
