@@ -159,6 +159,31 @@ async def test_items_go_with_the_conversation(client: AsyncStateClient, user_id:
     assert resolved.conversation.conversation_id == await session.conversation_id()
 
 
+async def test_a_session_cleared_and_restarted_elsewhere_reads_the_new_items(
+    client: AsyncStateClient, user_id: str
+) -> None:
+    """Two session objects of one id: one clears it and adds again (a new conversation
+    under the key). The other, which knew the old conversation, reads and pops the new
+    items, as two SQLiteSession objects of one id share its rows."""
+    here = AgentStateSession("restarted", client=client, user_id=user_id)
+    there = AgentStateSession("restarted", client=client, user_id=user_id)
+    await there.add_items([_item(1)])
+    old = await there.conversation_id()
+    await here.clear_session()
+    await here.add_items([_item(2), _item(3)])
+    assert await here.conversation_id() != old
+    assert await there.get_items() == [_item(2), _item(3)]
+    assert await there.conversation_id() == await here.conversation_id()
+
+    # The same for pop_item, from a session that still knows the cleared conversation.
+    stale = AgentStateSession("restarted", client=client, user_id=user_id)
+    await stale.get_items()
+    await here.clear_session()
+    await here.add_items([_item(4), _item(5)])
+    assert await stale.pop_item() == _item(5)
+    assert await here.get_items() == [_item(4)]
+
+
 async def test_bad_input(client: AsyncStateClient, user_id: str) -> None:
     for bad in ("", "x" * 300, "nul\x00"):
         with pytest.raises(ValueError, match="session_id"):

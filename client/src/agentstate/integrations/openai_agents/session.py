@@ -126,13 +126,19 @@ class AgentStateSession(ClosesItsConnection, SessionABC):
         last_n = wanted if wanted is not None and wanted >= 0 else None
         if last_n == 0:
             return []
-        try:
-            texts = await self._read(last_n)
-        except NotFound:
-            # Deleted from elsewhere (DeleteConversation): an empty session, as SQLiteSession
-            # is for a session id it has no rows of.
-            self._forget()
-            return []
+        for attempt in range(2):
+            try:
+                texts = await self._read(last_n)
+                break
+            except NotFound:
+                # The conversation this session knew was deleted (clear_session or
+                # DeleteConversation from elsewhere). The key may already name a new one,
+                # started by another session object's add_items: look it up once more.
+                # None there is an empty session, as SQLiteSession has for an id without
+                # rows.
+                self._forget()
+                if attempt:
+                    return []
         return [cast("TResponseInputItem", json.loads(text)) for text in texts]
 
     def _forget(self) -> None:
@@ -221,16 +227,19 @@ class AgentStateSession(ClosesItsConnection, SessionABC):
 
     async def pop_item(self) -> TResponseInputItem | None:
         """Remove and return the newest item; None when the session is empty."""
-        conversation_id = await self.conversation_id(create=False)
-        if conversation_id is None:
-            return None
-        self._cached = None  # the next read reads everything again
-        try:
-            popped = await self._client.pop_item(self.user_id, conversation_id)
-        except NotFound:
-            self._forget()
-            return None
-        return _decode(popped.item) if popped.item is not None else None
+        for _ in range(2):
+            conversation_id = await self.conversation_id(create=False)
+            if conversation_id is None:
+                return None
+            self._cached = None  # the next read reads everything again
+            try:
+                popped = await self._client.pop_item(self.user_id, conversation_id)
+            except NotFound:
+                # Deleted meanwhile; the key may name a newer conversation (see get_items).
+                self._forget()
+                continue
+            return _decode(popped.item) if popped.item is not None else None
+        return None
 
     async def clear_session(self) -> None:
         """Remove the session: its items and its conversation, in one transaction (as
