@@ -185,7 +185,13 @@ class JsonLogFormatter(JsonFormatter):
         # One encoder for every line: json.dumps(cls=JsonEncoder, ensure_ascii=False), as
         # jsonify_log_record calls it, builds this same encoder for each line.
         self._encoder = JsonEncoder(ensure_ascii=False)
-        self._fast = not self.defaults and not self.timestamp and not self.prefix
+        # A subclass's own add_fields must run: it takes python-json-logger's path.
+        self._fast = (
+            not self.defaults
+            and not self.timestamp
+            and not self.prefix
+            and type(self).add_fields is JsonLogFormatter.add_fields
+        )
 
     def format(self, record: logging.LogRecord) -> str:
         """The line python-json-logger would write, built directly for the common record
@@ -197,7 +203,6 @@ class JsonLogFormatter(JsonFormatter):
             or record.exc_text
             or record.stack_info
             or isinstance(record.msg, dict)
-            or type(self).add_fields is not JsonLogFormatter.add_fields
         ):
             return super().format(record)
         record.message = record.getMessage()

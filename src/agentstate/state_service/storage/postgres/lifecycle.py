@@ -133,10 +133,15 @@ class ErasePace:
         # Bounded so that the heartbeat the batch wrote stays fresh: a pause past the
         # stale time would let another EraseUser take the erase over.
         pause = min(max(s.pause_seconds, rest), s.stale_seconds / 4)
-        self.batches += 1
-        self.busy_seconds += seconds
+        self.finished(seconds)
         self.rest_seconds += pause
         return pause
+
+    def finished(self, seconds: float) -> None:
+        """Count a batch that took `seconds` in the database (the last one rests after
+        nothing)."""
+        self.batches += 1
+        self.busy_seconds += seconds
 
 
 class PostgresLifecycle(PostgresConnection, LifecycleStore):
@@ -253,8 +258,7 @@ class PostgresLifecycle(PostgresConnection, LifecycleStore):
                 {"user_id": user_id, "erasure_id": erasure_id, "batch": pace.conversations},
             )
             if not row["remaining"]:
-                pace.batches += 1  # the last one: the user's scoped state, the receipt
-                pace.busy_seconds += float(row["seconds"])
+                pace.finished(float(row["seconds"]))  # the last: scoped state, receipt
                 break
             pause = pace.after(json.loads(row["batch_counts"]), float(row["seconds"]))
             if pause > 0:
