@@ -17,7 +17,7 @@ drives it with bench.load processes (the load generator; its CPU is not the serv
   phase: statuses, the admitted calls' p50/p99, the refusals' latency; then every
   conversation's stored version against the last one the generator was acknowledged.
 
-Prints tables (and `uptime`), writes bench/capacity-<date>.json.
+Prints tables (and `uptime`), writes bench/capacity-<date>.json (or `--json FILE`).
 """
 
 from __future__ import annotations
@@ -241,6 +241,9 @@ def main() -> None:
     parser.add_argument(
         "--capacity", type=float, default=0.0, help="overload: calls/s (else measured)"
     )
+    parser.add_argument(
+        "--json", type=Path, help="where to write the report (else bench/capacity-DATE.json)"
+    )
     args = parser.parse_args()
     only = set(args.only.split(","))
     root = Path(tempfile.mkdtemp(prefix="agentstate-capacity-"))
@@ -298,7 +301,7 @@ def main() -> None:
     finally:
         bench.pg.stop()
         shutil.rmtree(root, ignore_errors=True)
-    out = Path(__file__).with_name(f"capacity-{datetime.now(UTC):%Y-%m-%d}.json")
+    out = args.json or Path(__file__).with_name(f"capacity-{datetime.now(UTC):%Y-%m-%d}.json")
     out.write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {out}")
 

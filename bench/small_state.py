@@ -61,25 +61,17 @@ from agentstate.state.v1 import state_service_pb2_grpc as pb_grpc
 from agentstate.state_service.domain import StateDelta
 from agentstate.state_service.storage.postgres import PostgresStore
 from bench.delta_turns import Conversation, _new_messages, _state_service
-from bench.state_compare import POOL_SIZE, LangGraph, _langgraph, _scratch_dir
+from bench.state_compare import (
+    ANCHOR_TABLE,
+    ANCHOR_UPSERT,
+    POOL_SIZE,
+    LangGraph,
+    _langgraph,
+    _scratch_dir,
+)
 from bench.state_latency import grown_state
 
 USER = "bench"
-ANCHOR_TABLE = """
-CREATE TABLE IF NOT EXISTS anchor_state (
-    user_id text NOT NULL, session_id bigint NOT NULL, state_key text NOT NULL,
-    payload jsonb NOT NULL, version bigint NOT NULL,
-    update_time timestamptz NOT NULL DEFAULT now(),
-    PRIMARY KEY (user_id, session_id, state_key))
-"""
-ANCHOR_UPSERT = """
-INSERT INTO anchor_state AS s (user_id, session_id, state_key, payload, version)
-VALUES (%(user_id)s, %(session_id)s, 'agent_state', %(payload)s::jsonb, 1)
-ON CONFLICT (user_id, session_id, state_key) DO UPDATE
-SET payload = EXCLUDED.payload, version = s.version + 1, update_time = now()
-WHERE s.version = %(expected)s
-RETURNING s.version
-"""
 
 
 @dataclass
@@ -356,6 +348,12 @@ class _Bare(pb_grpc.StateServiceServicer):
         return pb.EndTurnResponse(version=self.version, lease_released=True)
 
 
+def _has_guards(src: str) -> bool:
+    """Whether the code in `src` has the guards _serve_bare puts in front (code older than
+    admission control has not)."""
+    return "def admission_of" in Path(src, "agentstate/state_service/server.py").read_text()
+
+
 async def _serve_bare(guards: bool = False) -> None:
     """`guards`: behind the state service's own guards (identity, policy and audit,
     admission, request decoding; agentstate.common.grpc_server), its audit line written
@@ -497,7 +495,7 @@ async def run(args: argparse.Namespace) -> list[Row]:
             floor = {"gRPC alone": (pb_grpc.StateServiceStub(channel), bare.proc.pid)}
             # The same fixed answers behind our guards (and before's, with --before).
             guarded = {"gRPC + our guards": "."}
-            if args.before:
+            if args.before and _has_guards(args.before):
                 guarded["gRPC + before's guards"] = f"{args.before}:."
             for name, path in guarded.items():
                 process = ServiceProcess(

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import shutil
@@ -59,6 +60,26 @@ from bench.state_latency import grown_state
 
 POOL_SIZE = 10
 USER = "bench"
+ANCHOR_TABLE = """
+CREATE TABLE IF NOT EXISTS anchor_state (
+    user_id text NOT NULL, session_id bigint NOT NULL, state_key text NOT NULL,
+    payload jsonb NOT NULL, version bigint NOT NULL,
+    update_time timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (user_id, session_id, state_key))
+"""
+ANCHOR_SELECT = """
+SELECT payload::text, version FROM anchor_state
+WHERE user_id = %(user_id)s AND session_id = %(session_id)s AND state_key = 'agent_state'
+"""
+# Compare-and-set: a row at another version is left as it is and nothing is returned.
+ANCHOR_UPSERT = """
+INSERT INTO anchor_state AS s (user_id, session_id, state_key, payload, version)
+VALUES (%(user_id)s, %(session_id)s, 'agent_state', %(payload)s::jsonb, 1)
+ON CONFLICT (user_id, session_id, state_key) DO UPDATE
+SET payload = EXCLUDED.payload, version = s.version + 1, update_time = now()
+WHERE s.version = %(expected)s
+RETURNING s.version
+"""
 QUESTION_BLOCKS = json.dumps([{"type": "text", "text": "我的订单88235现在什么状态？"}]).encode()
 REPLY_BLOCKS = json.dumps([{"type": "text", "text": "订单88235目前是已支付待发货。"}]).encode()
 
@@ -106,8 +127,8 @@ class Ours:
 
 
 class OverGrpc(Ours):
-    def __init__(self, stub: pb_grpc.StateServiceAsyncStub) -> None:
-        super().__init__("gRPC")
+    def __init__(self, stub: pb_grpc.StateServiceAsyncStub, name: str = "gRPC") -> None:
+        super().__init__(name)
         self.stub = stub
 
     async def new_conversation(self) -> str:
@@ -211,6 +232,69 @@ class InProcess(Ours):
         return ended.version
 
 
+class PlainJsonb(Ours):
+    """The anchor of the latency part: the state as one JSONB row, read with a SELECT and
+    saved with a compare-and-set upsert (psycopg, prepared, in this process). It has no
+    turn (no lease, no records)."""
+
+    def __init__(self, pool: Any) -> None:
+        super().__init__("plain JSONB")
+        self.pool = pool
+        self.sessions = 0
+
+    async def new_conversation(self) -> str:
+        self.sessions += 1
+        return str(self.sessions)
+
+    async def get(self, cid: str) -> None:
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(ANCHOR_SELECT, {"user_id": USER, "session_id": int(cid)})
+            await cur.fetchone()
+
+    async def upsert(self, cid: str, payload: bytes, version: int) -> int:
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(
+                ANCHOR_UPSERT,
+                {"user_id": USER, "session_id": int(cid), "payload": payload.decode(),
+                 "expected": version},
+            )  # fmt: skip
+            row = await cur.fetchone()
+            assert row is not None, "the anchor's compare-and-set refused its own version"
+            return int(row[0])
+
+
+class LangGraphCalls(Ours):
+    """LangGraph's shared AsyncPostgresSaver in the latency part: GetState is `aget_tuple`
+    of the thread's latest checkpoint, UpsertState an `aput` of a checkpoint whose one
+    channel holds the state (its own compare-and-set is none: it appends)."""
+
+    def __init__(self, saver: Any) -> None:
+        super().__init__("LangGraph")
+        self.saver = saver
+        self.parents: dict[str, Any] = {}
+
+    async def new_conversation(self) -> str:
+        thread = f"thread-{uuid.uuid4()}"
+        self.parents[thread] = {"configurable": {"thread_id": thread, "checkpoint_ns": ""}}
+        return thread
+
+    async def get(self, cid: str) -> None:
+        await self.saver.aget_tuple({"configurable": {"thread_id": cid, "checkpoint_ns": ""}})
+
+    async def upsert(self, cid: str, payload: bytes, version: int) -> int:
+        from langgraph.checkpoint.base import empty_checkpoint
+
+        checkpoint = empty_checkpoint()
+        channel_version = self.saver.get_next_version(version or None, None)
+        checkpoint["channel_values"] = {"state": json.loads(payload)}
+        checkpoint["channel_versions"] = {"state": channel_version}
+        self.parents[cid] = await self.saver.aput(
+            self.parents[cid], checkpoint, {"source": "loop", "step": version},
+            {"state": channel_version},
+        )  # fmt: skip
+        return version + 1
+
+
 class LangGraph:
     """LangGraph's AsyncPostgresSaver: a turn loads the latest checkpoint, then saves
     `steps` checkpoints. With steps=1 that is the least a turn can cost it (one save per
@@ -266,11 +350,38 @@ async def _timed(calls: int, fn: Callable[[], Awaitable[object]]) -> list[float]
 
 
 async def latency(contenders: list[Ours], sizes: list[int], calls: int) -> list[Latency]:
+    """GetState and UpsertState p50 of every contender; EndTurn's of those over gRPC."""
+    from bench.delta_turns import Conversation  # (delta_turns imports this module)
+
     rows = []
     for messages in sizes:
-        payload = json.dumps(grown_state(messages), ensure_ascii=False).encode()
+        state = grown_state(messages)
+        payload = json.dumps(state, ensure_ascii=False).encode()
         n = calls if messages <= 64 else max(60, calls // 3)
         for contender in contenders:
+            if isinstance(contender, OverGrpc):
+                # The runtime's turn: BeginTurn with cached_version, then EndTurn with a
+                # delta (drop the 4 oldest, append 4: the state stays at N); EndTurn timed.
+                conversation = Conversation(contender.stub, True, state)
+                await conversation.create()
+                base = state["context"]
+                turn = 0
+
+                async def end_turn(c: Any = conversation, base: list[Any] = base) -> float:
+                    nonlocal turn
+                    turn += 1
+                    added = [dict(base[i % len(base)], id=f"t{turn}-{i}") for i in range(4)]
+                    ended: float = (await c.turn(added, drop=4))[1]
+                    return ended
+
+                for _ in range(min(30, n)):
+                    await end_turn()
+                p50, p90, p99 = _percentiles([await end_turn() for _ in range(n)])
+                rows.append(
+                    Latency(
+                        "EndTurn (delta)", messages, len(payload), contender.name, p50, p90, p99
+                    )
+                )
             cid = await contender.new_conversation()
             version = await contender.upsert(cid, payload, 0)
 
@@ -352,19 +463,30 @@ async def throughput(
 
 def print_tables(lat: list[Latency], thr: list[Throughput]) -> None:
     print("\nLatency, one caller (ms)")
-    print(f"{'op':<18} {'N':>4} {'bytes':>7} {'contender':<11} {'p50':>6} {'p90':>6} {'p99':>6}")
+    print(f"{'op':<18} {'N':>4} {'bytes':>7} {'contender':<12} {'p50':>6} {'p90':>6} {'p99':>6}")
     for r in lat:
         print(
-            f"{r.op:<18} {r.messages:>4} {r.payload_bytes:>7} {r.contender:<11} "
+            f"{r.op:<18} {r.messages:>4} {r.payload_bytes:>7} {r.contender:<12} "
             f"{r.p50_ms:>6.2f} {r.p90_ms:>6.2f} {r.p99_ms:>6.2f}"
         )
-    print("\nRatio gRPC / in-process (p50)")
-    for op in dict.fromkeys(r.op for r in lat):
-        for n in dict.fromkeys(r.messages for r in lat):
-            cell = {r.contender: r for r in lat if r.op == op and r.messages == n}
-            if "gRPC" in cell and "in-process" in cell:
-                ratio = cell["gRPC"].p50_ms / cell["in-process"].p50_ms
-                print(f"{op:<18} N={n:<4} {ratio:5.2f}x")
+    print("\nRatios of gRPC's p50 (EndTurn against the others' save)")
+    for n in dict.fromkeys(r.messages for r in lat):
+        for op in ("GetState", "UpsertState (CAS)", "EndTurn (delta)"):
+            ours = next(
+                (r for r in lat if r.op == op and r.messages == n and r.contender == "gRPC"), None
+            )
+            if ours is None:
+                continue
+            against = "GetState" if op == "GetState" else "UpsertState (CAS)"
+            parts = [
+                f"/{r.contender} {ours.p50_ms / r.p50_ms:.2f}x"
+                for r in lat
+                if r.op == (op if r.contender.startswith("gRPC") else against)
+                and r.messages == n
+                and r.contender != "gRPC"
+            ]
+            print(f"{op:<18} N={n:<4} " + "  ".join(parts))
+
     print("\nTurns per second (p50 turn ms)")
     names = list(dict.fromkeys(r.contender for r in thr))
     print(f"{'N':>4} {'c':>3} " + " ".join(f"{n:>24}" for n in names))
@@ -400,9 +522,10 @@ def plot(lat: list[Latency], thr: list[Throughput], out_dir: Path) -> list[Path]
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
     sizes = list(dict.fromkeys(r.messages for r in lat))
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    for ax, op in zip(axes, ("GetState", "UpsertState (CAS)"), strict=True):
-        for contender in ("gRPC", "in-process"):
+    ops = list(dict.fromkeys(r.op for r in lat))
+    fig, axes = plt.subplots(1, len(ops), figsize=(5 * len(ops), 4), squeeze=False)
+    for ax, op in zip(axes[0], ops, strict=True):
+        for contender in dict.fromkeys(r.contender for r in lat if r.op == op):
             values = [
                 next(
                     r.p50_ms
@@ -474,44 +597,70 @@ def _database(server: EmbeddedPostgres, name: str) -> str:
     return server.dsn.replace("dbname=postgres", f"dbname={name}")
 
 
+def _service(dsn: str, src: str | None = None) -> ServiceProcess:
+    """The state service as its own process on `dsn`; from another checkout's src/ with
+    `src` (PYTHONPATH)."""
+    env = {
+        "STATE_LISTEN_ADDRESS": "127.0.0.1:0",
+        "STATE_STORE": "postgres",
+        "DATABASE_URL": dsn,
+        "STATE_DB_POOL_MAX_SIZE": str(POOL_SIZE),
+        "STATE_MAX_PAYLOAD_BYTES": str(64 * 1024 * 1024),
+        "STATE_GRPC_MAX_MESSAGE_BYTES": str(64 * 1024 * 1024),
+    }
+    if src:
+        env["PYTHONPATH"] = src
+    return ServiceProcess("agentstate.state_service", env)
+
+
 async def run(args: argparse.Namespace) -> tuple[list[Latency], list[Throughput]]:
+    from psycopg_pool import AsyncConnectionPool
+
     sizes = [int(s) for s in args.sizes.split(",")]
     levels = [int(c) for c in args.concurrency.split(",")]
     root = _scratch_dir()
     server = EmbeddedPostgres(root / "pgdata")
     server.start()
-    service = None
+    services: list[ServiceProcess] = []
     closers: list[Callable[[], Awaitable[object]]] = []
     try:
-        service = ServiceProcess(
-            "agentstate.state_service",
-            {
-                "STATE_LISTEN_ADDRESS": "127.0.0.1:0",
-                "STATE_STORE": "postgres",
-                "DATABASE_URL": _database(server, "via_grpc"),
-                "STATE_DB_POOL_MAX_SIZE": str(POOL_SIZE),
-                "STATE_MAX_PAYLOAD_BYTES": str(64 * 1024 * 1024),
-                "STATE_GRPC_MAX_MESSAGE_BYTES": str(64 * 1024 * 1024),
-            },
-        )
-        channel = grpc.aio.insecure_channel(service.wait_ready())
-        closers.append(lambda: channel.close(None))
+        ours: list[Ours] = []
+        for name, database, src in (
+            ("gRPC", "via_grpc", None),
+            ("gRPC before", "before", args.before),
+        ):
+            if name == "gRPC before" and not src:
+                continue
+            services.append(_service(_database(server, database), src))
+            channel = grpc.aio.insecure_channel(services[-1].wait_ready())
+            closers.append(functools.partial(channel.close, None))
+            ours.append(OverGrpc(pb_grpc.StateServiceStub(channel), name))
         store = PostgresStore(
             _database(server, "in_process"), min_size=POOL_SIZE, max_size=POOL_SIZE
         )
         await store.open()
         closers.append(store.close)
-        ours: list[Ours] = [OverGrpc(pb_grpc.StateServiceStub(channel)), InProcess(store)]
+        ours.append(InProcess(store))
+        anchor_dsn = _database(server, "anchor")
+        with psycopg.connect(anchor_dsn, autocommit=True) as conn:
+            conn.execute(ANCHOR_TABLE)
+        anchor: AsyncConnectionPool[Any] = AsyncConnectionPool(
+            anchor_dsn, min_size=2, max_size=2, kwargs={"autocommit": True}, open=False
+        )
+        await anchor.open(wait=True)
+        closers.append(anchor.close)
+        anchors: list[Ours] = [PlainJsonb(anchor)]
         langgraph: list[LangGraph] = []
         if not args.no_langgraph:
             langgraph = await _langgraph(_database(server, "langgraph"), max(levels), closers)
-        lat = await latency(ours, sizes, args.calls)
+            anchors.append(LangGraphCalls(langgraph[0].saver_for(0)))
+        lat = await latency(ours + anchors, sizes, args.calls)
         thr = await throughput(ours, langgraph, sizes, levels, args.seconds)
         return lat, thr
     finally:
         for close in reversed(closers):
             await close()
-        if service is not None:
+        for service in services:
             service.terminate()
         server.stop()
         shutil.rmtree(root, ignore_errors=True)
@@ -551,6 +700,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=3.0, help="per throughput cell")
     parser.add_argument("--calls", type=int, default=300, help="per latency cell")
     parser.add_argument("--no-langgraph", action="store_true")
+    parser.add_argument("--before", help="another checkout's src/: its state service too")
     parser.add_argument("--plots", type=Path, help="write PNG plots into this directory")
     parser.add_argument("--json", type=Path, help="write the results as JSON")
     parser.add_argument(
