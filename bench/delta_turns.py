@@ -55,7 +55,7 @@ from agentstate.common.embedded_postgres import EmbeddedPostgres
 from agentstate.dev.processes import ServiceProcess
 from agentstate.state.v1 import state_service_pb2 as pb
 from agentstate.state.v1 import state_service_pb2_grpc as pb_grpc
-from bench.state_compare import POOL_SIZE, LangGraph, _langgraph
+from bench.state_compare import LangGraph, _database, _langgraph, _service
 from bench.state_latency import grown_state
 
 USER = "bench"
@@ -407,27 +407,6 @@ async def chat_turns(
             await channel.close(None)
 
 
-def _database(server: EmbeddedPostgres, name: str) -> str:
-    with psycopg.connect(server.dsn, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        conn.execute(f'CREATE DATABASE "{name}"')
-    return server.dsn.replace("dbname=postgres", f"dbname={name}")
-
-
-def _state_service(dsn: str, src: str | None) -> ServiceProcess:
-    env = {
-        "STATE_LISTEN_ADDRESS": "127.0.0.1:0",
-        "STATE_STORE": "postgres",
-        "DATABASE_URL": dsn,
-        "STATE_DB_POOL_MAX_SIZE": str(POOL_SIZE),
-        "STATE_MAX_PAYLOAD_BYTES": str(64 * 1024 * 1024),
-        "STATE_GRPC_MAX_MESSAGE_BYTES": str(64 * 1024 * 1024),
-    }
-    if src:
-        env["PYTHONPATH"] = src
-    return ServiceProcess("agentstate.state_service", env)
-
-
 def _agent_service(state_address: str, src: str | None) -> ServiceProcess:
     env = {
         "AGENT_LISTEN_ADDRESS": "127.0.0.1:0",
@@ -458,7 +437,7 @@ async def run(args: argparse.Namespace) -> Results:
         addresses: dict[str, str] = {}
         for name, (src, _) in contenders.items():
             dsns[name] = _database(server, name)
-            service = _state_service(dsns[name], src)
+            service = _service(dsns[name], src)
             services.append(service)
             addresses[name] = service.wait_ready()
             channel = grpc.aio.insecure_channel(

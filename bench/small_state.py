@@ -60,14 +60,16 @@ from agentstate.state.v1 import state_service_pb2 as pb
 from agentstate.state.v1 import state_service_pb2_grpc as pb_grpc
 from agentstate.state_service.domain import StateDelta
 from agentstate.state_service.storage.postgres import PostgresStore
-from bench.delta_turns import Conversation, _new_messages, _state_service
+from bench.delta_turns import Conversation, _new_messages
 from bench.state_compare import (
     ANCHOR_TABLE,
     ANCHOR_UPSERT,
     POOL_SIZE,
     LangGraph,
+    _database,
     _langgraph,
     _scratch_dir,
+    _service,
 )
 from bench.state_latency import grown_state
 
@@ -457,13 +459,6 @@ async def storage(name: str, stub: Any, dsn: str, conversations: int) -> list[Ro
 # --------------------------------------------------------------------------- run
 
 
-def _database(server: EmbeddedPostgres, name: str) -> str:
-    with psycopg.connect(server.dsn, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        conn.execute(f'CREATE DATABASE "{name}"')
-    return server.dsn.replace("dbname=postgres", f"dbname={name}")
-
-
 async def run(args: argparse.Namespace) -> list[Row]:
     sizes = [int(s) for s in args.sizes.split(",")]
     root = _scratch_dir()
@@ -482,7 +477,7 @@ async def run(args: argparse.Namespace) -> list[Row]:
             dsns["before"] = _database(server, "before")
         services: dict[str, tuple[Any, int]] = {}
         for name, dsn in dsns.items():
-            process = _state_service(dsn, args.before if name == "before" else None)
+            process = _service(dsn, args.before if name == "before" else None)
             processes.append(process)
             channel = grpc.aio.insecure_channel(process.wait_ready())
             closers.append(functools.partial(channel.close, None))
