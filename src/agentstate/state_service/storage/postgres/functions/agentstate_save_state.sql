@@ -70,7 +70,7 @@ BEGIN
         v_rest := NULL;
         IF p_context IS NOT NULL THEN
             PERFORM agentstate_write_context(
-                p_user_id, p_conversation_id, p_state_key, v_start, 0, p_context);
+                p_user_id, p_conversation_id, p_state_key, v_start, -1, p_context);
             v_head := p_head;
             v_tail := p_tail;
             v_count := cardinality(p_context);

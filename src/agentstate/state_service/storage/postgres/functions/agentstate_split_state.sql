@@ -19,7 +19,7 @@ BEGIN
     END IF;
     SELECT coalesce(array_agg(e.value::text ORDER BY e.i), '{}') INTO v_messages
     FROM jsonb_array_elements(v_context) WITH ORDINALITY AS e(value, i);
-    PERFORM agentstate_write_context(s.user_id, s.session_id, s.state_key, 0, 0, v_messages);
+    PERFORM agentstate_write_context(s.user_id, s.session_id, s.state_key, 0, -1, v_messages);
     UPDATE t_agent_state AS t
     SET payload = t.payload - 'context', context_start = 0,
         context_count = cardinality(v_messages),

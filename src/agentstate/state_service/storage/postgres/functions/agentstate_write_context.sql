@@ -7,9 +7,11 @@
 -- the start. The chunk holding the last message kept is rewritten with the new
 -- ones when the cut falls inside it or it has room, so appends fill it; a chunk
 -- whose text is unchanged is left alone, so a whole-state save writes only the
--- chunks that changed. p_from 0 replaces every row of the state. The caller
--- holds the conversation's row lock. Returns the octet length of the messages it
--- removed or replaced (what the tail weighed before).
+-- chunks that changed. p_from 0 replaces every row of the state; p_from -1 does
+-- too and counts nothing (a whole save, which has no use for the count: counting
+-- reads every chunk). The caller holds the conversation's row lock. Returns the
+-- octet length of the messages it removed or replaced (what the tail weighed
+-- before), 0 for p_from -1.
 CREATE OR REPLACE FUNCTION agentstate_write_context(
     p_user_id text, p_session_id bigint, p_state_key text, p_start bigint, p_from bigint,
     p_messages text[])
@@ -25,6 +27,10 @@ DECLARE
     v_chunk text[];
     v_inside boolean := false;
 BEGIN
+    IF p_from < 0 THEN
+        v_cut := p_start;
+        v_base := p_start;
+    END IF;
     IF p_from > 0 THEN
         SELECT m.position, m.messages INTO v_position, v_chunk FROM t_agent_state_message AS m
         WHERE m.user_id = p_user_id AND m.session_id = p_session_id
@@ -62,13 +68,15 @@ BEGIN
         RETURN 0;
     END IF;
     -- The messages from v_base on (p_from 0: all of them) within the context.
-    SELECT coalesce(sum(coalesce(
-               agentstate_plain_length(m.message),
-               agentstate_plain_length(array_to_string(
-                   m.messages[greatest(p_start - m.position, 0) + 1 :], '')))), 0) - v_kept
-    INTO v_old FROM t_agent_state_message AS m
-    WHERE m.user_id = p_user_id AND m.session_id = p_session_id AND m.state_key = p_state_key
-      AND (p_from = 0 OR m.position >= v_base);
+    IF p_from >= 0 THEN
+        SELECT coalesce(sum(coalesce(
+                   agentstate_plain_length(m.message),
+                   agentstate_plain_length(array_to_string(
+                       m.messages[greatest(p_start - m.position, 0) + 1 :], '')))), 0) - v_kept
+        INTO v_old FROM t_agent_state_message AS m
+        WHERE m.user_id = p_user_id AND m.session_id = p_session_id AND m.state_key = p_state_key
+          AND (p_from = 0 OR m.position >= v_base);
+    END IF;
     -- Chunks from v_base on: a message joins the chunk its first byte falls in.
     WITH u AS (
         SELECT u.message, u.i, coalesce(sum(octet_length(u.message)) OVER (
@@ -80,12 +88,12 @@ BEGIN
     gone AS (
         DELETE FROM t_agent_state_message AS m
         WHERE m.user_id = p_user_id AND m.session_id = p_session_id
-          AND m.state_key = p_state_key AND (p_from = 0 OR m.position >= v_base)
+          AND m.state_key = p_state_key AND (p_from <= 0 OR m.position >= v_base)
           AND m.position NOT IN (SELECT c.position FROM chunks AS c))
     INSERT INTO t_agent_state_message AS m (user_id, session_id, state_key, position, messages)
     SELECT p_user_id, p_session_id, p_state_key, c.position, c.messages FROM chunks AS c
     ON CONFLICT (user_id, session_id, state_key, position)
     DO UPDATE SET messages = EXCLUDED.messages, message = NULL
     WHERE m.messages IS DISTINCT FROM EXCLUDED.messages;
-    RETURN v_old;
+    RETURN coalesce(v_old, 0);
 END $$;
