@@ -2,7 +2,8 @@
 
     .venv/bin/pip install -e '.[bench]'      # LangGraph's savers and matplotlib
     git archive <old commit> src | tar -x -C /tmp/old       # the old code's src/
-    .venv/bin/python -m bench.one_run --before /tmp/old/src --out /tmp/one-run [--plots docs/img]
+    .venv/bin/python -m bench.one_run --before /tmp/old/src --out /tmp/one-run
+        [--plots /tmp/one-run-img]
 
 One bench after the other, on this machine, nothing else running (each starts its own
 embedded PostgreSQL, fsync on, and interleaves or alternates its contenders within itself):
@@ -22,8 +23,9 @@ embedded PostgreSQL, fsync on, and interleaves or alternates its contenders with
 
 Each bench's output goes to OUT/NAME.txt and its results to OUT/NAME.json; OUT/run.json
 says what ran, when, for how long and at what load. `--plots` writes the benches' own
-plots there, and one_run_capacity.png (CPU per call, workers, the overload phases).
-"""
+plots there under their own names, and one_run_capacity.png (CPU per call, workers, the
+overload phases). docs/benchmarks.md keeps them as docs/img/one_run_*.png, since the
+benches' own names there belong to earlier runs."""
 
 from __future__ import annotations
 

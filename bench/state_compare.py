@@ -3,7 +3,7 @@ SQL in-process, and LangGraph's AsyncPostgresSaver.
 
     .venv/bin/pip install -e '.[bench]'      # LangGraph's saver and matplotlib
     .venv/bin/python -m bench.state_compare [--sizes 8,64,512] [--concurrency 1,8,32]
-        [--seconds 3] [--calls 300] [--plots docs/img] [--json results.json]
+        [--seconds 3] [--calls 300] [--before SRC] [--plots docs/img] [--json results.json]
 
 - gRPC: the state service as its own process (`python -m state_service`, pool of 10),
   called from this process with the asyncio gRPC client.
@@ -17,7 +17,12 @@ SQL in-process, and LangGraph's AsyncPostgresSaver.
   `langgraph (per session)` gives every session a saver (and connection) of its own.
 
 Part 1, latency (one caller): GetState and a compare-and-set UpsertState of an
-N-message AgentState (the source's 8-message example repeated). Part 2, throughput:
+N-message AgentState (the source's 8-message example repeated), for ours and for two
+anchors: a plain JSONB row in this process (a SELECT; an upsert with compare-and-set) and
+LangGraph's shared saver (`aget_tuple`; `aput`). Over gRPC also EndTurn, the runtime's
+turn: BeginTurn with `cached_version`, then EndTurn with a delta (drop 4, append 4),
+EndTurn timed. `--before SRC` adds the state service of another checkout's src/
+(PYTHONPATH) as `gRPC before`, in parts 1 and 2. Part 2, throughput:
 `c` sessions, each running turns on its own conversation for `--seconds`. Our turn is
 BeginTurn (lease, two records, state) + EndTurn (state with compare-and-set, a record
 update, lease release): everything a real turn costs; LangGraph's has no lease and no
