@@ -287,17 +287,27 @@ class LangGraphCalls(Ours):
         await self.saver.aget_tuple({"configurable": {"thread_id": cid, "checkpoint_ns": ""}})
 
     async def upsert(self, cid: str, payload: bytes, version: int) -> int:
-        from langgraph.checkpoint.base import empty_checkpoint
-
-        checkpoint = empty_checkpoint()
-        channel_version = self.saver.get_next_version(version or None, None)
-        checkpoint["channel_values"] = {"state": json.loads(payload)}
-        checkpoint["channel_versions"] = {"state": channel_version}
-        self.parents[cid] = await self.saver.aput(
-            self.parents[cid], checkpoint, {"source": "loop", "step": version},
-            {"state": channel_version},
-        )  # fmt: skip
+        self.parents[cid], _ = await _put_state(
+            self.saver, self.parents[cid], version or None, json.loads(payload), version
+        )
         return version + 1
+
+
+async def _put_state(
+    saver: Any, parent: Any, current: Any, state: dict[str, Any], step: int
+) -> tuple[Any, Any]:
+    """A checkpoint after `parent` whose one channel holds `state` (`aput`): its config
+    and the channel's version (the next after `current`)."""
+    from langgraph.checkpoint.base import empty_checkpoint
+
+    checkpoint = empty_checkpoint()
+    version = saver.get_next_version(current, None)
+    checkpoint["channel_values"] = {"state": state}
+    checkpoint["channel_versions"] = {"state": version}
+    config = await saver.aput(
+        parent, checkpoint, {"source": "loop", "step": step}, {"state": version}
+    )
+    return config, version
 
 
 class LangGraph:
@@ -313,22 +323,13 @@ class LangGraph:
         self.steps = steps
 
     async def turn(self, session: int, thread: str, state: dict[str, Any]) -> None:
-        from langgraph.checkpoint.base import empty_checkpoint
-
         saver = self.saver_for(session)
         config: dict[str, Any] = {"configurable": {"thread_id": thread, "checkpoint_ns": ""}}
         latest = await saver.aget_tuple(config)
         current = latest.checkpoint["channel_versions"].get("state") if latest else None
         parent = latest.config if latest else config
         for step in range(self.steps):
-            checkpoint = empty_checkpoint()
-            version = saver.get_next_version(current, None)
-            checkpoint["channel_values"] = {"state": state}
-            checkpoint["channel_versions"] = {"state": version}
-            parent = await saver.aput(
-                parent, checkpoint, {"source": "loop", "step": step}, {"state": version}
-            )
-            current = version
+            parent, current = await _put_state(saver, parent, current, state, step)
             if self.steps > 1:  # the next node's output, recorded against this checkpoint
                 await saver.aput_writes(
                     parent, [("state", state["context"][-1])], task_id=f"step-{step}"

@@ -126,20 +126,19 @@ class AgentStateSession(ClosesItsConnection, SessionABC):
         last_n = wanted if wanted is not None and wanted >= 0 else None
         if last_n == 0:
             return []
-        for attempt in range(2):
+        for _ in range(2):
             try:
                 texts = await self._read(last_n)
-                break
             except NotFound:
                 # The conversation this session knew was deleted (clear_session or
                 # DeleteConversation from elsewhere). The key may already name a new one,
                 # started by another session object's add_items: look it up once more.
-                # None there is an empty session, as SQLiteSession has for an id without
-                # rows.
+                # Not found again is an empty session, as SQLiteSession has for an id
+                # without rows.
                 self._forget()
-                if attempt:
-                    return []
-        return [cast("TResponseInputItem", json.loads(text)) for text in texts]
+                continue
+            return [cast("TResponseInputItem", json.loads(text)) for text in texts]
+        return []
 
     def _forget(self) -> None:
         self._conversation_id = None

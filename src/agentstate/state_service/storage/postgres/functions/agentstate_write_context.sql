@@ -18,8 +18,8 @@ CREATE OR REPLACE FUNCTION agentstate_write_context(
 RETURNS bigint
 LANGUAGE plpgsql AS $$
 DECLARE
-    v_cut bigint := p_start + p_from;
-    v_base bigint := p_start + p_from;
+    v_cut bigint := p_start + greatest(p_from, 0);
+    v_base bigint := p_start + greatest(p_from, 0);
     v_all text[] := coalesce(p_messages, '{}');
     v_kept bigint := 0;
     v_old bigint;
@@ -27,10 +27,6 @@ DECLARE
     v_chunk text[];
     v_inside boolean := false;
 BEGIN
-    IF p_from < 0 THEN
-        v_cut := p_start;
-        v_base := p_start;
-    END IF;
     IF p_from > 0 THEN
         SELECT m.position, m.messages INTO v_position, v_chunk FROM t_agent_state_message AS m
         WHERE m.user_id = p_user_id AND m.session_id = p_session_id
